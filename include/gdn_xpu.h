@@ -1,0 +1,272 @@
+/*
+ * gdn_xpu.h — public C ABI of libgdn_xpu.
+ *
+ * Gated DeltaNet (GDN) linear attention of Qwen3-Next / Qwen3.5 for SYCL devices (Intel GPUs via
+ * Level Zero, the SYCL CPU device via OpenCL), with speculative decoding (MTP).
+ *
+ * Conventions used by every entry point
+ * -------------------------------------
+ *  - `queue` is a `sycl::queue *` passed as `void *` (what dpctl calls a DPCTLSyclQueueRef:
+ *    `dpctl.SyclQueue.addressof_ref()`). The library copies the handle; it never owns it.
+ *  - Every array argument is a USM pointer (device, shared or host) of that queue's context.
+ *    Shapes below are outermost-first, C order; "rows" are token rows of the step.
+ *  - Metadata arrays are int32 (`has_initial_state` is one byte per entry, 0 or 1).
+ *  - Calls enqueue their kernels and return. On an in-order queue they return without waiting
+ *    for the device; on an out-of-order queue they wait, so the results are visible when the
+ *    call returns. Validation (GDN_VALIDATE_FULL) reads the metadata arrays back to the host,
+ *    which waits for the work already on the queue.
+ *  - Every function returns a gdn_status_t. On failure nothing was written to any array, and
+ *    gdn_last_error() returns a message naming the offending field and value (thread-local,
+ *    valid until the next gdn_* call on the same thread).
+ *  - Structs are versioned by their first field `struct_size` = sizeof(struct) of the caller's
+ *    header. Fill them with the gdn_*_init() functions, which set defaults and struct_size.
+ *
+ * Python (pygdn) reads the text between GDN_CDEF_BEGIN and GDN_CDEF_END with cffi, so that
+ * region holds plain C declarations only: no #if, no function-like macros.
+ */
+#ifndef GDN_XPU_H
+#define GDN_XPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define GDN_API __declspec(dllexport)
+#else
+#define GDN_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* GDN_CDEF_BEGIN */
+
+/* Library version (semantic). meson.build checks these against the project version. */
+#define GDN_VERSION_MAJOR 0
+#define GDN_VERSION_MINOR 1
+#define GDN_VERSION_PATCH 0
+/* Bumped whenever a struct layout or a function signature changes incompatibly. */
+#define GDN_ABI_VERSION 1
+
+/* Status codes. Values are pinned: never renumbered, never reused. */
+typedef enum gdn_status {
+  GDN_SUCCESS = 0,
+  GDN_ERROR_NULL_POINTER = 1,       /* an array the counts require is NULL              */
+  GDN_ERROR_BAD_COUNT = 2,          /* a count is negative or counts are inconsistent    */
+  GDN_ERROR_BAD_SHAPE = 3,          /* model dims unsupported or inconsistent            */
+  GDN_ERROR_BAD_DTYPE = 4,          /* unknown or unsupported dtype                      */
+  GDN_ERROR_BAD_LAYOUT = 5,         /* unknown layout value, or a stride too small       */
+  GDN_ERROR_BAD_START_LOC = 6,      /* *_query_start_loc not monotonic / not matching    */
+  GDN_ERROR_BAD_STATE_INDEX = 7,    /* a state index outside {pad_slot_id} U [0, slots)  */
+  GDN_ERROR_DUPLICATE_SLOT = 8,     /* two writers of one state slot in one call         */
+  GDN_ERROR_BAD_ACCEPTED = 9,       /* num_accepted_tokens outside [1, 1 + num_spec]     */
+  GDN_ERROR_BAD_TOKEN_INDEX = 10,   /* a token row out of range, or two owners of a row  */
+  GDN_ERROR_BAD_STRUCT_SIZE = 11,   /* struct_size smaller than the oldest known version */
+  GDN_ERROR_BAD_POINTER = 12,       /* not a USM pointer of the queue's context          */
+  GDN_ERROR_BAD_QUEUE = 13,         /* NULL queue                                        */
+  GDN_ERROR_UNSUPPORTED = 14,       /* valid request this build/device cannot run        */
+  GDN_ERROR_COMPILE = 15,           /* run-time kernel compilation failed (log in message) */
+  GDN_ERROR_DEVICE = 16,            /* the SYCL runtime reported an error                */
+  GDN_ERROR_OUT_OF_MEMORY = 17,     /* workspace allocation failed                       */
+  GDN_ERROR_INTERNAL = 18           /* a bug in libgdn_xpu                               */
+} gdn_status_t;
+
+/* Element types of activations and states. */
+typedef enum gdn_dtype {
+  GDN_DTYPE_F32 = 1,
+  GDN_DTYPE_F16 = 2,
+  GDN_DTYPE_BF16 = 3
+} gdn_dtype_t;
+
+/* ssm_state layout, per slot and v-head. */
+typedef enum gdn_ssm_layout {
+  GDN_SSM_KV = 0, /* [num_slots, HV, K, V]: FLA, vLLM < 0.34                  */
+  GDN_SSM_VK = 1  /* [num_slots, HV, V, K]: vLLM >= 0.34, vllm-xpu-kernels    */
+} gdn_ssm_layout_t;
+
+/* conv_state layout, per slot. state_len = gdn_config_t.conv_state_len columns of history. */
+typedef enum gdn_conv_layout {
+  GDN_CONV_DIM_MAJOR = 0, /* [num_slots, conv_dim, state_len]: vLLM CUDA logical order    */
+  GDN_CONV_TIME_MAJOR = 1 /* [num_slots, state_len, conv_dim]: vllm-xpu-kernels           */
+} gdn_conv_layout_t;
+
+/* How speculative sequences keep their conv history (see README "Conv state in MTP").
+ *  SNAPSHOT: the W-1 input window before token 0 is read from slot spec_state_indices[n][A-1]
+ *            and the window after token t is written to slot spec_state_indices[n][t]
+ *            (vllm-xpu-kernels #368). Needs conv_state_len >= W-1.
+ *  ROLLED:   one line, slot spec_state_indices[n][0], holds W-1+num_spec columns; this step's
+ *            window is columns A-1 .. A+W-3; afterwards columns 0..W-3 hold the last W-2 inputs
+ *            before token 0 and column W-2+j holds token j (vLLM CUDA causal_conv1d_update).
+ *            Needs conv_state_len >= W-1+num_spec. Prefill/decode write columns 0..W-2. */
+typedef enum gdn_conv_spec_layout {
+  GDN_CONV_SPEC_SNAPSHOT = 0,
+  GDN_CONV_SPEC_ROLLED = 1
+} gdn_conv_spec_layout_t;
+
+/* Bits of gdn_config_t.flags. */
+enum {
+  GDN_FLAG_NO_SILU = 1,          /* conv output without SiLU                                  */
+  GDN_FLAG_NO_QK_L2NORM = 2,     /* q/k are used as given (caller normalized them)            */
+  GDN_FLAG_FORCE_RECURRENT = 4,  /* prefill through the token recurrence, not the chunk form  */
+  GDN_FLAG_L2NORM_DIV = 8        /* l2norm as x/(|x|+eps) instead of x*rsqrt(sum x^2 + eps)   */
+};
+
+/* gdn_batch_t.validate */
+enum {
+  GDN_VALIDATE_FULL = 0,  /* default: also read metadata arrays to the host and check them  */
+  GDN_VALIDATE_COUNTS = 1 /* check counts, pointers and config only; trust array contents   */
+};
+
+/* Model dimensions, dtypes and cache layouts: constant for a layer. */
+typedef struct gdn_config {
+  size_t struct_size;       /* = sizeof(gdn_config_t)                                         */
+  int32_t num_k_heads;      /* H: q/k heads (per tensor-parallel rank)                        */
+  int32_t num_v_heads;      /* HV: v heads, a multiple of H (GVA: v-head i uses k-head i/(HV/H)) */
+  int32_t head_k_dim;       /* K: 1..256                                                      */
+  int32_t head_v_dim;       /* V: 1..256                                                      */
+  int32_t conv_width;       /* W: 2..8. conv_dim = 2*H*K + HV*V                               */
+  int32_t act_dtype;        /* gdn_dtype_t of mixed_qkv, a, b, z, conv weight/bias/state, out */
+  int32_t state_dtype;      /* gdn_dtype_t of ssm_state: GDN_DTYPE_F32 (only, in this version) */
+  int32_t ssm_layout;       /* gdn_ssm_layout_t                                               */
+  int32_t conv_layout;      /* gdn_conv_layout_t                                              */
+  int32_t conv_spec_layout; /* gdn_conv_spec_layout_t                                         */
+  int32_t conv_state_len;   /* history columns per conv slot (>= W-1; ROLLED: >= W-1+num_spec) */
+  int32_t num_slots;        /* slots in conv_state and ssm_state                              */
+  int64_t conv_slot_stride; /* elements between conv slots; 0 = conv_dim*conv_state_len       */
+  int64_t ssm_slot_stride;  /* elements between ssm slots; 0 = HV*K*V                         */
+  float scale;              /* q scale; 0 = 1/sqrt(K)                                         */
+  float l2norm_eps;         /* default 1e-6                                                   */
+  float norm_eps;           /* eps of the fused gated RMSNorm; default 1e-6                   */
+  int32_t flags;            /* GDN_FLAG_* bits                                                */
+} gdn_config_t;
+
+/* One step's mixed batch: prefills + plain decodes (the "non-spec" sequences) and speculative
+ * sequences, their tokens packed into num_actual_tokens rows in any interleaving. */
+typedef struct gdn_batch {
+  size_t struct_size;           /* = sizeof(gdn_batch_t)                                      */
+  int32_t num_prefills;         /* non-spec sequences are num_prefills + num_decodes, in any  */
+  int32_t num_decodes;          /*   order; a sequence's length comes from its start_loc      */
+  int32_t num_spec_decodes;     /* speculative sequences                                      */
+  int32_t num_spec;             /* draft tokens per spec sequence at most (S); a spec sequence has 1..1+S tokens */
+  int32_t num_actual_tokens;    /* rows of this step (outputs beyond it are never touched)    */
+  int32_t non_spec_token_count; /* = non_spec_query_start_loc[num_prefills+num_decodes]       */
+  int32_t spec_token_count;     /* = spec_query_start_loc[num_spec_decodes]                   */
+  int32_t pad_slot_id;          /* state index meaning "padding: skip" (default -1)           */
+  int32_t validate;             /* GDN_VALIDATE_*                                             */
+  int32_t reserved0;
+  /* [num_prefills+num_decodes+1], int32: compact non-spec token offsets, [0] = 0 */
+  const int32_t *non_spec_query_start_loc;
+  /* [num_prefills+num_decodes], int32: the one state slot of each non-spec sequence */
+  const int32_t *non_spec_state_indices;
+  /* [num_prefills+num_decodes], bytes 0/1, or NULL = every sequence has an initial state */
+  const uint8_t *has_initial_state;
+  /* [non_spec_token_count], int32: global row of the j-th non-spec token; NULL = row j */
+  const int32_t *non_spec_token_indx;
+  /* [num_spec_decodes+1], int32: compact spec token offsets, [0] = 0 */
+  const int32_t *spec_query_start_loc;
+  /* [num_spec_decodes, 1+num_spec], int32, row-major: state slot after token t = [n][t] */
+  const int32_t *spec_state_indices;
+  /* [num_spec_decodes], int32 in [1, 1+num_spec]: tokens accepted last step (incl. bonus) */
+  const int32_t *num_accepted_tokens;
+  /* [spec_token_count], int32: global row of the j-th spec token; NULL = row j */
+  const int32_t *spec_token_indx;
+} gdn_batch_t;
+
+/* Arrays of one call. Row strides are in elements; 0 means dense. Which fields an entry point
+ * reads or writes is listed at the entry point. */
+typedef struct gdn_tensors {
+  size_t struct_size;          /* = sizeof(gdn_tensors_t)                                    */
+  const void *mixed_qkv;       /* [rows, conv_dim] act: q|k|v columns, k-head-major in each   */
+  int64_t mixed_qkv_stride;    /*   row stride (0 = conv_dim)                                 */
+  const void *conv_weight;     /* [conv_dim, W] act                                           */
+  const void *conv_bias;       /* [conv_dim] act, or NULL                                     */
+  void *conv_state;            /* conv cache, layout gdn_config_t.conv_layout, act dtype       */
+  void *conv_out;              /* [rows, conv_dim] act: conv output (q|k|v after conv+SiLU)    */
+  int64_t conv_out_stride;     /*   row stride (0 = conv_dim)                                 */
+  const void *a;               /* [rows, HV] act: dt logits                                   */
+  const void *b;               /* [rows, HV] act: beta logits                                 */
+  int64_t ab_stride;           /*   row stride of a and b (0 = HV)                            */
+  const float *A_log;          /* [HV] f32                                                    */
+  const float *dt_bias;        /* [HV] f32                                                    */
+  const float *g;              /* [rows, HV] f32 log-decay; with beta replaces a/b/A_log/dt_bias */
+  const float *beta;           /* [rows, HV] f32 in [0,1]                                     */
+  void *ssm_state;             /* f32, layout gdn_config_t.ssm_layout                         */
+  void *core_attn_out;         /* [rows, HV, V] act                                           */
+  int64_t out_stride;          /*   row stride (0 = HV*V)                                     */
+  const void *z;               /* [rows, HV, V] act, or NULL: fused o = rmsnorm(o)*w*silu(z)  */
+  int64_t z_stride;            /*   row stride (0 = HV*V)                                     */
+  const void *norm_weight;     /* [V] act, needed with z                                      */
+  void *workspace;             /* device USM scratch or NULL (library allocates and caches)   */
+  size_t workspace_bytes;      /*   size of workspace; see gdn_attention_workspace_size        */
+} gdn_tensors_t;
+
+/* ---- library information ---- */
+GDN_API const char *gdn_version(void);          /* "MAJOR.MINOR.PATCH"                     */
+GDN_API int32_t gdn_abi_version(void);          /* GDN_ABI_VERSION the library was built with */
+GDN_API const char *gdn_status_string(int32_t status); /* static text; "unknown status" else */
+GDN_API const char *gdn_last_error(void);       /* thread-local detail of the last failure  */
+GDN_API size_t gdn_sizeof_config(void);         /* the library's sizeof(gdn_config_t) etc.:  */
+GDN_API size_t gdn_sizeof_batch(void);          /*   lets bindings check their struct layout */
+GDN_API size_t gdn_sizeof_tensors(void);
+
+/* Defaults: struct_size set, pad_slot_id = -1, layouts 0, l2norm_eps = norm_eps = 1e-6,
+ * state_dtype = F32, act_dtype = BF16, everything else 0/NULL. */
+GDN_API void gdn_config_init(gdn_config_t *cfg);
+GDN_API void gdn_batch_init(gdn_batch_t *batch);
+GDN_API void gdn_tensors_init(gdn_tensors_t *t);
+
+/* Compile (or fetch from the caches) every kernel the config needs on the queue's device, so
+ * the first real call does not pay for it. Optional. */
+GDN_API gdn_status_t gdn_warmup(void *queue, const gdn_config_t *cfg);
+
+/* ---- causal_conv1d: depthwise causal conv over time + optional SiLU ----
+ * Reads  mixed_qkv, conv_weight, conv_bias, conv_state (initial windows).
+ * Writes conv_out at each addressed row (zeros for rows of padded sequences), conv_state.
+ * Non-spec sequence i: history = conv_state[non_spec_state_indices[i]] (zeros when
+ * has_initial_state[i] == 0); afterwards the slot holds its last W-1 inputs (older history
+ * shifted in when the sequence is shorter than W-1). Spec sequences: see gdn_conv_spec_layout_t. */
+GDN_API gdn_status_t gdn_causal_conv1d(void *queue, const gdn_config_t *cfg, const gdn_batch_t *batch,
+                                       const gdn_tensors_t *t);
+
+/* ---- gated delta rule on conv output ----
+ * Reads  conv_out (q|k|v per row), a/b + A_log/dt_bias (or g/beta), ssm_state.
+ * Writes core_attn_out at each addressed row (zeros for padded sequences), ssm_state.
+ * Per v-head with state S [K,V] f32:  S = exp(g) S;  u = beta (v - S^T k);  S += k u^T;  o = S^T q
+ * with q,k l2-normalized and q scaled (unless GDN_FLAG_NO_QK_L2NORM). Non-spec sequences of
+ * length > 1 use the chunked (64) form unless GDN_FLAG_FORCE_RECURRENT. Spec sequence n reads
+ * ssm_state[spec_state_indices[n][A-1]] and writes the state after token t to [n][t]. */
+GDN_API gdn_status_t gdn_gated_delta_rule(void *queue, const gdn_config_t *cfg, const gdn_batch_t *batch,
+                                          const gdn_tensors_t *t);
+
+/* ---- the whole op: causal_conv1d -> gated delta rule (-> gated RMSNorm when z != NULL) ----
+ * Reads mixed_qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, z, norm_weight, caches.
+ * Writes core_attn_out, conv_state, ssm_state; conv_out if given (else it lives in workspace). */
+GDN_API gdn_status_t gdn_attention(void *queue, const gdn_config_t *cfg, const gdn_batch_t *batch,
+                                   const gdn_tensors_t *t);
+
+/* Bytes of workspace gdn_attention / gdn_gated_delta_rule need for this batch (upper bound). */
+GDN_API gdn_status_t gdn_attention_workspace_size(const gdn_config_t *cfg, const gdn_batch_t *batch,
+                                                  size_t *bytes);
+
+/* ---- helpers for C programs that have no SYCL runtime of their own ----
+ * gdn_queue_create: a new in-order sycl::queue on "default", "cpu" or "gpu"; free it with
+ * gdn_queue_destroy. gdn_malloc_shared / gdn_free: USM shared memory of that queue. */
+GDN_API gdn_status_t gdn_queue_create(const char *device, void **queue);
+GDN_API void gdn_queue_destroy(void *queue);
+GDN_API gdn_status_t gdn_queue_wait(void *queue);
+GDN_API gdn_status_t gdn_malloc_shared(void *queue, size_t bytes, void **ptr);
+GDN_API void gdn_free(void *queue, void *ptr);
+/* Name of the queue's device, written into buf (truncated to len-1 characters). */
+GDN_API gdn_status_t gdn_device_name(void *queue, char *buf, size_t len);
+
+/* Drop cached kernels and workspaces (e.g. before unloading). Kernels on disk stay cached. */
+GDN_API void gdn_release_caches(void);
+
+/* GDN_CDEF_END */
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* GDN_XPU_H */

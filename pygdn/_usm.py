@@ -1,0 +1,112 @@
+"""USM arrays: reading __sycl_usm_array_interface__ (SUAI), and a small array type of our own.
+
+pygdn accepts any object exposing SUAI (dpnp.ndarray, dpnp.tensor.usm_ndarray, dpctl.memory
+objects, UsmArray below). SUAI strides and offset are in ELEMENTS, not bytes.
+"""
+from __future__ import annotations
+
+import numpy as _np
+
+import dpctl as _dpctl
+import dpctl.memory as _dpmem
+
+# numpy typestr -> gdn dtype name. bf16 has no numpy type: its arrays carry the bit pattern as
+# uint16 ('<u2'), made with to_bf16_bits().
+TYPESTR_DTYPE = {"<f4": "f32", "<f2": "f16", "<u2": "bf16", "<i4": "i32", "|u1": "u8", "|b1": "u8"}
+
+
+class UsmArray:
+    """A C-contiguous array in USM memory of one queue (a minimal stand-in for dpnp.ndarray).
+
+    usm_type is "shared" (default: host-readable), "device" or "host".
+    """
+
+    def __init__(self, shape, dtype, queue, usm_type="shared"):
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = _np.dtype(dtype)
+        self.queue = queue
+        nbytes = max(1, int(_np.prod(self.shape, dtype=_np.int64)) * self.dtype.itemsize)
+        cls = {"shared": _dpmem.MemoryUSMShared, "device": _dpmem.MemoryUSMDevice, "host": _dpmem.MemoryUSMHost}[usm_type]
+        self.memory = cls(nbytes, queue=queue)
+
+    @classmethod
+    def from_numpy(cls, array, queue, usm_type="shared"):
+        array = _np.ascontiguousarray(array)
+        out = cls(array.shape, array.dtype, queue, usm_type)
+        if array.size:
+            out.memory.copy_from_host(array.reshape(-1).view(_np.uint8))
+        return out
+
+    def to_numpy(self):
+        host = _np.empty(self.shape, self.dtype)
+        if host.size:
+            self.memory.copy_to_host(host.reshape(-1).view(_np.uint8))
+        return host
+
+    def copy_from(self, array):
+        array = _np.ascontiguousarray(array, dtype=self.dtype).reshape(self.shape)
+        if array.size:
+            self.memory.copy_from_host(array.reshape(-1).view(_np.uint8))
+
+    @property
+    def __sycl_usm_array_interface__(self):
+        return {
+            "data": (self.memory._pointer, False),
+            "shape": self.shape,
+            "strides": None,
+            "typestr": self.dtype.str if self.dtype.str != "|b1" else "|u1",
+            "version": 1,
+            "syclobj": self.queue,
+        }
+
+
+def to_bf16_bits(x):
+    """float array -> uint16 bf16 bit patterns (round to nearest even)."""
+    u = _np.ascontiguousarray(x, dtype=_np.float32).view(_np.uint32).astype(_np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return u.astype(_np.uint16)
+
+
+def from_bf16_bits(bits):
+    """uint16 bf16 bit patterns -> float32 array."""
+    return (_np.asarray(bits, dtype=_np.uint16).astype(_np.uint32) << 16).view(_np.float32)
+
+
+class UsmView:
+    """What pygdn needs from an SUAI object: element-0 address, shape, dtype name, queue."""
+
+    __slots__ = ("address", "shape", "dtype", "queue", "contiguous")
+
+    def __init__(self, obj, name):
+        try:
+            s = obj.__sycl_usm_array_interface__
+        except AttributeError:
+            raise TypeError(f"{name}: expected an object with __sycl_usm_array_interface__ "
+                            f"(dpnp.ndarray, dpctl.memory, pygdn.UsmArray), got {type(obj).__name__}") from None
+        self.shape = tuple(s["shape"])
+        typestr = s["typestr"]
+        if typestr not in TYPESTR_DTYPE:
+            raise TypeError(f"{name}: unsupported element type {typestr!r}")
+        self.dtype = TYPESTR_DTYPE[typestr]
+        itemsize = int(typestr[2:])
+        self.address = int(s["data"][0]) + int(s.get("offset", 0) or 0) * itemsize
+        strides = s.get("strides")
+        self.contiguous = strides is None or tuple(strides) == _c_strides(self.shape)
+        self.queue = _queue_of(s.get("syclobj"), obj)
+
+
+def _c_strides(shape):
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= n
+    return tuple(reversed(strides))
+
+
+def _queue_of(syclobj, obj):
+    if isinstance(syclobj, _dpctl.SyclQueue):
+        return syclobj
+    q = getattr(obj, "sycl_queue", None)
+    if isinstance(q, _dpctl.SyclQueue):
+        return q
+    return _dpmem.as_usm_memory(obj).sycl_queue

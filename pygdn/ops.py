@@ -1,0 +1,262 @@
+"""The public functions: causal_conv1d, gated_delta_rule, attention (the whole GDN op).
+
+Each checks shapes, dtypes, contiguity and queues in Python (ValueError / TypeError naming the
+argument), then calls the C ABI, which validates the metadata contents and raises GdnError
+with the library's message on failure. Layouts: see include/gdn_xpu.h and README.md.
+"""
+from __future__ import annotations
+
+import dataclasses as _dc
+import math as _math
+
+from ._lib import ffi as _ffi, last_error as _last_error, lib as _lib, status_name as _status_name
+from ._usm import UsmView as _UsmView
+
+_DTYPES = {"f32": _lib.GDN_DTYPE_F32, "f16": _lib.GDN_DTYPE_F16, "bf16": _lib.GDN_DTYPE_BF16}
+_SSM_LAYOUTS = {"kv": _lib.GDN_SSM_KV, "vk": _lib.GDN_SSM_VK}
+_CONV_LAYOUTS = {"dim_major": _lib.GDN_CONV_DIM_MAJOR, "time_major": _lib.GDN_CONV_TIME_MAJOR}
+_CONV_SPEC = {"snapshot": _lib.GDN_CONV_SPEC_SNAPSHOT, "rolled": _lib.GDN_CONV_SPEC_ROLLED}
+
+
+class GdnError(RuntimeError):
+    """A libgdn_xpu call failed. .status is the gdn_status_t, .status_name its name."""
+
+    def __init__(self, status: int, message: str):
+        self.status = int(status)
+        self.status_name = _status_name(status)
+        super().__init__(f"{self.status_name}: {message}")
+
+
+def _check(status: int) -> None:
+    if status != _lib.GDN_SUCCESS:
+        raise GdnError(status, _last_error())
+
+
+def _choice(table, value, name):
+    if value not in table:
+        raise ValueError(f"{name}={value!r}: expected one of {sorted(table)}")
+    return table[value]
+
+
+@_dc.dataclass
+class Config:
+    """Model dims, dtypes and cache layouts of one GDN layer (gdn_config_t)."""
+
+    num_k_heads: int
+    num_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    num_slots: int
+    conv_width: int = 4
+    act_dtype: str = "bf16"            # "f32" | "f16" | "bf16" (bf16 arrays hold uint16 bit patterns)
+    ssm_layout: str = "vk"             # "kv": [slots, HV, K, V]; "vk": [slots, HV, V, K]
+    conv_layout: str = "time_major"    # "dim_major": [slots, conv_dim, state_len]; "time_major": transposed
+    conv_spec_layout: str = "rolled"   # "snapshot" | "rolled"
+    conv_state_len: int = 0            # 0 = conv_width - 1 (+ num_spec for "rolled": set it!)
+    scale: float = 0.0                 # 0 = head_k_dim ** -0.5
+    l2norm_eps: float = 1e-6
+    norm_eps: float = 1e-6
+    no_silu: bool = False
+    no_qk_l2norm: bool = False
+    force_recurrent: bool = False
+    l2norm_div: bool = False
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim
+
+    @property
+    def state_len(self) -> int:
+        return self.conv_state_len or self.conv_width - 1
+
+    @property
+    def conv_state_shape(self):
+        if self.conv_layout == "dim_major":
+            return (self.num_slots, self.conv_dim, self.state_len)
+        return (self.num_slots, self.state_len, self.conv_dim)
+
+    @property
+    def ssm_state_shape(self):
+        k, v = self.head_k_dim, self.head_v_dim
+        inner = (k, v) if self.ssm_layout == "kv" else (v, k)
+        return (self.num_slots, self.num_v_heads) + inner
+
+    def _to_c(self):
+        c = _ffi.new("gdn_config_t *")
+        _lib.gdn_config_init(c)
+        for f in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "conv_width", "num_slots"):
+            setattr(c, f, int(getattr(self, f)))
+        c.act_dtype = _choice(_DTYPES, self.act_dtype, "act_dtype")
+        c.ssm_layout = _choice(_SSM_LAYOUTS, self.ssm_layout, "ssm_layout")
+        c.conv_layout = _choice(_CONV_LAYOUTS, self.conv_layout, "conv_layout")
+        c.conv_spec_layout = _choice(_CONV_SPEC, self.conv_spec_layout, "conv_spec_layout")
+        c.conv_state_len = self.state_len
+        c.scale, c.l2norm_eps, c.norm_eps = self.scale, self.l2norm_eps, self.norm_eps
+        c.flags = ((_lib.GDN_FLAG_NO_SILU if self.no_silu else 0) | (_lib.GDN_FLAG_NO_QK_L2NORM if self.no_qk_l2norm else 0)
+                   | (_lib.GDN_FLAG_FORCE_RECURRENT if self.force_recurrent else 0)
+                   | (_lib.GDN_FLAG_L2NORM_DIV if self.l2norm_div else 0))
+        return c
+
+
+_BATCH_ARRAYS = {  # field: (dtype, length as a function of the batch)
+    "non_spec_query_start_loc": ("i32", lambda b: b.num_non_spec_seqs + 1),
+    "non_spec_state_indices": ("i32", lambda b: b.num_non_spec_seqs),
+    "has_initial_state": ("u8", lambda b: b.num_non_spec_seqs),
+    "non_spec_token_indx": ("i32", lambda b: b.non_spec_token_count),
+    "spec_query_start_loc": ("i32", lambda b: b.num_spec_decodes + 1),
+    "spec_state_indices": ("i32", lambda b: b.num_spec_decodes * (b.num_spec + 1)),
+    "num_accepted_tokens": ("i32", lambda b: b.num_spec_decodes),
+    "spec_token_indx": ("i32", lambda b: b.spec_token_count),
+}
+
+
+@_dc.dataclass
+class Batch:
+    """One step's mixed batch (gdn_batch_t). Arrays are SUAI objects (int32; has_initial_state
+    uint8/bool) or None. Arrays may be longer than needed (graph padding); only the prefix is read."""
+
+    num_actual_tokens: int
+    num_prefills: int = 0
+    num_decodes: int = 0
+    num_spec_decodes: int = 0
+    num_spec: int = 0
+    non_spec_token_count: int = 0
+    spec_token_count: int = 0
+    pad_slot_id: int = -1
+    validate: str = "full"  # "full" | "counts"
+    non_spec_query_start_loc: object = None
+    non_spec_state_indices: object = None
+    has_initial_state: object = None
+    non_spec_token_indx: object = None
+    spec_query_start_loc: object = None
+    spec_state_indices: object = None
+    num_accepted_tokens: object = None
+    spec_token_indx: object = None
+
+    @property
+    def num_non_spec_seqs(self) -> int:
+        return self.num_prefills + self.num_decodes
+
+    def _to_c(self, queue, keep):
+        c = _ffi.new("gdn_batch_t *")
+        _lib.gdn_batch_init(c)
+        for f in ("num_prefills", "num_decodes", "num_spec_decodes", "num_spec", "num_actual_tokens",
+                  "non_spec_token_count", "spec_token_count", "pad_slot_id"):
+            setattr(c, f, int(getattr(self, f)))
+        c.validate = _choice({"full": _lib.GDN_VALIDATE_FULL, "counts": _lib.GDN_VALIDATE_COUNTS}, self.validate, "validate")
+        for field, (dtype, length) in _BATCH_ARRAYS.items():
+            obj = getattr(self, field)
+            if obj is None:
+                continue
+            v = _view(obj, f"batch.{field}", queue)
+            if v.dtype != dtype:
+                raise TypeError(f"batch.{field}: dtype {v.dtype}, expected {dtype}")
+            n = _math.prod(v.shape)
+            if n < length(self):
+                raise ValueError(f"batch.{field}: {n} elements, the counts need {length(self)}")
+            keep.append(obj)
+            setattr(c, field, _ffi.cast("void *", v.address))
+        return c
+
+
+def _view(obj, name, queue):
+    v = _UsmView(obj, name)
+    if not v.contiguous:
+        raise ValueError(f"{name}: must be C-contiguous")
+    if v.queue.sycl_context != queue.sycl_context:
+        raise ValueError(f"{name}: lives in another SYCL context than the queue")
+    return v
+
+
+def _tensor_specs(cfg: Config, rows: int):
+    """field -> (dtype, leading dim or None, elements after the leading dim)."""
+    act, hv, v = cfg.act_dtype, cfg.num_v_heads, cfg.head_v_dim
+    per_slot_conv = cfg.conv_dim * cfg.state_len
+    per_slot_ssm = hv * cfg.head_k_dim * v
+    return {
+        "mixed_qkv": (act, rows, cfg.conv_dim), "conv_weight": (act, cfg.conv_dim, cfg.conv_width),
+        "conv_bias": (act, cfg.conv_dim, 1), "conv_state": (act, cfg.num_slots, per_slot_conv),
+        "conv_out": (act, rows, cfg.conv_dim), "a": (act, rows, hv), "b": (act, rows, hv),
+        "A_log": ("f32", hv, 1), "dt_bias": ("f32", hv, 1), "g": ("f32", rows, hv), "beta": ("f32", rows, hv),
+        "ssm_state": ("f32", cfg.num_slots, per_slot_ssm), "core_attn_out": (act, rows, hv * v),
+        "z": (act, rows, hv * v), "norm_weight": (act, v, 1), "workspace": (None, None, None),
+    }
+
+
+def _call(fn, queue, cfg: Config, batch: Batch, arrays: dict, wait: bool = True):
+    keep = []
+    c_cfg = cfg._to_c()
+    c_batch = batch._to_c(queue, keep)
+    c_t = _ffi.new("gdn_tensors_t *")
+    _lib.gdn_tensors_init(c_t)
+    specs = _tensor_specs(cfg, batch.num_actual_tokens)
+    for field, obj in arrays.items():
+        if obj is None:
+            continue
+        if field not in specs:
+            raise TypeError(f"unknown array argument {field!r}")
+        dtype, lead, inner = specs[field]
+        v = _view(obj, field, queue)
+        if field == "workspace":
+            c_t.workspace_bytes = _math.prod(v.shape) * {"f32": 4, "f16": 2, "bf16": 2, "i32": 4, "u8": 1}[v.dtype]
+        else:
+            if v.dtype != dtype:
+                raise TypeError(f"{field}: dtype {v.dtype}, expected {dtype} (cfg.act_dtype={cfg.act_dtype!r})")
+            if not v.shape or v.shape[0] < lead or _math.prod(v.shape[1:]) != inner:
+                raise ValueError(f"{field}: shape {v.shape}, expected [{'>=' if lead == batch.num_actual_tokens else ''}"
+                                 f"{lead}, ...{inner} elements per row]")
+        keep.append(obj)
+        setattr(c_t, field, _ffi.cast("void *", v.address))
+    q = _ffi.cast("void *", queue.addressof_ref())
+    _check(fn(q, c_cfg, c_batch, c_t))
+    if wait:
+        # The kernels run asynchronously; temporaries the caller did not keep would be freed
+        # under them. wait=False is for callers that keep every array alive themselves.
+        queue.wait()
+    return keep
+
+
+def causal_conv1d(queue, cfg: Config, batch: Batch, *, mixed_qkv, conv_weight, conv_state, conv_out, conv_bias=None, wait=True):
+    """Depthwise causal conv (+SiLU) of mixed_qkv into conv_out; updates conv_state."""
+    _call(_lib.gdn_causal_conv1d, queue, cfg, batch, dict(mixed_qkv=mixed_qkv, conv_weight=conv_weight,
+                                                           conv_state=conv_state, conv_out=conv_out, conv_bias=conv_bias), wait)
+
+
+def gated_delta_rule(queue, cfg: Config, batch: Batch, *, conv_out, ssm_state, core_attn_out, a=None, b=None,
+                     A_log=None, dt_bias=None, g=None, beta=None, workspace=None, wait=True):
+    """Gated delta rule over q|k|v rows of conv_out; gates from a/b/A_log/dt_bias or given g/beta."""
+    _call(_lib.gdn_gated_delta_rule, queue, cfg, batch, dict(conv_out=conv_out, ssm_state=ssm_state,
+                                                              core_attn_out=core_attn_out, a=a, b=b, A_log=A_log,
+                                                              dt_bias=dt_bias, g=g, beta=beta, workspace=workspace), wait)
+
+
+def attention(queue, cfg: Config, batch: Batch, *, mixed_qkv, a, b, conv_weight, A_log, dt_bias, conv_state, ssm_state,
+              core_attn_out, conv_bias=None, z=None, norm_weight=None, conv_out=None, workspace=None,
+              wait=True):
+    """The whole GDN op of one step: conv -> gates -> gated delta rule (-> gated RMSNorm with z)."""
+    _call(_lib.gdn_attention, queue, cfg, batch, dict(mixed_qkv=mixed_qkv, a=a, b=b, conv_weight=conv_weight,
+                                                       A_log=A_log, dt_bias=dt_bias, conv_state=conv_state,
+                                                       ssm_state=ssm_state, core_attn_out=core_attn_out,
+                                                       conv_bias=conv_bias, z=z, norm_weight=norm_weight,
+                                                       conv_out=conv_out, workspace=workspace), wait)
+
+
+def warmup(queue, cfg: Config) -> None:
+    """Compile (or load from cache) every kernel cfg needs, so later calls start at once."""
+    _check(_lib.gdn_warmup(_ffi.cast("void *", queue.addressof_ref()), cfg._to_c()))
+
+
+def workspace_size(cfg: Config, batch: Batch) -> int:
+    """Upper bound of the workspace bytes attention() needs for this batch's counts."""
+    n = _ffi.new("size_t *")
+    _check(_lib.gdn_attention_workspace_size(cfg._to_c(), _counts_only(batch), n))
+    return int(n[0])
+
+
+def _counts_only(batch: Batch):
+    c = _ffi.new("gdn_batch_t *")
+    _lib.gdn_batch_init(c)
+    for f in ("num_prefills", "num_decodes", "num_spec_decodes", "num_spec", "num_actual_tokens",
+              "non_spec_token_count", "spec_token_count"):
+        setattr(c, f, int(getattr(batch, f)))
+    return c

@@ -1,0 +1,122 @@
+// kernel_cache.cpp — compiles the embedded SYCL sources with sycl_ext_oneapi_kernel_compiler.
+#include "kernel_cache.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <vector>
+
+#include "errors.hpp"
+#include "kernel_sources.hpp"  // generated at build time from src/kernels/*
+
+namespace syclexp = sycl::ext::oneapi::experimental;
+
+namespace {
+
+// Switch the SYCL runtime's persistent device-code cache on (unless the user decided), before
+// the first build. Opt out with GDN_XPU_DISK_CACHE=0.
+struct EnablePersistentCache {
+  EnablePersistentCache() {
+    const char *opt = std::getenv("GDN_XPU_DISK_CACHE");
+    if (opt && opt[0] == '0') return;
+    if (std::getenv("SYCL_CACHE_PERSISTENT")) return;
+    setenv("SYCL_CACHE_PERSISTENT", "1", 0);
+    if (!std::getenv("SYCL_CACHE_DIR")) {
+      std::string dir;
+      if (const char *xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) dir = std::string(xdg) + "/libgdn_xpu";
+      else if (const char *home = std::getenv("HOME"); home && *home) dir = std::string(home) + "/.cache/libgdn_xpu";
+      if (!dir.empty()) setenv("SYCL_CACHE_DIR", dir.c_str(), 0);
+    }
+  }
+} enable_persistent_cache;
+
+const char *family_name(gdn::Family f) {
+  switch (f) {
+    case gdn::Family::Conv: return "conv1d";
+    case gdn::Family::Delta: return "delta_rule";
+    case gdn::Family::Norm: return "gated_norm";
+  }
+  return "?";
+}
+
+const char *family_source(gdn::Family f) {
+  switch (f) {
+    case gdn::Family::Conv: return gdn::kernel_source_conv1d;
+    case gdn::Family::Delta: return gdn::kernel_source_delta_rule;
+    case gdn::Family::Norm: return gdn::kernel_source_gated_norm;
+  }
+  return "";
+}
+
+struct Entry {
+  sycl::context context;
+  sycl::device device;
+  gdn::Family family;
+  std::string options;
+  sycl::kernel_bundle<sycl::bundle_state::executable> bundle;
+};
+
+// Never destroyed: at process exit the SYCL runtime may already be torn down, and destroying
+// kernel bundles after it aborts the process. A handful of entries: linear search is enough.
+std::mutex &cache_mutex = *new std::mutex;
+std::vector<Entry> &cache = *new std::vector<Entry>;
+
+bool verbose() {
+  const char *v = std::getenv("GDN_XPU_VERBOSE");
+  return v && v[0] && v[0] != '0';
+}
+
+sycl::kernel_bundle<sycl::bundle_state::executable> compile(const sycl::queue &q, gdn::Family family,
+                                                           const std::string &options) {
+  sycl::device dev = q.get_device();
+  if (!dev.ext_oneapi_can_build(syclexp::source_language::sycl))
+    gdn::fail(GDN_ERROR_UNSUPPORTED, "device '" + dev.get_info<sycl::info::device::name>() +
+                                         "' cannot build SYCL source at run time (sycl_ext_oneapi_kernel_compiler)");
+  const auto t0 = std::chrono::steady_clock::now();
+  if (verbose())
+    std::fprintf(stderr, "libgdn_xpu: compiling %s [%s] for %s ...\n", family_name(family), options.c_str(),
+                 dev.get_info<sycl::info::device::name>().c_str());
+  std::string log;
+  try {
+    syclexp::include_files headers{"common.hpp", gdn::kernel_source_common};
+    headers.add("params.hpp", gdn::kernel_source_params);
+    auto source = syclexp::create_kernel_bundle_from_source(q.get_context(), syclexp::source_language::sycl,
+                                                            family_source(family), syclexp::properties{headers});
+    std::vector<std::string> opts{"-O3"};
+    for (size_t pos = 0; pos < options.size();) {  // options: space-separated -D flags
+      size_t end = options.find(' ', pos);
+      if (end == std::string::npos) end = options.size();
+      if (end > pos) opts.push_back(options.substr(pos, end - pos));
+      pos = end + 1;
+    }
+    auto bundle = syclexp::build(source, std::vector<sycl::device>{dev},
+                                 syclexp::properties{syclexp::build_options{opts}, syclexp::save_log{&log}});
+    if (verbose())
+      std::fprintf(stderr, "libgdn_xpu: compiled %s in %.2f s\n", family_name(family),
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return bundle;
+  } catch (const sycl::exception &e) {
+    gdn::fail(GDN_ERROR_COMPILE, std::string("compiling kernel family '") + family_name(family) + "' [" + options +
+                                     "] failed: " + e.what() + (log.empty() ? "" : "\n" + log));
+  }
+}
+
+}  // namespace
+
+sycl::kernel gdn::get_kernel(const sycl::queue &q, Family family, const std::string &options, const char *name) {
+  const sycl::context ctx = q.get_context();
+  const sycl::device dev = q.get_device();
+  std::lock_guard<std::mutex> lock(cache_mutex);
+  for (Entry &e : cache)
+    if (e.family == family && e.options == options && e.device == dev && e.context == ctx)
+      return e.bundle.ext_oneapi_get_kernel(name);
+  // Compiling under the lock: two threads asking for the same family compile it once.
+  cache.push_back(Entry{ctx, dev, family, options, compile(q, family, options)});
+  return cache.back().bundle.ext_oneapi_get_kernel(name);
+}
+
+void gdn::release_kernel_cache() {
+  std::lock_guard<std::mutex> lock(cache_mutex);
+  cache.clear();
+}

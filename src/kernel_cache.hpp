@@ -1,0 +1,18 @@
+// kernel_cache.hpp — run-time compiled kernels, memoised per (context, device, family, options).
+#pragma once
+#include <string>
+#include <sycl/sycl.hpp>
+
+namespace gdn {
+
+enum class Family { Conv, Delta, Norm };
+
+// The kernel `name` of `family` built with `options` (e.g. "-DGDN_ACT_BF16") for q's device.
+// The first request compiles the family's source (seconds; the SYCL runtime's persistent cache,
+// switched on at library load, makes later processes fast); later requests are a lookup.
+// Throws Failure{GDN_ERROR_COMPILE | GDN_ERROR_UNSUPPORTED} with the compiler log.
+sycl::kernel get_kernel(const sycl::queue &q, Family family, const std::string &options, const char *name);
+
+void release_kernel_cache();
+
+}  // namespace gdn

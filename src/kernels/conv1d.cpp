@@ -1,0 +1,86 @@
+// conv1d.cpp — depthwise causal conv1d over time (+ SiLU) for GDN, one work-item per
+// (sequence, channel). A work-item walks its sequence's tokens in order with the W-1 input
+// window in registers, so it reads its history before anyone writes it and needs no temporary
+// state buffer: a sequence's slot is owned by exactly one sequence in a call (validated).
+#include "common.hpp"
+
+#define GDN_MAX_WIDTH 8
+
+static inline int64_t state_off(const GdnConvStateView &s, int32_t slot, int32_t c, int32_t col) {
+  return (int64_t)slot * s.slot_stride + (int64_t)c * s.chan_stride + (int64_t)col * s.col_stride;
+}
+
+// One token: y = bias + sum_i w[i] * window_i, window = [hist(W-1) ..., x]; shifts x into hist.
+static inline float conv_token(const float *w, float bias, float *hist, int32_t width, float x, bool act) {
+  float y = bias;
+  for (int32_t i = 0; i < width - 1; ++i) y += w[i] * hist[i];
+  y += w[width - 1] * x;
+  for (int32_t i = 0; i + 1 < width - 1; ++i) hist[i] = hist[i + 1];
+  if (width > 1) hist[width - 2] = x;
+  return act ? silu(y) : y;
+}
+
+static inline void load_weights(const GdnConvParams &p, int32_t c, float *w, float *bias) {
+  for (int32_t i = 0; i < p.width; ++i) w[i] = load_act(p.weight, (int64_t)c * p.width + i);
+  *bias = p.bias ? load_act(p.bias, c) : 0.0f;
+}
+
+// Prefill and plain decode sequences. Global size: num_seqs * conv_dim (rounded up).
+GDN_KERNEL(1) void gdn_conv_non_spec(GdnConvParams p) {
+  const int64_t gid = item1().get_global_id(0);
+  if (gid >= (int64_t)p.num_seqs * p.conv_dim) return;
+  const int32_t seq = (int32_t)(gid / p.conv_dim), c = (int32_t)(gid % p.conv_dim);
+  const int32_t j0 = p.query_start_loc[seq], j1 = p.query_start_loc[seq + 1];
+  const int32_t slot = p.state_indices[seq];
+  if (slot == p.pad_slot_id) {  // graph padding: zero outputs, no state access
+    for (int32_t j = j0; j < j1; ++j) store_act(p.out, global_row(p.token_indx, j) * p.out_stride + c, 0.0f);
+    return;
+  }
+  float w[GDN_MAX_WIDTH], bias, hist[GDN_MAX_WIDTH];
+  load_weights(p, c, w, &bias);
+  const bool has_init = !p.has_initial_state || p.has_initial_state[seq];
+  for (int32_t i = 0; i < p.width - 1; ++i)
+    hist[i] = has_init ? load_act(p.state.base, state_off(p.state, slot, c, i)) : 0.0f;
+  for (int32_t j = j0; j < j1; ++j) {
+    const int64_t row = global_row(p.token_indx, j);
+    const float x = load_act(p.x, row * p.x_stride + c);
+    store_act(p.out, row * p.out_stride + c, conv_token(w, bias, hist, p.width, x, p.silu));
+  }
+  for (int32_t i = 0; i < p.width - 1; ++i) store_act(p.state.base, state_off(p.state, slot, c, i), hist[i]);
+}
+
+// Speculative sequences, both conv-state layouts (see gdn_conv_spec_layout_t in gdn_xpu.h).
+GDN_KERNEL(1) void gdn_conv_spec(GdnConvParams p) {
+  const int64_t gid = item1().get_global_id(0);
+  if (gid >= (int64_t)p.num_seqs * p.conv_dim) return;
+  const int32_t seq = (int32_t)(gid / p.conv_dim), c = (int32_t)(gid % p.conv_dim);
+  const int32_t j0 = p.query_start_loc[seq], len = p.query_start_loc[seq + 1] - j0;
+  const int32_t *cols = p.state_indices + (int64_t)seq * p.slot_cols;
+  const int32_t accepted = p.num_accepted[seq];
+  const int32_t w1 = p.width - 1;
+  // ROLLED keeps one line (cols[0]) and offsets into it; SNAPSHOT reads the slot of the last accepted token.
+  const int32_t read_slot = p.rolled ? cols[0] : cols[accepted - 1];
+  const int32_t read_col0 = p.rolled ? accepted - 1 : 0;
+  if (p.rolled && read_slot == p.pad_slot_id) {
+    for (int32_t t = 0; t < len; ++t) store_act(p.out, global_row(p.token_indx, j0 + t) * p.out_stride + c, 0.0f);
+    return;
+  }
+  float w[GDN_MAX_WIDTH], bias, hist[GDN_MAX_WIDTH];
+  load_weights(p, c, w, &bias);
+  for (int32_t i = 0; i < w1; ++i)
+    hist[i] = read_slot == p.pad_slot_id ? 0.0f : load_act(p.state.base, state_off(p.state, read_slot, c, read_col0 + i));
+  if (p.rolled) {
+    // Columns 0..W-3 := the W-2 inputs just before token 0 (hist[1..W-2]); the tokens follow below.
+    for (int32_t i = 0; i + 1 < w1; ++i) store_act(p.state.base, state_off(p.state, read_slot, c, i), hist[i + 1]);
+  }
+  for (int32_t t = 0; t < len; ++t) {
+    const int64_t row = global_row(p.token_indx, j0 + t);
+    const float x = load_act(p.x, row * p.x_stride + c);
+    store_act(p.out, row * p.out_stride + c, conv_token(w, bias, hist, p.width, x, p.silu));
+    if (p.rolled) {
+      store_act(p.state.base, state_off(p.state, read_slot, c, w1 - 1 + t), x);
+    } else if (cols[t] != p.pad_slot_id) {
+      for (int32_t i = 0; i < w1; ++i) store_act(p.state.base, state_off(p.state, cols[t], c, i), hist[i]);
+    }
+  }
+}

@@ -1,0 +1,248 @@
+// delta_rule.cpp — gated delta rule kernels. Built per (activation dtype, head_k_dim):
+// -DGDN_HEAD_K=<K> sizes the per-work-item state column so loops over K are fixed-trip.
+//
+// Decomposition (same on the CPU device and Intel GPUs; see README "Kernel design"):
+//   gdn_prep        one work-item per (row, k-head): l2norm q/k, scale q, gates of its v-heads.
+//   gdn_recurrent   one work-item per (sequence, v-head, v): owns column S[:, v] (K floats) in
+//                   registers, walks the sequence's tokens. Decode, spec decode (state written
+//                   after every token) and, with FORCE_RECURRENT, prefill.
+//   gdn_chunk_prep  one work-group of 64 per (chunk, v-head), all chunks in parallel: the WY/UT
+//                   matrices of the chunk in work-group local memory (A, T = (I+A)^-1), writes
+//                   W = T(beta e^G K), U = T(beta V), Aqk = tril(e^(Gi-Gj) q_i.k_j) and G.
+//   gdn_chunk_scan  one work-item per (prefill sequence, v-head, v): carries S[:, v] through the
+//                   sequence's chunks: u = U - W S, o = e^G (q S) + Aqk u, S = e^Glast S + K^T(e^(Glast-G) u).
+#include "common.hpp"
+#include <sycl/ext/oneapi/work_group_static.hpp>
+
+#ifndef GDN_HEAD_K
+#error "GDN_HEAD_K must be defined"
+#endif
+#define KD GDN_HEAD_K
+#define CHUNK 64
+
+GDN_KERNEL(2) void gdn_prep(GdnPrepParams p) {
+  const auto it = item2();
+  const int64_t row = it.get_global_id(0);
+  const int32_t h = (int32_t)it.get_global_id(1);
+  if (row >= p.rows || h >= p.H) return;
+  const int64_t qbase = row * p.qkv_stride + (int64_t)h * KD, kbase = qbase + (int64_t)p.H * KD;
+  float sq = 0.0f, sk = 0.0f;
+  for (int k = 0; k < KD; ++k) {
+    const float q = load_act(p.qkv, qbase + k), kk = load_act(p.qkv, kbase + k);
+    sq += q * q;
+    sk += kk * kk;
+  }
+  float rq = 1.0f, rk = 1.0f;
+  if (p.l2norm) {
+    rq = p.l2_div ? 1.0f / (sycl::sqrt(sq) + p.eps) : sycl::rsqrt(sq + p.eps);
+    rk = p.l2_div ? 1.0f / (sycl::sqrt(sk) + p.eps) : sycl::rsqrt(sk + p.eps);
+  }
+  rq *= p.scale;
+  float *qn = p.qn + (row * p.H + h) * KD, *kn = p.kn + (row * p.H + h) * KD;
+  for (int k = 0; k < KD; ++k) {
+    qn[k] = load_act(p.qkv, qbase + k) * rq;
+    kn[k] = load_act(p.qkv, kbase + k) * rk;
+  }
+  const int32_t ratio = p.HV / p.H;
+  for (int32_t r = 0; r < ratio; ++r) {
+    const int32_t hv = h * ratio + r;
+    const int64_t gi = row * p.HV + hv;
+    if (p.g_in) {
+      p.g[gi] = p.g_in[gi];
+      p.beta[gi] = p.beta_in[gi];
+    } else {
+      const float a = load_act(p.a, row * p.ab_stride + hv), b = load_act(p.b, row * p.ab_stride + hv);
+      p.g[gi] = -sycl::exp(p.A_log[hv]) * softplus(a + p.dt_bias[hv]);
+      p.beta[gi] = sigmoid(b);
+    }
+  }
+}
+
+static inline float *state_column(const GdnDeltaParams &p, int32_t slot, int32_t hv, int32_t v) {
+  return p.ssm + (int64_t)slot * p.slot_stride + (int64_t)hv * KD * p.V + (int64_t)v * p.v_stride;
+}
+
+static inline void store_column(const GdnDeltaParams &p, int32_t slot, int32_t hv, int32_t v, const float *s) {
+  float *S = state_column(p, slot, hv, v);
+  for (int k = 0; k < KD; ++k) S[k * p.k_stride] = s[k];
+}
+
+static inline void zero_outputs(const GdnDeltaParams &p, int32_t j0, int32_t len, int32_t hv, int32_t v) {
+  for (int32_t t = 0; t < len; ++t)
+    store_act(p.out, global_row(p.token_indx, j0 + t) * p.out_stride + (int64_t)hv * p.V + v, 0.0f);
+}
+
+// Global: (num_seqs*HV, V rounded up to the work-group width).
+GDN_KERNEL(2) void gdn_recurrent(GdnDeltaParams p) {
+  const auto it = item2();
+  const int32_t seq = (int32_t)(it.get_global_id(0) / p.HV), hv = (int32_t)(it.get_global_id(0) % p.HV);
+  const int32_t v = (int32_t)it.get_global_id(1);
+  if (seq >= p.num_seqs || v >= p.V) return;
+  const int32_t j0 = p.query_start_loc[seq], len = p.query_start_loc[seq + 1] - j0;
+  const bool spec = p.mode == 2;
+  if (len == 0 || (p.mode == 0 && len != 1)) return;  // mode 0: longer sequences go to the chunk kernels
+  const int32_t *cols = spec ? p.state_indices + (int64_t)seq * p.slot_cols : p.state_indices + seq;
+  const int32_t read_slot = spec ? cols[p.num_accepted[seq] - 1] : cols[0];
+  if (read_slot == p.pad_slot_id) {
+    zero_outputs(p, j0, len, hv, v);
+    return;
+  }
+  const int32_t h = hv / (p.HV / p.H);
+  const bool init = spec || !p.has_initial_state || p.has_initial_state[seq];
+  float s[KD];
+  const float *S = state_column(p, read_slot, hv, v);
+  for (int k = 0; k < KD; ++k) s[k] = init ? S[k * p.k_stride] : 0.0f;
+  for (int32_t t = 0; t < len; ++t) {
+    const int64_t row = global_row(p.token_indx, j0 + t);
+    const float *kn = p.kn + (row * p.H + h) * KD, *qn = p.qn + (row * p.H + h) * KD;
+    const float decay = sycl::exp(p.g[row * p.HV + hv]), beta = p.beta[row * p.HV + hv];
+    const float vv = load_act(p.qkv, row * p.qkv_stride + p.v_offset + (int64_t)hv * p.V + v);
+    float kv = 0.0f;
+    for (int k = 0; k < KD; ++k) {
+      s[k] *= decay;
+      kv += s[k] * kn[k];
+    }
+    const float u = beta * (vv - kv);
+    float o = 0.0f;
+    for (int k = 0; k < KD; ++k) {
+      s[k] += kn[k] * u;
+      o += s[k] * qn[k];
+    }
+    store_act(p.out, row * p.out_stride + (int64_t)hv * p.V + v, o);
+    if (spec && cols[t] != p.pad_slot_id) store_column(p, cols[t], hv, v, s);
+  }
+  if (!spec) store_column(p, read_slot, hv, v, s);
+}
+
+// Workspace addressing: chunk c, row i of v-head hv sits at position (hv*num_chunks + c)*CHUNK + i.
+static inline int64_t chunk_pos(const GdnDeltaParams &p, int32_t hv, int32_t c) {
+  return ((int64_t)hv * p.num_chunks + c) * CHUNK;
+}
+
+// Global: (num_chunks*HV, CHUNK), local (1, CHUNK).
+GDN_KERNEL(2) void gdn_chunk_prep(GdnDeltaParams p) {
+  const auto it = item2();
+  const auto grp = it.get_group();
+  const int32_t c = (int32_t)(it.get_group(0) / p.HV), hv = (int32_t)(it.get_group(0) % p.HV);
+  const int32_t i = (int32_t)it.get_local_id(1);
+  const int32_t *ct = p.chunk_table + (int64_t)c * 4;
+  const int32_t jfirst = ct[1], len = ct[2];
+  const int32_t h = hv / (p.HV / p.H);
+  static syclexp::work_group_static<float[CHUNK][CHUNK]> A_s;   // A, strictly lower
+  static syclexp::work_group_static<float[CHUNK][CHUNK]> T_s;   // (I + A)^-1, unit lower
+  static syclexp::work_group_static<float[CHUNK]> G_s, B_s;
+  static syclexp::work_group_static<int64_t[CHUNK]> row_s;
+
+  const bool valid = i < len;
+  const int64_t row = valid ? global_row(p.token_indx, jfirst + i) : 0;
+  const float g = valid ? p.g[row * p.HV + hv] : 0.0f, b = valid ? p.beta[row * p.HV + hv] : 0.0f;
+  const float G = sycl::inclusive_scan_over_group(grp, g, sycl::plus<float>());
+  G_s[i] = G;
+  B_s[i] = b;
+  row_s[i] = row;
+  const int64_t pos = chunk_pos(p, hv, c);
+  p.chunk_g[pos + i] = G;
+  sycl::group_barrier(grp);
+
+  const float *ki = p.kn + (row * p.H + h) * KD, *qi = p.qn + (row * p.H + h) * KD;
+  float *aqk = p.chunk_aqk + (pos + i) * CHUNK;
+  for (int32_t j = 0; j < CHUNK; ++j) {
+    float a = 0.0f, aq = 0.0f;
+    if (valid && j <= i) {
+      const float *kj = p.kn + (row_s[j] * p.H + h) * KD;
+      float dk = 0.0f, dq = 0.0f;
+      for (int k = 0; k < KD; ++k) {
+        dk += ki[k] * kj[k];
+        dq += qi[k] * kj[k];
+      }
+      const float decay = sycl::exp(G - G_s[j]);
+      if (j < i) a = b * decay * dk;
+      aq = decay * dq;
+    }
+    A_s[i][j] = a;
+    aqk[j] = aq;
+  }
+  sycl::group_barrier(grp);
+
+  // Forward substitution, work-item i owns column i: T[r][i] = -sum_{l=i}^{r-1} A[r][l] T[l][i].
+  float tcol[CHUNK];
+  for (int32_t r = 0; r < CHUNK; ++r) tcol[r] = r == i ? 1.0f : 0.0f;
+  for (int32_t r = i + 1; r < len; ++r) {
+    float acc = 0.0f;
+    for (int32_t l = i; l < r; ++l) acc += A_s[r][l] * tcol[l];
+    tcol[r] = -acc;
+  }
+  for (int32_t r = 0; r < CHUNK; ++r) T_s[r][i] = tcol[r];
+  sycl::group_barrier(grp);
+
+  if (!valid) return;
+  float cw[CHUNK], cu[CHUNK];
+  for (int32_t j = 0; j <= i; ++j) {
+    cu[j] = T_s[i][j] * B_s[j];
+    cw[j] = cu[j] * sycl::exp(G_s[j]);
+  }
+  float *w = p.chunk_w + (pos + i) * KD;
+  for (int k = 0; k < KD; ++k) {
+    float acc = 0.0f;
+    for (int32_t j = 0; j <= i; ++j) acc += cw[j] * p.kn[(row_s[j] * p.H + h) * KD + k];
+    w[k] = acc;
+  }
+  float *u = p.chunk_u + (pos + i) * p.V;
+  const int64_t vcol = p.v_offset + (int64_t)hv * p.V;
+  for (int32_t vv = 0; vv < p.V; ++vv) {
+    float acc = 0.0f;
+    for (int32_t j = 0; j <= i; ++j) acc += cu[j] * load_act(p.qkv, row_s[j] * p.qkv_stride + vcol + vv);
+    u[vv] = acc;
+  }
+}
+
+// Global: (num_chunk_seqs*HV, V rounded up), one work-item per state column.
+GDN_KERNEL(2) void gdn_chunk_scan(GdnDeltaParams p) {
+  const auto it = item2();
+  const int32_t e = (int32_t)(it.get_global_id(0) / p.HV), hv = (int32_t)(it.get_global_id(0) % p.HV);
+  const int32_t v = (int32_t)it.get_global_id(1);
+  if (e >= p.num_seqs || v >= p.V) return;
+  const int32_t *st = p.seq_table + (int64_t)e * 4;
+  const int32_t seq = st[0], c0 = st[1], nc = st[2];
+  const int32_t slot = p.state_indices[seq];
+  if (slot == p.pad_slot_id) {
+    zero_outputs(p, p.query_start_loc[seq], p.query_start_loc[seq + 1] - p.query_start_loc[seq], hv, v);
+    return;
+  }
+  const int32_t h = hv / (p.HV / p.H);
+  const bool init = !p.has_initial_state || p.has_initial_state[seq];
+  float s[KD];
+  const float *S = state_column(p, slot, hv, v);
+  for (int k = 0; k < KD; ++k) s[k] = init ? S[k * p.k_stride] : 0.0f;
+  float up[CHUNK], qs[CHUNK];
+  for (int32_t c = c0; c < c0 + nc; ++c) {
+    const int32_t jfirst = p.chunk_table[(int64_t)c * 4 + 1], len = p.chunk_table[(int64_t)c * 4 + 2];
+    const int64_t pos = chunk_pos(p, hv, c);
+    const float *G = p.chunk_g + pos;
+    for (int32_t i = 0; i < len; ++i) {
+      const int64_t row = global_row(p.token_indx, jfirst + i);
+      const float *w = p.chunk_w + (pos + i) * KD, *qi = p.qn + (row * p.H + h) * KD;
+      float ws = 0.0f, q_s = 0.0f;
+      for (int k = 0; k < KD; ++k) {
+        ws += w[k] * s[k];
+        q_s += qi[k] * s[k];
+      }
+      up[i] = p.chunk_u[(pos + i) * p.V + v] - ws;
+      qs[i] = q_s;
+    }
+    for (int32_t i = 0; i < len; ++i) {
+      const float *aqk = p.chunk_aqk + (pos + i) * CHUNK;
+      float o = sycl::exp(G[i]) * qs[i];
+      for (int32_t j = 0; j <= i; ++j) o += aqk[j] * up[j];
+      store_act(p.out, global_row(p.token_indx, jfirst + i) * p.out_stride + (int64_t)hv * p.V + v, o);
+    }
+    const float glast = G[len - 1], dlast = sycl::exp(glast);
+    for (int k = 0; k < KD; ++k) s[k] *= dlast;
+    for (int32_t j = 0; j < len; ++j) {
+      const float coef = sycl::exp(glast - G[j]) * up[j];
+      const float *kj = p.kn + (global_row(p.token_indx, jfirst + j) * p.H + h) * KD;
+      for (int k = 0; k < KD; ++k) s[k] += kj[k] * coef;
+    }
+  }
+  store_column(p, slot, hv, v, s);
+}

@@ -1,0 +1,18 @@
+// gated_norm.cpp — fused output gate of Qwen3-Next's GDN layer, in place on core_attn_out:
+// o = rmsnorm(o) * weight * silu(z), fp32 inside. One work-item per (row, v-head).
+#include "common.hpp"
+
+GDN_KERNEL(1) void gdn_gated_rmsnorm(GdnNormParams p) {
+  const int64_t gid = item1().get_global_id(0);
+  if (gid >= (int64_t)p.rows * p.HV) return;
+  const int64_t row = gid / p.HV, hv = gid % p.HV;
+  const int64_t o0 = row * p.out_stride + hv * p.V, z0 = row * p.z_stride + hv * p.V;
+  float ss = 0.0f;
+  for (int32_t v = 0; v < p.V; ++v) {
+    const float o = load_act(p.out, o0 + v);
+    ss += o * o;
+  }
+  const float r = sycl::rsqrt(ss / (float)p.V + p.eps);
+  for (int32_t v = 0; v < p.V; ++v)
+    store_act(p.out, o0 + v, load_act(p.out, o0 + v) * r * load_act(p.weight, v) * silu(load_act(p.z, z0 + v)));
+}

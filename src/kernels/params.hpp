@@ -1,0 +1,69 @@
+// params.hpp — kernel argument structs, shared verbatim by the host library (g++/clang++/icpx)
+// and the device sources compiled at run time (handed to the kernel compiler as an include file).
+// One definition means host and device can never disagree on a field's offset.
+// Only fixed-width scalars and raw pointers: the struct is passed to kernels by value.
+#pragma once
+#include <stdint.h>
+
+// How a kernel finds a conv-state element: slot*slot_stride + channel*chan_stride + col*col_stride.
+struct GdnConvStateView {
+  void *base;
+  int64_t slot_stride, chan_stride, col_stride;
+  int32_t state_len;
+  int32_t pad0;
+};
+
+struct GdnConvParams {
+  const void *x;            // [rows, conv_dim] act
+  const void *weight;       // [conv_dim, W] act
+  const void *bias;         // [conv_dim] act or null
+  void *out;                // [rows, conv_dim] act
+  GdnConvStateView state;
+  const int32_t *query_start_loc;  // [num_seqs+1] compact offsets
+  const int32_t *state_indices;    // non-spec: [num_seqs]; spec: [num_seqs, slot_cols]
+  const uint8_t *has_initial_state;// non-spec only, may be null
+  const int32_t *token_indx;       // compact -> global row, may be null (identity)
+  const int32_t *num_accepted;     // spec only
+  int64_t x_stride, out_stride;
+  int32_t num_seqs, conv_dim, width, slot_cols;
+  int32_t pad_slot_id, silu, rolled, pad1;
+};
+
+// Per-row preprocessing: l2-normalized, scaled q and k, and the gates, all f32, by global row.
+struct GdnPrepParams {
+  const void *qkv;          // conv output [rows, conv_dim] act
+  const void *a, *b;        // [rows, HV] act (null when g/beta given)
+  const float *A_log, *dt_bias;
+  const float *g_in, *beta_in;
+  float *qn, *kn;           // [rows, H, K]
+  float *g, *beta;          // [rows, HV]
+  int64_t qkv_stride, ab_stride;
+  int32_t rows, H, HV, K;
+  float scale, eps;
+  int32_t l2norm, l2_div;
+};
+
+// State-carrying kernels. ssm element (slot, head, k, v) at slot*slot_stride + head*K*V + k*k_stride + v*v_stride.
+struct GdnDeltaParams {
+  const void *qkv;          // conv output rows (v is read from here), act
+  const float *qn, *kn, *g, *beta;  // from the prep kernel, by global row
+  float *ssm;
+  void *out;                // [rows, HV, V] act
+  const int32_t *query_start_loc, *state_indices, *token_indx, *num_accepted;
+  const uint8_t *has_initial_state;
+  const int32_t *chunk_table;      // chunk kernels: [num_chunks][4] = seq, first compact token, len, 0
+  const int32_t *seq_table;        // chunk scan: [num_chunk_seqs][4] = seq, first chunk, num chunks, 0
+  float *chunk_w, *chunk_u, *chunk_aqk, *chunk_g;  // chunk workspace
+  int64_t qkv_stride, out_stride, slot_stride, k_stride, v_stride;
+  int32_t num_seqs, H, HV, K, V, v_offset;  // v_offset = 2*H*K: first v column in qkv
+  int32_t slot_cols, pad_slot_id, mode, num_chunks;  // mode: 0 non-spec (length-1 only), 1 non-spec all, 2 spec
+};
+
+struct GdnNormParams {
+  void *out;                // [rows, HV, V] act, normalized in place
+  const void *z;            // [rows, HV, V] act
+  const void *weight;       // [V] act
+  int64_t out_stride, z_stride;
+  int32_t rows, HV, V;
+  float eps;
+};

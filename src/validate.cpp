@@ -1,0 +1,308 @@
+// validate.cpp — see validate.hpp. Each check throws gdn::Failure with the field's name.
+#include "validate.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "errors.hpp"
+
+namespace gdn {
+namespace {
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+// Copies a caller's versioned struct: an older (smaller) struct is refused; a newer (larger)
+// one is accepted only if the fields this library does not know are zero (their defaults).
+template <class T>
+T copy_versioned(const T *in, const char *name, void (*init)(T *)) {
+  if (!in) fail(GDN_ERROR_NULL_POINTER, std::string(name) + " is NULL");
+  T out;
+  init(&out);
+  const size_t size = in->struct_size;
+  if (size < sizeof(T))
+    fail(GDN_ERROR_BAD_STRUCT_SIZE, std::string(name) + "->struct_size = " + str((int64_t)size) +
+                                        " is older than this library's " + str((int64_t)sizeof(T)) +
+                                        " (rebuild against the current gdn_xpu.h)");
+  const unsigned char *tail = reinterpret_cast<const unsigned char *>(in) + sizeof(T);
+  for (size_t i = 0; i < size - sizeof(T); ++i)
+    if (tail[i])
+      fail(GDN_ERROR_UNSUPPORTED, std::string(name) + "->struct_size = " + str((int64_t)size) +
+                                      ": the caller sets fields newer than this library (version " + gdn_version() + ")");
+  std::memcpy(&out, in, sizeof(T));
+  out.struct_size = sizeof(T);
+  return out;
+}
+
+void require(bool ok, gdn_status_t status, const std::string &message) {
+  if (!ok) fail(status, message);
+}
+
+void check_range(int64_t v, int64_t lo, int64_t hi, gdn_status_t status, const char *field) {
+  if (v < lo || v > hi)
+    fail(status, std::string(field) + " = " + str(v) + " is outside [" + str(lo) + ", " + str(hi) + "]");
+}
+
+void check_stride(int64_t &stride, int64_t dense, const char *field) {
+  if (stride == 0) stride = dense;
+  if (stride < dense) fail(GDN_ERROR_BAD_LAYOUT, std::string(field) + " = " + str(stride) + " < row width " + str(dense));
+}
+
+void check_usm(const sycl::queue &q, const void *p, const char *field) {
+  if (!p) return;
+  if (sycl::get_pointer_type(p, q.get_context()) == sycl::usm::alloc::unknown)
+    fail(GDN_ERROR_BAD_POINTER, std::string(field) + " is not a USM allocation of the queue's context");
+}
+
+void need(const void *p, const char *field, const char *why) {
+  if (!p) fail(GDN_ERROR_NULL_POINTER, std::string(field) + " is NULL but " + why);
+}
+
+template <class T>
+void read_back(sycl::queue &q, std::vector<T> &dst, const T *src, int64_t n, std::vector<sycl::event> &evs) {
+  dst.resize((size_t)n);
+  if (n > 0 && src) evs.push_back(q.memcpy(dst.data(), src, sizeof(T) * (size_t)n));
+}
+
+void check_start_loc(const std::vector<int32_t> &qsl, int32_t tokens, const char *field, const char *count_field) {
+  if (qsl.empty()) return;
+  require(qsl[0] == 0, GDN_ERROR_BAD_START_LOC, std::string(field) + "[0] = " + str(qsl[0]) + ", expected 0");
+  for (size_t i = 1; i < qsl.size(); ++i)
+    require(qsl[i] >= qsl[i - 1], GDN_ERROR_BAD_START_LOC,
+            std::string(field) + " decreases at [" + str((int64_t)i) + "]: " + str(qsl[i - 1]) + " -> " + str(qsl[i]));
+  require(qsl.back() == tokens, GDN_ERROR_BAD_START_LOC,
+          std::string(field) + "[last] = " + str(qsl.back()) + " but " + count_field + " = " + str(tokens));
+}
+
+void check_slot(int32_t slot, const gdn_batch_t &b, int32_t num_slots, const std::string &field) {
+  if (slot == b.pad_slot_id) return;
+  require(slot >= 0 && slot < num_slots, GDN_ERROR_BAD_STATE_INDEX,
+          field + " = " + str(slot) + " is outside [0, num_slots=" + str(num_slots) + ") and is not pad_slot_id (" +
+              str(b.pad_slot_id) + ")");
+}
+
+// Full content checks of the metadata (GDN_VALIDATE_FULL).
+void check_contents(const Checked &c) {
+  const gdn_batch_t &b = c.batch;
+  const HostMeta &m = c.meta;
+  const int32_t slots = c.cfg.num_slots, cols = b.num_spec + 1;
+  check_start_loc(m.ns_qsl, b.non_spec_token_count, "non_spec_query_start_loc", "non_spec_token_count");
+  check_start_loc(m.s_qsl, b.spec_token_count, "spec_query_start_loc", "spec_token_count");
+
+  // Each written slot has one writer; a slot read as an initial state is not written by another sequence.
+  std::vector<int32_t> writer((size_t)slots, -1);  // sequence id: non-spec i, spec num_non_spec + n
+  auto claim = [&](int32_t slot, int32_t seq, const std::string &field) {
+    if (slot == b.pad_slot_id) return;
+    int32_t &w = writer[(size_t)slot];
+    require(w == -1 || w == seq, GDN_ERROR_DUPLICATE_SLOT,
+            field + " = " + str(slot) + " is also written by " +
+                (w < c.num_non_spec_seqs ? "non-spec sequence " + str(w) : "spec sequence " + str(w - c.num_non_spec_seqs)));
+    w = seq;
+  };
+  for (int32_t i = 0; i < c.num_non_spec_seqs; ++i) {
+    const std::string field = "non_spec_state_indices[" + str(i) + "]";
+    check_slot(m.ns_slots[(size_t)i], b, slots, field);
+    claim(m.ns_slots[(size_t)i], i, field);
+  }
+  for (int32_t n = 0; n < b.num_spec_decodes; ++n) {
+    const int32_t len = m.s_qsl[(size_t)n + 1] - m.s_qsl[(size_t)n];
+    require(len <= cols, GDN_ERROR_BAD_START_LOC,
+            "spec_query_start_loc: spec sequence " + str(n) + " has " + str(len) + " tokens > 1 + num_spec = " + str(cols));
+    const int32_t a = m.accepted[(size_t)n];
+    require(a >= 1 && a <= cols, GDN_ERROR_BAD_ACCEPTED,
+            "num_accepted_tokens[" + str(n) + "] = " + str(a) + " is outside [1, 1 + num_spec = " + str(cols) + "]");
+    for (int32_t t = 0; t < cols; ++t)
+      check_slot(m.s_slots[(size_t)n * cols + t], b, slots, "spec_state_indices[" + str(n) + "][" + str(t) + "]");
+    for (int32_t t = 0; t < len; ++t)
+      claim(m.s_slots[(size_t)n * cols + t], c.num_non_spec_seqs + n,
+            "spec_state_indices[" + str(n) + "][" + str(t) + "]");
+  }
+  for (int32_t n = 0; n < b.num_spec_decodes; ++n) {  // initial-state reads vs other sequences' writes
+    if (m.s_qsl[(size_t)n + 1] == m.s_qsl[(size_t)n]) continue;
+    const int32_t a = m.accepted[(size_t)n];
+    for (int32_t col : {a - 1, 0}) {
+      const int32_t slot = m.s_slots[(size_t)n * cols + col];
+      if (slot == b.pad_slot_id) continue;
+      const int32_t w = writer[(size_t)slot];
+      require(w == -1 || w == c.num_non_spec_seqs + n, GDN_ERROR_DUPLICATE_SLOT,
+              "spec_state_indices[" + str(n) + "][" + str(col) + "] = " + str(slot) +
+                  " is read as an initial state but written by another sequence in the same call");
+    }
+  }
+
+  // Token rows: inside [0, num_actual_tokens), each claimed once.
+  std::vector<uint8_t> owned((size_t)b.num_actual_tokens, 0);
+  auto own_rows = [&](const std::vector<int32_t> &tok, int32_t count, const char *field, uint8_t tag) {
+    for (int32_t j = 0; j < count; ++j) {
+      const int64_t row = tok.empty() ? j : tok[(size_t)j];
+      require(row >= 0 && row < b.num_actual_tokens, GDN_ERROR_BAD_TOKEN_INDEX,
+              std::string(field) + "[" + str(j) + "] = " + str(row) + " is outside [0, num_actual_tokens=" +
+                  str(b.num_actual_tokens) + ")" + (tok.empty() ? " (NULL index = identity)" : ""));
+      require(!owned[(size_t)row], GDN_ERROR_BAD_TOKEN_INDEX,
+              std::string(field) + "[" + str(j) + "] = row " + str(row) + " is already claimed by " +
+                  (owned[(size_t)row] == 1 ? "a non-spec token" : "a spec token") +
+                  (tok.empty() ? " (NULL index = identity)" : ""));
+      owned[(size_t)row] = tag;
+    }
+  };
+  own_rows(m.ns_tok, b.non_spec_token_count, "non_spec_token_indx", 1);
+  own_rows(m.s_tok, b.spec_token_count, "spec_token_indx", 2);
+}
+
+}  // namespace
+
+size_t dtype_bytes(int32_t dtype) {
+  switch (dtype) {
+    case GDN_DTYPE_F32: return 4;
+    case GDN_DTYPE_F16: return 2;
+    case GDN_DTYPE_BF16: return 2;
+    default: return 0;
+  }
+}
+
+gdn_config_t validate_config(const gdn_config_t *in) {
+  gdn_config_t cfg = copy_versioned(in, "cfg", gdn_config_init);
+  check_range(cfg.num_k_heads, 1, 1024, GDN_ERROR_BAD_SHAPE, "cfg->num_k_heads");
+  check_range(cfg.num_v_heads, 1, 4096, GDN_ERROR_BAD_SHAPE, "cfg->num_v_heads");
+  require(cfg.num_v_heads % cfg.num_k_heads == 0, GDN_ERROR_BAD_SHAPE,
+          "cfg->num_v_heads = " + str(cfg.num_v_heads) + " is not a multiple of num_k_heads = " + str(cfg.num_k_heads));
+  check_range(cfg.head_k_dim, 1, 256, GDN_ERROR_BAD_SHAPE, "cfg->head_k_dim");
+  check_range(cfg.head_v_dim, 1, 256, GDN_ERROR_BAD_SHAPE, "cfg->head_v_dim");
+  check_range(cfg.conv_width, 2, 8, GDN_ERROR_BAD_SHAPE, "cfg->conv_width");
+  require(dtype_bytes(cfg.act_dtype) != 0, GDN_ERROR_BAD_DTYPE, "cfg->act_dtype = " + str(cfg.act_dtype) + " is not a gdn_dtype_t");
+  require(cfg.state_dtype == GDN_DTYPE_F32, GDN_ERROR_BAD_DTYPE,
+          "cfg->state_dtype = " + str(cfg.state_dtype) + ": only GDN_DTYPE_F32 states are supported");
+  check_range(cfg.ssm_layout, 0, 1, GDN_ERROR_BAD_LAYOUT, "cfg->ssm_layout");
+  check_range(cfg.conv_layout, 0, 1, GDN_ERROR_BAD_LAYOUT, "cfg->conv_layout");
+  check_range(cfg.conv_spec_layout, 0, 1, GDN_ERROR_BAD_LAYOUT, "cfg->conv_spec_layout");
+  check_range(cfg.num_slots, 1, INT32_MAX, GDN_ERROR_BAD_COUNT, "cfg->num_slots");
+  check_range(cfg.conv_state_len, cfg.conv_width - 1, 1 << 20, GDN_ERROR_BAD_LAYOUT, "cfg->conv_state_len");
+  const int64_t conv_dim = 2LL * cfg.num_k_heads * cfg.head_k_dim + (int64_t)cfg.num_v_heads * cfg.head_v_dim;
+  check_stride(cfg.conv_slot_stride, conv_dim * cfg.conv_state_len, "cfg->conv_slot_stride");
+  check_stride(cfg.ssm_slot_stride, (int64_t)cfg.num_v_heads * cfg.head_k_dim * cfg.head_v_dim, "cfg->ssm_slot_stride");
+  require(cfg.scale >= 0.0f, GDN_ERROR_BAD_SHAPE, "cfg->scale is negative");
+  if (cfg.scale == 0.0f) cfg.scale = 1.0f / std::sqrt((float)cfg.head_k_dim);
+  require(cfg.l2norm_eps > 0.0f && cfg.norm_eps > 0.0f, GDN_ERROR_BAD_SHAPE, "cfg->l2norm_eps and cfg->norm_eps must be > 0");
+  require((cfg.flags & ~15) == 0, GDN_ERROR_UNSUPPORTED, "cfg->flags has unknown bits: " + str(cfg.flags));
+  return cfg;
+}
+
+gdn_batch_t validate_batch_counts(const gdn_batch_t *in, const gdn_config_t &cfg) {
+  gdn_batch_t b = copy_versioned(in, "batch", gdn_batch_init);
+  check_range(b.num_prefills, 0, INT32_MAX, GDN_ERROR_BAD_COUNT, "batch->num_prefills");
+  check_range(b.num_decodes, 0, INT32_MAX, GDN_ERROR_BAD_COUNT, "batch->num_decodes");
+  check_range(b.num_spec_decodes, 0, INT32_MAX, GDN_ERROR_BAD_COUNT, "batch->num_spec_decodes");
+  check_range(b.num_spec, 0, 64, GDN_ERROR_BAD_COUNT, "batch->num_spec");
+  check_range(b.num_actual_tokens, 0, INT32_MAX, GDN_ERROR_BAD_COUNT, "batch->num_actual_tokens");
+  check_range(b.non_spec_token_count, 0, INT32_MAX, GDN_ERROR_BAD_COUNT, "batch->non_spec_token_count");
+  check_range(b.spec_token_count, 0, INT32_MAX, GDN_ERROR_BAD_COUNT, "batch->spec_token_count");
+  check_range(b.validate, 0, 1, GDN_ERROR_BAD_COUNT, "batch->validate");
+  require((int64_t)b.non_spec_token_count + b.spec_token_count == b.num_actual_tokens, GDN_ERROR_BAD_COUNT,
+          "non_spec_token_count (" + str(b.non_spec_token_count) + ") + spec_token_count (" + str(b.spec_token_count) +
+              ") != num_actual_tokens (" + str(b.num_actual_tokens) + ")");
+  const int64_t non_spec_seqs = (int64_t)b.num_prefills + b.num_decodes;
+  require(non_spec_seqs <= INT32_MAX, GDN_ERROR_BAD_COUNT, "num_prefills + num_decodes overflows int32");
+  require(non_spec_seqs > 0 || b.non_spec_token_count == 0, GDN_ERROR_BAD_COUNT,
+          "non_spec_token_count = " + str(b.non_spec_token_count) + " but there are no non-spec sequences");
+  require(b.num_spec_decodes > 0 || b.spec_token_count == 0, GDN_ERROR_BAD_COUNT,
+          "spec_token_count = " + str(b.spec_token_count) + " but num_spec_decodes = 0");
+  require((int64_t)b.spec_token_count <= (int64_t)b.num_spec_decodes * (b.num_spec + 1), GDN_ERROR_BAD_COUNT,
+          "spec_token_count = " + str(b.spec_token_count) + " > num_spec_decodes * (1 + num_spec) = " +
+              str((int64_t)b.num_spec_decodes * (b.num_spec + 1)));
+  if (b.num_spec_decodes > 0 && cfg.conv_spec_layout == GDN_CONV_SPEC_ROLLED)
+    require(cfg.conv_state_len >= cfg.conv_width - 1 + b.num_spec, GDN_ERROR_BAD_LAYOUT,
+            "cfg->conv_state_len = " + str(cfg.conv_state_len) + " < W-1+num_spec = " +
+                str(cfg.conv_width - 1 + b.num_spec) + " needed by GDN_CONV_SPEC_ROLLED");
+  return b;
+}
+
+Checked validate_call(void *queue, const gdn_config_t *cfg_in, const gdn_batch_t *batch_in, const gdn_tensors_t *t_in, Op op) {
+  if (!queue) fail(GDN_ERROR_BAD_QUEUE, "queue is NULL (pass a sycl::queue*, e.g. dpctl.SyclQueue.addressof_ref())");
+  Checked c;
+  c.q = *static_cast<sycl::queue *>(queue);
+  c.cfg = validate_config(cfg_in);
+  c.batch = validate_batch_counts(batch_in, c.cfg);
+  c.t = copy_versioned(t_in, "tensors", gdn_tensors_init);
+  const gdn_config_t &cfg = c.cfg;
+  gdn_batch_t &b = c.batch;
+  gdn_tensors_t &t = c.t;
+  c.conv_dim = 2 * cfg.num_k_heads * cfg.head_k_dim + cfg.num_v_heads * cfg.head_v_dim;
+  c.num_non_spec_seqs = b.num_prefills + b.num_decodes;
+  c.act_bytes = dtype_bytes(cfg.act_dtype);
+  const int32_t hv = cfg.num_v_heads, ov = cfg.num_v_heads * cfg.head_v_dim;
+  check_stride(t.mixed_qkv_stride, c.conv_dim, "tensors->mixed_qkv_stride");
+  check_stride(t.conv_out_stride, c.conv_dim, "tensors->conv_out_stride");
+  check_stride(t.ab_stride, hv, "tensors->ab_stride");
+  check_stride(t.out_stride, ov, "tensors->out_stride");
+  check_stride(t.z_stride, ov, "tensors->z_stride");
+
+  const bool conv = op != Op::Delta, delta = op != Op::Conv;
+  const bool work = b.num_actual_tokens > 0;
+  if (work && c.num_non_spec_seqs > 0) {
+    need(b.non_spec_query_start_loc, "batch->non_spec_query_start_loc", "num_prefills + num_decodes > 0");
+    need(b.non_spec_state_indices, "batch->non_spec_state_indices", "num_prefills + num_decodes > 0");
+  }
+  if (work && b.num_spec_decodes > 0) {
+    need(b.spec_query_start_loc, "batch->spec_query_start_loc", "num_spec_decodes > 0");
+    need(b.spec_state_indices, "batch->spec_state_indices", "num_spec_decodes > 0");
+    need(b.num_accepted_tokens, "batch->num_accepted_tokens", "num_spec_decodes > 0");
+  }
+  if (work && conv) {
+    need(t.mixed_qkv, "tensors->mixed_qkv", "the conv stage reads it");
+    need(t.conv_weight, "tensors->conv_weight", "the conv stage reads it");
+    need(t.conv_state, "tensors->conv_state", "the conv stage reads and writes it");
+    if (op == Op::Conv) need(t.conv_out, "tensors->conv_out", "gdn_causal_conv1d writes it");
+  }
+  if (work && delta) {
+    if (op == Op::Delta) need(t.conv_out, "tensors->conv_out", "gdn_gated_delta_rule reads q|k|v from it");
+    require(!t.g == !t.beta, GDN_ERROR_NULL_POINTER, "tensors->g and tensors->beta must be given together");
+    if (!t.g) {
+      need(t.a, "tensors->a", "no precomputed g/beta were given");
+      need(t.b, "tensors->b", "no precomputed g/beta were given");
+      need(t.A_log, "tensors->A_log", "no precomputed g/beta were given");
+      need(t.dt_bias, "tensors->dt_bias", "no precomputed g/beta were given");
+    }
+    need(t.ssm_state, "tensors->ssm_state", "the delta rule reads and writes it");
+    need(t.core_attn_out, "tensors->core_attn_out", "the delta rule writes it");
+    if (op == Op::Attention && t.z) need(t.norm_weight, "tensors->norm_weight", "z is given (fused gated RMSNorm)");
+  }
+  if (!work) return c;
+
+  const sycl::queue &q = c.q;
+  const std::pair<const void *, const char *> pointers[] = {
+      {b.non_spec_query_start_loc, "batch->non_spec_query_start_loc"}, {b.non_spec_state_indices, "batch->non_spec_state_indices"},
+      {b.has_initial_state, "batch->has_initial_state"}, {b.non_spec_token_indx, "batch->non_spec_token_indx"},
+      {b.spec_query_start_loc, "batch->spec_query_start_loc"}, {b.spec_state_indices, "batch->spec_state_indices"},
+      {b.num_accepted_tokens, "batch->num_accepted_tokens"}, {b.spec_token_indx, "batch->spec_token_indx"},
+      {t.mixed_qkv, "tensors->mixed_qkv"}, {t.conv_weight, "tensors->conv_weight"}, {t.conv_bias, "tensors->conv_bias"},
+      {t.conv_state, "tensors->conv_state"}, {t.conv_out, "tensors->conv_out"}, {t.a, "tensors->a"}, {t.b, "tensors->b"},
+      {t.A_log, "tensors->A_log"}, {t.dt_bias, "tensors->dt_bias"}, {t.g, "tensors->g"}, {t.beta, "tensors->beta"},
+      {t.ssm_state, "tensors->ssm_state"}, {t.core_attn_out, "tensors->core_attn_out"}, {t.z, "tensors->z"},
+      {t.norm_weight, "tensors->norm_weight"}, {t.workspace, "tensors->workspace"}};
+  for (const auto &[p, field] : pointers) check_usm(q, p, field);
+
+  // Read the metadata back. ns_qsl is always needed (the chunk plan of prefills is built from it).
+  std::vector<sycl::event> evs;
+  HostMeta &m = c.meta;
+  if (c.num_non_spec_seqs > 0)
+    read_back(c.q, m.ns_qsl, b.non_spec_query_start_loc, (int64_t)c.num_non_spec_seqs + 1, evs);
+  if (b.validate == GDN_VALIDATE_FULL) {
+    if (c.num_non_spec_seqs > 0) {
+      read_back(c.q, m.ns_slots, b.non_spec_state_indices, c.num_non_spec_seqs, evs);
+      if (b.non_spec_token_indx) read_back(c.q, m.ns_tok, b.non_spec_token_indx, b.non_spec_token_count, evs);
+    }
+    if (b.num_spec_decodes > 0) {
+      read_back(c.q, m.s_qsl, b.spec_query_start_loc, (int64_t)b.num_spec_decodes + 1, evs);
+      read_back(c.q, m.s_slots, b.spec_state_indices, (int64_t)b.num_spec_decodes * (b.num_spec + 1), evs);
+      read_back(c.q, m.accepted, b.num_accepted_tokens, b.num_spec_decodes, evs);
+      if (b.spec_token_indx) read_back(c.q, m.s_tok, b.spec_token_indx, b.spec_token_count, evs);
+    }
+  }
+  for (auto &e : evs) e.wait_and_throw();
+  if (!m.ns_qsl.empty())
+    check_start_loc(m.ns_qsl, b.non_spec_token_count, "non_spec_query_start_loc", "non_spec_token_count");
+  if (b.validate == GDN_VALIDATE_FULL) check_contents(c);
+  return c;
+}
+
+}  // namespace gdn

