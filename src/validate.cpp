@@ -209,10 +209,6 @@ gdn_batch_t validate_batch_counts(const gdn_batch_t *in, const gdn_config_t &cfg
   require((int64_t)b.spec_token_count <= (int64_t)b.num_spec_decodes * (b.num_spec + 1), GDN_ERROR_BAD_COUNT,
           "spec_token_count = " + str(b.spec_token_count) + " > num_spec_decodes * (1 + num_spec) = " +
               str((int64_t)b.num_spec_decodes * (b.num_spec + 1)));
-  if (b.num_spec_decodes > 0 && cfg.conv_spec_layout == GDN_CONV_SPEC_ROLLED)
-    require(cfg.conv_state_len >= cfg.conv_width - 1 + b.num_spec, GDN_ERROR_BAD_LAYOUT,
-            "cfg->conv_state_len = " + str(cfg.conv_state_len) + " < W-1+num_spec = " +
-                str(cfg.conv_width - 1 + b.num_spec) + " needed by GDN_CONV_SPEC_ROLLED");
   return b;
 }
 
@@ -238,6 +234,10 @@ Checked validate_call(void *queue, const gdn_config_t *cfg_in, const gdn_batch_t
 
   const bool conv = op != Op::Delta, delta = op != Op::Conv;
   const bool work = b.num_actual_tokens > 0;
+  if (conv && b.num_spec_decodes > 0 && cfg.conv_spec_layout == GDN_CONV_SPEC_ROLLED)
+    require(cfg.conv_state_len >= cfg.conv_width - 1 + b.num_spec, GDN_ERROR_BAD_LAYOUT,
+            "cfg->conv_state_len = " + str(cfg.conv_state_len) + " < W-1+num_spec = " +
+                str(cfg.conv_width - 1 + b.num_spec) + " needed by GDN_CONV_SPEC_ROLLED");
   if (work && c.num_non_spec_seqs > 0) {
     need(b.non_spec_query_start_loc, "batch->non_spec_query_start_loc", "num_prefills + num_decodes > 0");
     need(b.non_spec_state_indices, "batch->non_spec_state_indices", "num_prefills + num_decodes > 0");
