@@ -4,7 +4,7 @@ import pytest
 
 import pygdn
 from pygdn.batch import make_batch, to_device
-import reference as ref
+from pygdn import reference as ref
 from conftest import (ACT_DTYPES, RTOL, assert_close, conv_from_canonical, conv_to_canonical, dequantize, quantize,
                       usm)
 

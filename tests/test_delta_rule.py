@@ -5,7 +5,7 @@ import pytest
 
 import pygdn
 from pygdn.batch import make_batch, to_device
-import reference as ref
+from pygdn import reference as ref
 from conftest import assert_close, dequantize, quantize, ssm_from_canonical, ssm_to_canonical, usm
 
 RTOL_F32 = 2e-5
