@@ -101,6 +101,7 @@ def to_device(meta, queue, validate="full"):
             continue
         v = _np.ascontiguousarray(v)
         arrays[k] = _UsmArray.from_numpy(v if v.size else _np.zeros(1, v.dtype), queue)
-    counts = {k: meta[k] for k in ("num_actual_tokens", "num_prefills", "num_decodes", "num_spec_decodes", "num_spec",
-                                   "non_spec_token_count", "spec_token_count", "pad_slot_id")}
+    counts = {k: int(meta.get(k, 0) or 0) for k in ("num_actual_tokens", "num_prefills", "num_decodes", "num_spec_decodes",
+                                                    "num_spec", "non_spec_token_count", "spec_token_count")}
+    counts["pad_slot_id"] = int(meta.get("pad_slot_id", -1))
     return _Batch(validate=validate, **counts, **arrays)

@@ -94,7 +94,7 @@ def _spec_sequences(batch, num_spec=None):
         rows = [int(tok[j]) if tok is not None else j for j in js]
         A = int(acc[n])
         assert 1 <= A <= 1 + S, "num_accepted_tokens out of [1, 1+num_spec]"
-        assert 1 <= len(rows) <= 1 + S, "spec sequence length out of [1, 1+num_spec]"
+        assert len(rows) <= 1 + S, "spec sequence length out of [0, 1+num_spec] (0 = graph padding)"
         yield n, [int(c) for c in cols_all[n]], A, rows
 
 

@@ -1,0 +1,182 @@
+"""gdn_attention (conv -> gates -> delta rule -> optional gated RMSNorm) on randomized mixed
+batches against the float64 reference, and a multi-step MTP simulation checked against the
+plain recurrence over the accepted tokens only."""
+import numpy as np
+import pytest
+
+import pygdn
+from pygdn import reference as ref
+from pygdn.batch import make_batch, to_device
+from conftest import (assert_close, conv_from_canonical, conv_to_canonical, dequantize, quantize, ssm_from_canonical,
+                      ssm_to_canonical, usm)
+
+
+class Layer:
+    """Weights and caches of one GDN layer on the device, with float64 copies for the reference."""
+
+    def __init__(self, queue, rng, cfg, with_z=False):
+        self.queue, self.cfg = queue, cfg
+        C, W, HV, V, dt = cfg.conv_dim, cfg.conv_width, cfg.num_v_heads, cfg.head_v_dim, cfg.act_dtype
+        self.w_s, self.w = quantize(rng.standard_normal((C, W)) * 0.5, dt)
+        self.bias_s, self.bias = quantize(rng.standard_normal(C) * 0.1, dt)
+        self.A_log = np.log(rng.uniform(0.5, 8.0, HV)).astype(np.float32)
+        self.dt_bias = rng.uniform(-1, 1, HV).astype(np.float32)
+        self.norm_w_s, self.norm_w = quantize(rng.uniform(0.5, 1.5, V), dt) if with_z else (None, None)
+        self.conv0 = quantize(rng.standard_normal((cfg.num_slots, C, cfg.state_len)), dt)
+        self.ssm0 = (rng.standard_normal(cfg.ssm_state_shape[:2] + (cfg.head_k_dim, V)) * 0.5).astype(np.float32)
+        self.d_conv = usm(queue, conv_from_canonical(self.conv0[0], cfg.conv_layout))
+        self.d_ssm = usm(queue, ssm_from_canonical(self.ssm0, cfg.ssm_layout))
+        self.d_w, self.d_bias = usm(queue, self.w_s), usm(queue, self.bias_s)
+        self.d_A, self.d_dt = usm(queue, self.A_log), usm(queue, self.dt_bias)
+        self.d_norm_w = usm(queue, self.norm_w_s) if with_z else None
+
+    def conv_state(self):
+        return dequantize(conv_to_canonical(self.d_conv.to_numpy(), self.cfg.conv_layout), self.cfg.act_dtype)
+
+    def ssm_state(self):
+        return ssm_to_canonical(self.d_ssm.to_numpy(), self.cfg.ssm_layout).astype(np.float64)
+
+    def step(self, meta, x_s, a_s, b_s, z_s=None, out_fill=5.0):
+        """Runs gdn_attention; returns the output rows (plus one canary row) as float64."""
+        cfg, T = self.cfg, meta["num_actual_tokens"]
+        d_out = usm(self.queue, quantize(np.full((T + 1, cfg.num_v_heads, cfg.head_v_dim), out_fill), cfg.act_dtype)[0])
+        pygdn.attention(self.queue, cfg, to_device(meta, self.queue), mixed_qkv=usm(self.queue, x_s),
+                        a=usm(self.queue, a_s), b=usm(self.queue, b_s), conv_weight=self.d_w, conv_bias=self.d_bias,
+                        A_log=self.d_A, dt_bias=self.d_dt, conv_state=self.d_conv, ssm_state=self.d_ssm,
+                        core_attn_out=d_out, z=None if z_s is None else usm(self.queue, z_s),
+                        norm_weight=self.d_norm_w if z_s is not None else None)
+        return dequantize(d_out.to_numpy(), cfg.act_dtype)
+
+
+def random_case(seed):
+    rng = np.random.default_rng(1000 + seed)
+    num_spec = int(rng.integers(0, 4))
+    n_pre, n_dec = int(rng.integers(0, 4)), int(rng.integers(0, 4))
+    n_spec = int(rng.integers(0, 5)) if num_spec else 0
+    if n_pre + n_dec + n_spec == 0:
+        n_dec = 1
+    kw = dict(prefill_lens=list(rng.integers(2, 150, n_pre)), num_decodes=n_dec,
+              spec_lens=list(rng.integers(1, num_spec + 2, n_spec)), num_spec=num_spec,
+              order=["random", "blocks", "grouped"][seed % 3],
+              pad_non_spec=int(seed % 5 == 1), pad_spec=int(seed % 7 == 2 and num_spec > 0),
+              pad_len=int(seed % 2))
+    layout = dict(ssm_layout=["kv", "vk"][seed % 2], conv_layout=["dim_major", "time_major"][(seed // 2) % 2],
+                  conv_spec_layout=["snapshot", "rolled"][(seed // 4) % 2],
+                  act_dtype="bf16" if seed % 10 == 9 else "f32")
+    dims = [(1, 1, 8, 8), (2, 4, 16, 8), (1, 3, 8, 16), (2, 2, 32, 32)][seed % 4]
+    return rng, kw, layout, dims, seed % 3 == 0
+
+
+@pytest.mark.parametrize("seed", range(32))
+def test_mixed_batch_matches_reference(queue, seed):
+    rng, kw, layout, (H, HV, K, V), with_z = random_case(seed)
+    num_slots = 64
+    meta = make_batch(rng, num_slots=num_slots, **kw)
+    W = 4
+    cfg = pygdn.Config(num_k_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V, num_slots=num_slots, conv_width=W,
+                       conv_state_len=W - 1 + meta["num_spec"], **layout)
+    layer = Layer(queue, rng, cfg, with_z=with_z)
+    T = meta["num_actual_tokens"]
+    x_s, x = quantize(rng.standard_normal((T, cfg.conv_dim)), cfg.act_dtype)
+    a_s, a = quantize(rng.standard_normal((T, HV)), cfg.act_dtype)
+    b_s, b = quantize(rng.standard_normal((T, HV)), cfg.act_dtype)
+    z_s, z = quantize(rng.standard_normal((T, HV, V)), cfg.act_dtype) if with_z else (None, None)
+    got = layer.step(meta, x_s, a_s, b_s, z_s)
+    want_o, want_conv, want_ssm = ref.gdn_attention(
+        x, a, b, layer.w, layer.bias, layer.A_log, layer.dt_bias, layer.conv0[1], layer.ssm0.astype(np.float64), meta,
+        H, HV, K, V, spec_layout=cfg.conv_spec_layout, z=z, norm_weight=layer.norm_w)
+    tol = 2e-4 if cfg.act_dtype == "f32" else 5e-2
+    assert_close(got[:T], want_o, tol, "core_attn_out")
+    assert np.all(got[T] == 5.0), "canary row past num_actual_tokens was written"
+    if cfg.act_dtype == "f32":
+        assert np.array_equal(layer.conv_state(), want_conv), "conv_state"
+    assert_close(layer.ssm_state(), want_ssm, tol, "ssm_state")  # unaddressed slots: exact by construction
+    untouched = [s for s in range(num_slots) if np.array_equal(want_ssm[s], layer.ssm0[s])]
+    for s in untouched:
+        assert np.array_equal(layer.ssm_state()[s], layer.ssm0[s].astype(np.float64)), f"slot {s} changed"
+
+
+def single_sequence(layer, x, a, b):
+    """Reference over ONE sequence from zero states: outputs of every token, final states."""
+    H, HV, K, V = (layer.cfg.num_k_heads, layer.cfg.num_v_heads, layer.cfg.head_k_dim, layer.cfg.head_v_dim)
+    n, C = len(x), layer.cfg.conv_dim
+    meta = dict(num_prefills=1, num_actual_tokens=n, non_spec_token_count=n,
+                non_spec_query_start_loc=np.array([0, n], np.int32), non_spec_state_indices=np.array([0], np.int32),
+                has_initial_state=np.array([0], np.uint8), non_spec_token_indx=None)
+    conv0 = np.zeros((1, C, layer.cfg.state_len))
+    ssm0 = np.zeros((1, HV, K, V))
+    o, conv, ssm = ref.gdn_attention(x, a, b, layer.w, layer.bias, layer.A_log, layer.dt_bias, conv0, ssm0, meta,
+                                     H, HV, K, V)
+    return o, conv[0], ssm[0]
+
+
+@pytest.mark.parametrize("conv_spec_layout", ["rolled", "snapshot"])
+@pytest.mark.parametrize("ssm_layout", ["vk", "kv"])
+def test_mtp_simulation(queue, conv_spec_layout, ssm_layout):
+    """Prefill 3 requests, then 5 speculative steps with random acceptance (plus a plain decode
+    request in every step). After each step, the states a scheduler would continue from and the
+    outputs of the accepted tokens equal the plain recurrence over the accepted tokens only."""
+    rng = np.random.default_rng(77)
+    H, HV, K, V, W, S = 1, 2, 16, 16, 4, 2
+    reqs, cols = 3, S + 1
+    num_slots = reqs * cols + 1  # + the decode request's slot
+    cfg = pygdn.Config(num_k_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V, num_slots=num_slots, conv_width=W,
+                       act_dtype="f32", ssm_layout=ssm_layout, conv_layout="time_major",
+                       conv_spec_layout=conv_spec_layout, conv_state_len=W - 1 + S)
+    layer = Layer(queue, rng, cfg)
+    C = cfg.conv_dim
+    blocks = rng.permutation(reqs * cols).reshape(reqs, cols).astype(np.int32)  # each request's slots
+    dec_slot = np.int32(reqs * cols)
+    new_tok = lambda n: (rng.standard_normal((n, C)).astype(np.float32), rng.standard_normal((n, HV)).astype(np.float32),
+                         rng.standard_normal((n, HV)).astype(np.float32))
+    hist = [new_tok(int(n)) for n in (70, 5, 130)]  # accepted tokens so far per request: (x, a, b)
+    dec_hist = new_tok(3)
+
+    # Step 0: prefill the three requests and the decode request's prompt into slot column 0.
+    lens = [len(h[0]) for h in hist] + [3]
+    cat = lambda parts, i: np.concatenate([p[i] for p in parts])
+    x, a, b = (cat(hist + [dec_hist], i) for i in range(3))
+    qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    meta = dict(num_prefills=4, num_actual_tokens=int(qsl[-1]), non_spec_token_count=int(qsl[-1]),
+                non_spec_query_start_loc=qsl, non_spec_state_indices=np.array(list(blocks[:, 0]) + [dec_slot], np.int32),
+                has_initial_state=np.zeros(4, np.uint8), non_spec_token_indx=None, pad_slot_id=-1)
+    layer.step(meta, x, a, b)
+    accepted = np.ones(reqs, np.int32)
+
+    for step in range(5):
+        L = rng.integers(1, cols + 1, reqs)                    # ragged: some requests carry fewer drafts
+        toks = [new_tok(int(n)) for n in L]
+        dtok = new_tok(1)
+        T = int(L.sum()) + 1
+        rows = rng.permutation(T).astype(np.int32)              # interleave everything
+        s_qsl = np.concatenate([[0], np.cumsum(L)]).astype(np.int32)
+        X = np.zeros((T, C), np.float32); A = np.zeros((T, HV), np.float32); B = np.zeros((T, HV), np.float32)
+        X[rows[:-1]], A[rows[:-1]], B[rows[:-1]] = (cat(toks, i) for i in range(3))
+        X[rows[-1]], A[rows[-1]], B[rows[-1]] = dtok[0][0], dtok[1][0], dtok[2][0]
+        meta = dict(num_decodes=1, num_spec_decodes=reqs, num_spec=S, num_actual_tokens=T, non_spec_token_count=1,
+                    spec_token_count=T - 1, pad_slot_id=-1, non_spec_query_start_loc=np.array([0, 1], np.int32),
+                    non_spec_state_indices=np.array([dec_slot], np.int32), has_initial_state=None,
+                    non_spec_token_indx=rows[-1:].copy(), spec_query_start_loc=s_qsl, spec_state_indices=blocks,
+                    num_accepted_tokens=accepted, spec_token_indx=rows[:-1].copy())
+        out = layer.step(meta, X, A, B)
+        ssm, conv = layer.ssm_state(), layer.conv_state()
+        new_accepted = np.array([rng.integers(1, int(n) + 1) for n in L], np.int32)
+        for r in range(reqs):
+            o_all, _, _ = single_sequence(layer, *(np.concatenate([hist[r][i], toks[r][i]]) for i in range(3)))
+            n_hist = len(hist[r][0])
+            got = out[rows[s_qsl[r]:s_qsl[r + 1]]]
+            assert_close(got, o_all[n_hist:], 2e-4, f"step {step} request {r}: outputs of its {L[r]} tokens")
+            acc = int(new_accepted[r])
+            hist[r] = tuple(np.concatenate([hist[r][i], toks[r][i][:acc]]) for i in range(3))
+            _, conv_ref, ssm_ref = single_sequence(layer, *hist[r])
+            assert_close(ssm[blocks[r, acc - 1]], ssm_ref, 2e-4, f"step {step} request {r}: state after {acc} accepted")
+            if conv_spec_layout == "rolled":
+                window = conv[blocks[r, 0]][:, acc - 1: acc - 1 + W - 1]
+            else:
+                window = conv[blocks[r, acc - 1]][:, : W - 1]
+            np.testing.assert_array_equal(window, conv_ref[:, : W - 1], err_msg=f"step {step} request {r}: conv window")
+        dec_hist = tuple(np.concatenate([dec_hist[i], dtok[i]]) for i in range(3))
+        o_dec, _, ssm_dec = single_sequence(layer, *dec_hist)
+        assert_close(out[rows[-1]], o_dec[-1], 2e-4, f"step {step}: decode request output")
+        assert_close(ssm[dec_slot], ssm_dec, 2e-4, f"step {step}: decode request state")
+        accepted = new_accepted
