@@ -1,5 +1,8 @@
 // ops.cpp — the C entry points: validate, plan, then enqueue the kernels in a dependency chain.
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -26,8 +29,17 @@ std::string act_option(int32_t dtype) {
     default: return "-DGDN_ACT_F32";
   }
 }
-std::string delta_options(const gdn_config_t &cfg) {
-  return act_option(cfg.act_dtype) + " -DGDN_HEAD_K=" + std::to_string(cfg.head_k_dim);
+// The recurrent kernel's state mapping (delta_rule.cpp, GDN_CPU_VEC): explicit 16-wide vectors
+// on the CPU device when the dims allow it, one state column per work-item otherwise.
+int cpu_vec_variant(const sycl::queue &q, const gdn_config_t &cfg) {
+  if (!q.get_device().is_cpu()) return 0;
+  if (cfg.ssm_layout == GDN_SSM_KV) return cfg.head_v_dim % 16 == 0 ? 1 : 0;
+  return cfg.head_k_dim % 16 == 0 ? 2 : 0;
+}
+std::string delta_options(const sycl::queue &q, const gdn_config_t &cfg) {
+  return act_option(cfg.act_dtype) + " -DGDN_HEAD_K=" + std::to_string(cfg.head_k_dim) +
+         " -DGDN_SSM_VK=" + (cfg.ssm_layout == GDN_SSM_VK ? "1" : "0") +
+         " -DGDN_CPU_VEC=" + std::to_string(cpu_vec_variant(q, cfg));
 }
 
 // The chunk plan of the non-spec sequences that take the chunked path (length > 1).
@@ -125,15 +137,32 @@ void grow(Workspace &w, size_t bytes) {
   w.bytes = bytes;
 }
 
+// GDN_XPU_PROFILE=1: every kernel is waited for and its wall time printed (measurement only).
+bool profiling() {
+  static const bool on = [] {
+    const char *v = std::getenv("GDN_XPU_PROFILE");
+    return v && v[0] && v[0] != '0';
+  }();
+  return on;
+}
+
 // Submits kernel(params) over range after dep; returns the new tail of the chain.
 template <int N, class P>
 sycl::event launch(sycl::queue &q, const sycl::kernel &k, const sycl::nd_range<N> &range, const P &params,
                    const sycl::event &dep) {
-  return q.submit([&](sycl::handler &h) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (profiling()) sycl::event(dep).wait();
+  sycl::event ev = q.submit([&](sycl::handler &h) {
     h.depends_on(dep);
     h.set_args(params);
     h.parallel_for(range, k);
   });
+  if (profiling()) {
+    ev.wait();
+    std::fprintf(stderr, "libgdn_xpu: %-18s %9.3f ms\n", k.get_info<sycl::info::kernel::function_name>().c_str(),
+                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return ev;
 }
 
 sycl::nd_range<1> range1(int64_t n, int64_t wg) {
@@ -194,12 +223,21 @@ sycl::event enqueue_conv(Checked &c, void *conv_out, int64_t conv_out_stride, sy
   return ev;
 }
 
+sycl::nd_range<2> recurrent_range(const Checked &c, int64_t num_seqs) {
+  const int64_t groups = num_seqs * c.cfg.num_v_heads, V = c.cfg.head_v_dim;
+  switch (cpu_vec_variant(c.q, c.cfg)) {
+    case 1: return range2(groups, V / 16, std::min<int64_t>(V / 16, 8));
+    case 2: return range2(groups, V, 1);  // one row per work-item: nothing for the vectorizer to repack
+    default: return range2(groups, V, kWorkGroup);
+  }
+}
+
 struct DeltaKernels {
   sycl::kernel prep, recurrent, chunk_prep, chunk_scan;
 };
 
 DeltaKernels delta_kernels(const Checked &c) {
-  const std::string opt = delta_options(c.cfg);
+  const std::string opt = delta_options(c.q, c.cfg);
   return {get_kernel(c.q, Family::Delta, opt, "gdn_prep"), get_kernel(c.q, Family::Delta, opt, "gdn_recurrent"),
           get_kernel(c.q, Family::Delta, opt, "gdn_chunk_prep"), get_kernel(c.q, Family::Delta, opt, "gdn_chunk_scan")};
 }
@@ -249,9 +287,6 @@ sycl::event enqueue_delta(Checked &c, const DeltaKernels &k, const ChunkPlan &pl
   p.qkv_stride = qkv_stride;
   p.out_stride = t.out_stride;
   p.slot_stride = cfg.ssm_slot_stride;
-  const bool kv = cfg.ssm_layout == GDN_SSM_KV;
-  p.k_stride = kv ? cfg.head_v_dim : 1;
-  p.v_stride = kv ? 1 : cfg.head_k_dim;
   p.H = cfg.num_k_heads;
   p.HV = cfg.num_v_heads;
   p.K = cfg.head_k_dim;
@@ -268,7 +303,7 @@ sycl::event enqueue_delta(Checked &c, const DeltaKernels &k, const ChunkPlan &pl
     p.num_seqs = c.num_non_spec_seqs;
     p.slot_cols = 1;
     p.mode = (cfg.flags & GDN_FLAG_FORCE_RECURRENT) ? 1 : 0;
-    ev = launch(c.q, k.recurrent, range2(p.num_seqs * HV, V, kWorkGroup), p, ev);
+    ev = launch(c.q, k.recurrent, recurrent_range(c, p.num_seqs), p, ev);
     if (plan.num_chunks() > 0) {
       int32_t *tables = reinterpret_cast<int32_t *>(ws + l.tables);
       ev = c.q.memcpy(tables, plan.chunks.data(), plan.chunks.size() * 4, ev);
@@ -299,7 +334,7 @@ sycl::event enqueue_delta(Checked &c, const DeltaKernels &k, const ChunkPlan &pl
     p.num_seqs = b.num_spec_decodes;
     p.slot_cols = b.num_spec + 1;
     p.mode = 2;
-    ev = launch(c.q, k.recurrent, range2(p.num_seqs * HV, V, kWorkGroup), p, ev);
+    ev = launch(c.q, k.recurrent, recurrent_range(c, p.num_seqs), p, ev);
   }
   return ev;
 }
@@ -392,7 +427,7 @@ GDN_API gdn_status_t gdn_attention_workspace_size(const gdn_config_t *cfg, const
   return gdn::guarded([&] {
     if (!bytes) gdn::fail(GDN_ERROR_NULL_POINTER, "bytes is NULL");
     const gdn_config_t c = gdn::validate_config(cfg);
-    const gdn_batch_t b = gdn::validate_batch_counts(batch, c);
+    const gdn_batch_t b = gdn::validate_batch_counts(batch);
     const int64_t chunks = gdn::max_chunks(b);
     *bytes = gdn::plan_layout(c, b.num_actual_tokens, chunks, chunks * 4 + ((int64_t)b.num_prefills + b.num_decodes) * 4,
                               true, true)
@@ -406,7 +441,7 @@ GDN_API gdn_status_t gdn_warmup(void *queue, const gdn_config_t *cfg) {
     const gdn_config_t c = gdn::validate_config(cfg);
     const sycl::queue &q = *static_cast<sycl::queue *>(queue);
     gdn::get_kernel(q, gdn::Family::Conv, gdn::act_option(c.act_dtype), "gdn_conv_spec");
-    gdn::get_kernel(q, gdn::Family::Delta, gdn::delta_options(c), "gdn_prep");
+    gdn::get_kernel(q, gdn::Family::Delta, gdn::delta_options(q, c), "gdn_prep");
     gdn::get_kernel(q, gdn::Family::Norm, gdn::act_option(c.act_dtype), "gdn_gated_rmsnorm");
   });
 }

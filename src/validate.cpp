@@ -187,7 +187,7 @@ gdn_config_t validate_config(const gdn_config_t *in) {
   return cfg;
 }
 
-gdn_batch_t validate_batch_counts(const gdn_batch_t *in, const gdn_config_t &cfg) {
+gdn_batch_t validate_batch_counts(const gdn_batch_t *in) {
   gdn_batch_t b = copy_versioned(in, "batch", gdn_batch_init);
   check_range(b.num_prefills, 0, INT32_MAX, GDN_ERROR_BAD_COUNT, "batch->num_prefills");
   check_range(b.num_decodes, 0, INT32_MAX, GDN_ERROR_BAD_COUNT, "batch->num_decodes");
@@ -217,7 +217,7 @@ Checked validate_call(void *queue, const gdn_config_t *cfg_in, const gdn_batch_t
   Checked c;
   c.q = *static_cast<sycl::queue *>(queue);
   c.cfg = validate_config(cfg_in);
-  c.batch = validate_batch_counts(batch_in, c.cfg);
+  c.batch = validate_batch_counts(batch_in);
   c.t = copy_versioned(t_in, "tensors", gdn_tensors_init);
   const gdn_config_t &cfg = c.cfg;
   gdn_batch_t &b = c.batch;

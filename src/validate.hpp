@@ -34,7 +34,7 @@ Checked validate_call(void *queue, const gdn_config_t *cfg, const gdn_batch_t *b
 
 // Config-only checks (gdn_warmup, gdn_attention_workspace_size).
 gdn_config_t validate_config(const gdn_config_t *cfg);
-gdn_batch_t validate_batch_counts(const gdn_batch_t *batch, const gdn_config_t &cfg);
+gdn_batch_t validate_batch_counts(const gdn_batch_t *batch);
 
 size_t dtype_bytes(int32_t dtype);
 

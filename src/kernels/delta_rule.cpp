@@ -19,6 +19,15 @@
 #endif
 #define KD GDN_HEAD_K
 #define CHUNK 64
+// ssm_state layout is a compile-time variant (-DGDN_SSM_VK=0/1): with constant strides the
+// column of a work-item is contiguous across the work-group and the CPU device vectorizes it.
+#if GDN_SSM_VK
+#define K_STRIDE 1
+#define V_STRIDE KD
+#else
+#define K_STRIDE p.V
+#define V_STRIDE 1
+#endif
 
 GDN_KERNEL(2) void gdn_prep(GdnPrepParams p) {
   const auto it = item2();
@@ -59,12 +68,12 @@ GDN_KERNEL(2) void gdn_prep(GdnPrepParams p) {
 }
 
 static inline float *state_column(const GdnDeltaParams &p, int32_t slot, int32_t hv, int32_t v) {
-  return p.ssm + (int64_t)slot * p.slot_stride + (int64_t)hv * KD * p.V + (int64_t)v * p.v_stride;
+  return p.ssm + (int64_t)slot * p.slot_stride + (int64_t)hv * KD * p.V + (int64_t)v * V_STRIDE;
 }
 
 static inline void store_column(const GdnDeltaParams &p, int32_t slot, int32_t hv, int32_t v, const float *s) {
   float *S = state_column(p, slot, hv, v);
-  for (int k = 0; k < KD; ++k) S[k * p.k_stride] = s[k];
+  for (int k = 0; k < KD; ++k) S[k * K_STRIDE] = s[k];
 }
 
 static inline void zero_outputs(const GdnDeltaParams &p, int32_t j0, int32_t len, int32_t hv, int32_t v) {
@@ -72,31 +81,118 @@ static inline void zero_outputs(const GdnDeltaParams &p, int32_t j0, int32_t len
     store_act(p.out, global_row(p.token_indx, j0 + t) * p.out_stride + (int64_t)hv * p.V + v, 0.0f);
 }
 
-// Global: (num_seqs*HV, V rounded up to the work-group width).
+// How a work-item of gdn_recurrent holds its part of the state (-DGDN_CPU_VEC, chosen by the host):
+//   0  one state column S[:, v] as K floats: one v per work-item (GPUs; any dims)
+//   1  kv layout on the CPU device: 16 consecutive columns as K x float16-vectors (needs V % 16 == 0)
+//   2  vk layout on the CPU device: one row S[v, :] as K/16 float16-vectors (needs K % 16 == 0)
+// The CPU runtime's work-group vectorizer turns uniform loads into gathers when it cannot prove
+// uniformity; explicit vectors inside a work-item make every load contiguous or a broadcast.
+#ifndef GDN_CPU_VEC
+#define GDN_CPU_VEC 0
+#endif
+typedef sycl::vec<float, 16> vf16;
+static inline vf16 vload(const float *p) {
+  vf16 r;
+  for (int i = 0; i < 16; ++i) r[i] = p[i];
+  return r;
+}
+static inline void vstore(float *p, const vf16 &x) {
+  for (int i = 0; i < 16; ++i) p[i] = x[i];
+}
+static inline float hsum(const vf16 &x) {
+  float r = 0.0f;
+  for (int i = 0; i < 16; ++i) r += x[i];
+  return r;
+}
+
+// Global: (num_seqs*HV, work-items along v), local (1, w). See GDN_CPU_VEC for the v mapping.
 GDN_KERNEL(2) void gdn_recurrent(GdnDeltaParams p) {
   const auto it = item2();
-  const int32_t seq = (int32_t)(it.get_global_id(0) / p.HV), hv = (int32_t)(it.get_global_id(0) % p.HV);
+  // (sequence, v-head) from the GROUP id (the local range is 1 in dimension 0): uniform across
+  // the work-group by construction.
+  const int32_t seq = (int32_t)(it.get_group(0) / p.HV), hv = (int32_t)(it.get_group(0) % p.HV);
+#if GDN_CPU_VEC == 1
+  const int32_t v = (int32_t)it.get_global_id(1) * 16;  // first of 16 columns
+#else
   const int32_t v = (int32_t)it.get_global_id(1);
+#endif
   if (seq >= p.num_seqs || v >= p.V) return;
   const int32_t j0 = p.query_start_loc[seq], len = p.query_start_loc[seq + 1] - j0;
   const bool spec = p.mode == 2;
   if (len == 0 || (p.mode == 0 && len != 1)) return;  // mode 0: longer sequences go to the chunk kernels
   const int32_t *cols = spec ? p.state_indices + (int64_t)seq * p.slot_cols : p.state_indices + seq;
   const int32_t read_slot = spec ? cols[p.num_accepted[seq] - 1] : cols[0];
+  const int32_t nv = GDN_CPU_VEC == 1 ? 16 : 1;
   if (read_slot == p.pad_slot_id) {
-    zero_outputs(p, j0, len, hv, v);
+    for (int32_t i = 0; i < nv; ++i) zero_outputs(p, j0, len, hv, v + i);
     return;
   }
   const int32_t h = hv / (p.HV / p.H);
   const bool init = spec || !p.has_initial_state || p.has_initial_state[seq];
+  const int64_t head = (int64_t)hv * KD * p.V;
+#if GDN_CPU_VEC == 1
+  vf16 s[KD];  // s[k] = S[k, v .. v+15]
+  {
+    const float *S = p.ssm + (int64_t)read_slot * p.slot_stride + head + v;
+    for (int k = 0; k < KD; ++k) s[k] = init ? vload(S + (int64_t)k * p.V) : vf16(0.0f);
+  }
+#elif GDN_CPU_VEC == 2
+  vf16 s[KD / 16];  // s[c] = S[v, 16c .. 16c+15]
+  {
+    const float *S = p.ssm + (int64_t)read_slot * p.slot_stride + head + (int64_t)v * KD;
+    for (int c = 0; c < KD / 16; ++c) s[c] = init ? vload(S + 16 * c) : vf16(0.0f);
+  }
+#else
   float s[KD];
-  const float *S = state_column(p, read_slot, hv, v);
-  for (int k = 0; k < KD; ++k) s[k] = init ? S[k * p.k_stride] : 0.0f;
+  {
+    const float *S = state_column(p, read_slot, hv, v);
+    for (int k = 0; k < KD; ++k) s[k] = init ? S[k * K_STRIDE] : 0.0f;
+  }
+#endif
   for (int32_t t = 0; t < len; ++t) {
     const int64_t row = global_row(p.token_indx, j0 + t);
     const float *kn = p.kn + (row * p.H + h) * KD, *qn = p.qn + (row * p.H + h) * KD;
     const float decay = sycl::exp(p.g[row * p.HV + hv]), beta = p.beta[row * p.HV + hv];
-    const float vv = load_act(p.qkv, row * p.qkv_stride + p.v_offset + (int64_t)hv * p.V + v);
+    const int64_t vrow = row * p.qkv_stride + p.v_offset + (int64_t)hv * p.V + v;
+    const int64_t orow = row * p.out_stride + (int64_t)hv * p.V + v;
+#if GDN_CPU_VEC == 1
+    vf16 vv;
+    for (int i = 0; i < 16; ++i) vv[i] = load_act(p.qkv, vrow + i);
+    vf16 kv(0.0f);
+    for (int k = 0; k < KD; ++k) {
+      s[k] *= decay;
+      kv += s[k] * kn[k];
+    }
+    const vf16 u = beta * (vv - kv);
+    vf16 o(0.0f);
+    for (int k = 0; k < KD; ++k) {
+      s[k] += u * kn[k];
+      o += s[k] * qn[k];
+    }
+    for (int i = 0; i < 16; ++i) store_act(p.out, orow + i, o[i]);
+    if (spec && cols[t] != p.pad_slot_id) {
+      float *S = p.ssm + (int64_t)cols[t] * p.slot_stride + head + v;
+      for (int k = 0; k < KD; ++k) vstore(S + (int64_t)k * p.V, s[k]);
+    }
+#elif GDN_CPU_VEC == 2
+    vf16 acc(0.0f);
+    for (int c = 0; c < KD / 16; ++c) {
+      s[c] *= decay;
+      acc += s[c] * vload(kn + 16 * c);
+    }
+    const float u = beta * (load_act(p.qkv, vrow) - hsum(acc));
+    vf16 oacc(0.0f);
+    for (int c = 0; c < KD / 16; ++c) {
+      s[c] += vload(kn + 16 * c) * u;
+      oacc += s[c] * vload(qn + 16 * c);
+    }
+    store_act(p.out, orow, hsum(oacc));
+    if (spec && cols[t] != p.pad_slot_id) {
+      float *S = p.ssm + (int64_t)cols[t] * p.slot_stride + head + (int64_t)v * KD;
+      for (int c = 0; c < KD / 16; ++c) vstore(S + 16 * c, s[c]);
+    }
+#else
+    const float vv = load_act(p.qkv, vrow);
     float kv = 0.0f;
     for (int k = 0; k < KD; ++k) {
       s[k] *= decay;
@@ -108,10 +204,21 @@ GDN_KERNEL(2) void gdn_recurrent(GdnDeltaParams p) {
       s[k] += kn[k] * u;
       o += s[k] * qn[k];
     }
-    store_act(p.out, row * p.out_stride + (int64_t)hv * p.V + v, o);
+    store_act(p.out, orow, o);
     if (spec && cols[t] != p.pad_slot_id) store_column(p, cols[t], hv, v, s);
+#endif
   }
-  if (!spec) store_column(p, read_slot, hv, v, s);
+  if (!spec) {
+#if GDN_CPU_VEC == 1
+    float *S = p.ssm + (int64_t)read_slot * p.slot_stride + head + v;
+    for (int k = 0; k < KD; ++k) vstore(S + (int64_t)k * p.V, s[k]);
+#elif GDN_CPU_VEC == 2
+    float *S = p.ssm + (int64_t)read_slot * p.slot_stride + head + (int64_t)v * KD;
+    for (int c = 0; c < KD / 16; ++c) vstore(S + 16 * c, s[c]);
+#else
+    store_column(p, read_slot, hv, v, s);
+#endif
+  }
 }
 
 // Workspace addressing: chunk c, row i of v-head hv sits at position (hv*num_chunks + c)*CHUNK + i.
@@ -199,7 +306,7 @@ GDN_KERNEL(2) void gdn_chunk_prep(GdnDeltaParams p) {
 // Global: (num_chunk_seqs*HV, V rounded up), one work-item per state column.
 GDN_KERNEL(2) void gdn_chunk_scan(GdnDeltaParams p) {
   const auto it = item2();
-  const int32_t e = (int32_t)(it.get_global_id(0) / p.HV), hv = (int32_t)(it.get_global_id(0) % p.HV);
+  const int32_t e = (int32_t)(it.get_group(0) / p.HV), hv = (int32_t)(it.get_group(0) % p.HV);  // uniform, see gdn_recurrent
   const int32_t v = (int32_t)it.get_global_id(1);
   if (e >= p.num_seqs || v >= p.V) return;
   const int32_t *st = p.seq_table + (int64_t)e * 4;
@@ -213,7 +320,7 @@ GDN_KERNEL(2) void gdn_chunk_scan(GdnDeltaParams p) {
   const bool init = !p.has_initial_state || p.has_initial_state[seq];
   float s[KD];
   const float *S = state_column(p, slot, hv, v);
-  for (int k = 0; k < KD; ++k) s[k] = init ? S[k * p.k_stride] : 0.0f;
+  for (int k = 0; k < KD; ++k) s[k] = init ? S[k * K_STRIDE] : 0.0f;
   float up[CHUNK], qs[CHUNK];
   for (int32_t c = c0; c < c0 + nc; ++c) {
     const int32_t jfirst = p.chunk_table[(int64_t)c * 4 + 1], len = p.chunk_table[(int64_t)c * 4 + 2];

@@ -43,7 +43,8 @@ struct GdnPrepParams {
   int32_t l2norm, l2_div;
 };
 
-// State-carrying kernels. ssm element (slot, head, k, v) at slot*slot_stride + head*K*V + k*k_stride + v*v_stride.
+// State-carrying kernels. ssm element (slot, head, k, v) at slot*slot_stride + head*K*V + (k*V + v | v*K + k),
+// the layout being a compile-time variant of the kernels (GDN_SSM_VK).
 struct GdnDeltaParams {
   const void *qkv;          // conv output rows (v is read from here), act
   const float *qn, *kn, *g, *beta;  // from the prep kernel, by global row
@@ -54,7 +55,7 @@ struct GdnDeltaParams {
   const int32_t *chunk_table;      // chunk kernels: [num_chunks][4] = seq, first compact token, len, 0
   const int32_t *seq_table;        // chunk scan: [num_chunk_seqs][4] = seq, first chunk, num chunks, 0
   float *chunk_w, *chunk_u, *chunk_aqk, *chunk_g;  // chunk workspace
-  int64_t qkv_stride, out_stride, slot_stride, k_stride, v_stride;
+  int64_t qkv_stride, out_stride, slot_stride;
   int32_t num_seqs, H, HV, K, V, v_offset;  // v_offset = 2*H*K: first v column in qkv
   int32_t slot_cols, pad_slot_id, mode, num_chunks;  // mode: 0 non-spec (length-1 only), 1 non-spec all, 2 spec
 };
