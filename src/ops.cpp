@@ -208,7 +208,7 @@ sycl::event enqueue_conv(Checked &c, void *conv_out, int64_t conv_out_stride, sy
     p.token_indx = b.non_spec_token_indx;
     p.num_seqs = c.num_non_spec_seqs;
     p.slot_cols = 1;
-    ev = launch(c.q, k_ns, range1((int64_t)p.num_seqs * c.conv_dim, 64), p, ev);
+    ev = launch(c.q, k_ns, range2(p.num_seqs, c.conv_dim, 64), p, ev);
   }
   if (b.num_spec_decodes > 0 && b.spec_token_count > 0) {
     p.query_start_loc = b.spec_query_start_loc;
@@ -218,7 +218,7 @@ sycl::event enqueue_conv(Checked &c, void *conv_out, int64_t conv_out_stride, sy
     p.num_accepted = b.num_accepted_tokens;
     p.num_seqs = b.num_spec_decodes;
     p.slot_cols = b.num_spec + 1;
-    ev = launch(c.q, k_s, range1((int64_t)p.num_seqs * c.conv_dim, 64), p, ev);
+    ev = launch(c.q, k_s, range2(p.num_seqs, c.conv_dim, 64), p, ev);
   }
   return ev;
 }
@@ -236,10 +236,17 @@ struct DeltaKernels {
   sycl::kernel prep, recurrent, chunk_prep, chunk_scan;
 };
 
+// The chunk kernels' CPU variants (explicit 16-wide vectors) need K and V to be multiples of 16.
+bool cpu_chunk_variant(const sycl::queue &q, const gdn_config_t &cfg) {
+  return q.get_device().is_cpu() && cfg.head_k_dim % 16 == 0 && cfg.head_v_dim % 16 == 0;
+}
+
 DeltaKernels delta_kernels(const Checked &c) {
   const std::string opt = delta_options(c.q, c.cfg);
+  const bool cpu = cpu_chunk_variant(c.q, c.cfg);
   return {get_kernel(c.q, Family::Delta, opt, "gdn_prep"), get_kernel(c.q, Family::Delta, opt, "gdn_recurrent"),
-          get_kernel(c.q, Family::Delta, opt, "gdn_chunk_prep"), get_kernel(c.q, Family::Delta, opt, "gdn_chunk_scan")};
+          get_kernel(c.q, Family::Delta, opt, cpu ? "gdn_chunk_prep_cpu" : "gdn_chunk_prep"),
+          get_kernel(c.q, Family::Delta, opt, cpu ? "gdn_chunk_scan_cpu" : "gdn_chunk_scan")};
 }
 
 sycl::event enqueue_delta(Checked &c, const DeltaKernels &k, const ChunkPlan &plan, const Layout &l, char *ws,
@@ -317,12 +324,18 @@ sycl::event enqueue_delta(Checked &c, const DeltaKernels &k, const ChunkPlan &pl
       pc.chunk_aqk = reinterpret_cast<float *>(ws + l.caqk);
       pc.chunk_g = reinterpret_cast<float *>(ws + l.cg);
       pc.num_chunks = (int32_t)plan.num_chunks();
-      ev = launch(c.q, k.chunk_prep,
-                  sycl::nd_range<2>{sycl::range<2>((size_t)(plan.num_chunks() * HV), (size_t)kChunk),
-                                    sycl::range<2>(1, (size_t)kChunk)},
-                  pc, ev);
-      pc.num_seqs = (int32_t)plan.num_seqs();
-      ev = launch(c.q, k.chunk_scan, range2(plan.num_seqs() * HV, V, kWorkGroup), pc, ev);
+      if (cpu_chunk_variant(c.q, cfg)) {
+        ev = launch(c.q, k.chunk_prep, range1(plan.num_chunks() * HV, 1), pc, ev);
+        pc.num_seqs = (int32_t)plan.num_seqs();
+        ev = launch(c.q, k.chunk_scan, range2(plan.num_seqs() * HV, V / 16, std::min<int64_t>(V / 16, 8)), pc, ev);
+      } else {
+        ev = launch(c.q, k.chunk_prep,
+                    sycl::nd_range<2>{sycl::range<2>((size_t)(plan.num_chunks() * HV), (size_t)kChunk),
+                                      sycl::range<2>(1, (size_t)kChunk)},
+                    pc, ev);
+        pc.num_seqs = (int32_t)plan.num_seqs();
+        ev = launch(c.q, k.chunk_scan, range2(plan.num_seqs() * HV, V, kWorkGroup), pc, ev);
+      }
     }
   }
   if (b.num_spec_decodes > 0 && b.spec_token_count > 0) {

@@ -25,11 +25,19 @@ static inline void load_weights(const GdnConvParams &p, int32_t c, float *w, flo
   *bias = p.bias ? load_act(p.bias, c) : 0.0f;
 }
 
-// Prefill and plain decode sequences. Global size: num_seqs * conv_dim (rounded up).
-GDN_KERNEL(1) void gdn_conv_non_spec(GdnConvParams p) {
-  const int64_t gid = item1().get_global_id(0);
-  if (gid >= (int64_t)p.num_seqs * p.conv_dim) return;
-  const int32_t seq = (int32_t)(gid / p.conv_dim), c = (int32_t)(gid % p.conv_dim);
+// The sequence comes from the group id of dimension 0 (local range 1 there), so the CPU device's
+// vectorizer sees it, the token loop bounds and the slot as uniform across the work-group.
+static inline bool seq_and_channel(const GdnConvParams &p, int32_t *seq, int32_t *c) {
+  const auto it = item2();
+  *seq = (int32_t)it.get_group(0);
+  *c = (int32_t)it.get_global_id(1);
+  return *seq < p.num_seqs && *c < p.conv_dim;
+}
+
+// Prefill and plain decode sequences. Global (num_seqs, conv_dim rounded up), local (1, w).
+GDN_KERNEL(2) void gdn_conv_non_spec(GdnConvParams p) {
+  int32_t seq, c;
+  if (!seq_and_channel(p, &seq, &c)) return;
   const int32_t j0 = p.query_start_loc[seq], j1 = p.query_start_loc[seq + 1];
   const int32_t slot = p.state_indices[seq];
   if (slot == p.pad_slot_id) {  // graph padding: zero outputs, no state access
@@ -50,10 +58,9 @@ GDN_KERNEL(1) void gdn_conv_non_spec(GdnConvParams p) {
 }
 
 // Speculative sequences, both conv-state layouts (see gdn_conv_spec_layout_t in gdn_xpu.h).
-GDN_KERNEL(1) void gdn_conv_spec(GdnConvParams p) {
-  const int64_t gid = item1().get_global_id(0);
-  if (gid >= (int64_t)p.num_seqs * p.conv_dim) return;
-  const int32_t seq = (int32_t)(gid / p.conv_dim), c = (int32_t)(gid % p.conv_dim);
+GDN_KERNEL(2) void gdn_conv_spec(GdnConvParams p) {
+  int32_t seq, c;
+  if (!seq_and_channel(p, &seq, &c)) return;
   const int32_t j0 = p.query_start_loc[seq], len = p.query_start_loc[seq + 1] - j0;
   const int32_t *cols = p.state_indices + (int64_t)seq * p.slot_cols;
   const int32_t accepted = p.num_accepted[seq];

@@ -353,3 +353,149 @@ GDN_KERNEL(2) void gdn_chunk_scan(GdnDeltaParams p) {
   }
   store_column(p, slot, hv, v, s);
 }
+
+// ---- CPU-device variants of the chunk kernels (host picks them when K % 16 == 0 and V % 16 == 0).
+// Same algorithm and workspace as above; every inner loop runs over 16-wide vectors inside one
+// work-item, so nothing depends on the runtime's cross-work-item vectorizer.
+#if KD % 16 == 0
+#define KV16 (KD / 16)
+
+static inline vf16 load_act16(const void *p, int64_t i) {
+  vf16 r;
+  for (int l = 0; l < 16; ++l) r[l] = load_act(p, i + l);
+  return r;
+}
+
+// Global: num_chunks*HV work-items, local 1: one work-item builds one (chunk, v-head) entirely.
+GDN_KERNEL(1) void gdn_chunk_prep_cpu(GdnDeltaParams p) {
+  const int64_t gid = item1().get_global_id(0);
+  if (gid >= (int64_t)p.num_chunks * p.HV) return;
+  const int32_t c = (int32_t)(gid / p.HV), hv = (int32_t)(gid % p.HV);
+  const int32_t jfirst = p.chunk_table[(int64_t)c * 4 + 1], len = p.chunk_table[(int64_t)c * 4 + 2];
+  const int32_t h = hv / (p.HV / p.H);
+  const int64_t pos = chunk_pos(p, hv, c);
+  float G[CHUNK], B[CHUNK], cu[CHUNK];
+  int64_t rows[CHUNK];
+  float acc = 0.0f;
+  for (int32_t i = 0; i < len; ++i) {
+    rows[i] = global_row(p.token_indx, jfirst + i);
+    acc += p.g[rows[i] * p.HV + hv];
+    G[i] = acc;
+    B[i] = p.beta[rows[i] * p.HV + hv];
+    p.chunk_g[pos + i] = acc;
+  }
+  // A (strictly lower) and Aqk (lower, with diagonal), row by row.
+  float A[CHUNK][CHUNK];
+  for (int32_t i = 0; i < len; ++i) {
+    const float *ki = p.kn + (rows[i] * p.H + h) * KD, *qi = p.qn + (rows[i] * p.H + h) * KD;
+    vf16 kv[KV16], qv[KV16];
+    for (int cc = 0; cc < KV16; ++cc) {
+      kv[cc] = vload(ki + 16 * cc);
+      qv[cc] = vload(qi + 16 * cc);
+    }
+    float *aqk = p.chunk_aqk + (pos + i) * CHUNK;
+    for (int32_t j = 0; j <= i; ++j) {
+      const float *kj = p.kn + (rows[j] * p.H + h) * KD;
+      vf16 dk(0.0f), dq(0.0f);
+      for (int cc = 0; cc < KV16; ++cc) {
+        const vf16 x = vload(kj + 16 * cc);
+        dk += kv[cc] * x;
+        dq += qv[cc] * x;
+      }
+      const float decay = sycl::exp(G[i] - G[j]);
+      A[i][j] = B[i] * decay * hsum(dk);
+      aqk[j] = decay * hsum(dq);
+    }
+  }
+  // T = (I + A)^-1 row by row: T[r] = e_r - sum_{l<r} A[r][l] T[l], rows as 64-wide vectors.
+  vf16 T[CHUNK][CHUNK / 16];
+  for (int32_t r = 0; r < len; ++r) {
+    vf16 t[CHUNK / 16];
+    for (int q = 0; q < CHUNK / 16; ++q) t[q] = vf16(0.0f);
+    t[r / 16][r % 16] = 1.0f;
+    for (int32_t l = 0; l < r; ++l) {
+      const float a = A[r][l];
+      for (int q = 0; q < CHUNK / 16; ++q) t[q] -= a * T[l][q];
+    }
+    for (int q = 0; q < CHUNK / 16; ++q) T[r][q] = t[q];
+  }
+  // W = T (beta e^G K), U = T (beta V), row by row.
+  const int64_t vcol = p.v_offset + (int64_t)hv * p.V;
+  for (int32_t i = 0; i < len; ++i) {
+    vf16 w[KV16];
+    for (int cc = 0; cc < KV16; ++cc) w[cc] = vf16(0.0f);
+    for (int32_t j = 0; j <= i; ++j) {
+      cu[j] = T[i][j / 16][j % 16] * B[j];
+      const float cw = cu[j] * sycl::exp(G[j]);
+      const float *kj = p.kn + (rows[j] * p.H + h) * KD;
+      for (int cc = 0; cc < KV16; ++cc) w[cc] += cw * vload(kj + 16 * cc);
+    }
+    float *wout = p.chunk_w + (pos + i) * KD;
+    for (int cc = 0; cc < KV16; ++cc) vstore(wout + 16 * cc, w[cc]);
+    float *uout = p.chunk_u + (pos + i) * p.V;
+    for (int32_t vb = 0; vb < p.V; vb += 16) {
+      vf16 u(0.0f);
+      for (int32_t j = 0; j <= i; ++j) u += cu[j] * load_act16(p.qkv, rows[j] * p.qkv_stride + vcol + vb);
+      vstore(uout + vb, u);
+    }
+  }
+}
+
+// Global: (num_chunk_seqs*HV, V/16), local (1, w): a work-item carries 16 state columns.
+GDN_KERNEL(2) void gdn_chunk_scan_cpu(GdnDeltaParams p) {
+  const auto it = item2();
+  const int32_t e = (int32_t)(it.get_group(0) / p.HV), hv = (int32_t)(it.get_group(0) % p.HV);
+  const int32_t v = (int32_t)it.get_global_id(1) * 16;
+  if (e >= p.num_seqs || v >= p.V) return;
+  const int32_t seq = p.seq_table[(int64_t)e * 4], c0 = p.seq_table[(int64_t)e * 4 + 1];
+  const int32_t nc = p.seq_table[(int64_t)e * 4 + 2];
+  const int32_t slot = p.state_indices[seq];
+  if (slot == p.pad_slot_id) {
+    const int32_t j0 = p.query_start_loc[seq], len = p.query_start_loc[seq + 1] - j0;
+    for (int32_t l = 0; l < 16; ++l) zero_outputs(p, j0, len, hv, v + l);
+    return;
+  }
+  const int32_t h = hv / (p.HV / p.H);
+  const bool init = !p.has_initial_state || p.has_initial_state[seq];
+  vf16 s[KD];  // s[k] = S[k, v .. v+15]
+  for (int32_t l = 0; l < 16; ++l) {
+    const float *S = state_column(p, slot, hv, v + l);
+    for (int k = 0; k < KD; ++k) s[k][l] = init ? S[k * K_STRIDE] : 0.0f;
+  }
+  vf16 up[CHUNK], qs[CHUNK];
+  for (int32_t c = c0; c < c0 + nc; ++c) {
+    const int32_t jfirst = p.chunk_table[(int64_t)c * 4 + 1], len = p.chunk_table[(int64_t)c * 4 + 2];
+    const int64_t pos = chunk_pos(p, hv, c);
+    const float *G = p.chunk_g + pos;
+    for (int32_t i = 0; i < len; ++i) {
+      const int64_t row = global_row(p.token_indx, jfirst + i);
+      const float *w = p.chunk_w + (pos + i) * KD, *qi = p.qn + (row * p.H + h) * KD;
+      vf16 ws(0.0f), q_s(0.0f);
+      for (int k = 0; k < KD; ++k) {
+        ws += s[k] * w[k];
+        q_s += s[k] * qi[k];
+      }
+      up[i] = vload(p.chunk_u + (pos + i) * p.V + v) - ws;
+      qs[i] = q_s;
+    }
+    for (int32_t i = 0; i < len; ++i) {
+      const float *aqk = p.chunk_aqk + (pos + i) * CHUNK;
+      vf16 o = sycl::exp(G[i]) * qs[i];
+      for (int32_t j = 0; j <= i; ++j) o += aqk[j] * up[j];
+      const int64_t orow = global_row(p.token_indx, jfirst + i) * p.out_stride + (int64_t)hv * p.V + v;
+      for (int32_t l = 0; l < 16; ++l) store_act(p.out, orow + l, o[l]);
+    }
+    const float glast = G[len - 1], dlast = sycl::exp(glast);
+    for (int k = 0; k < KD; ++k) s[k] *= dlast;
+    for (int32_t j = 0; j < len; ++j) {
+      const vf16 coef = sycl::exp(glast - G[j]) * up[j];
+      const float *kj = p.kn + (global_row(p.token_indx, jfirst + j) * p.H + h) * KD;
+      for (int k = 0; k < KD; ++k) s[k] += coef * kj[k];
+    }
+  }
+  for (int32_t l = 0; l < 16; ++l) {
+    float *S = state_column(p, slot, hv, v + l);
+    for (int k = 0; k < KD; ++k) S[k * K_STRIDE] = s[k][l];
+  }
+}
+#endif  // KD % 16 == 0
