@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <mutex>
 #include <vector>
 
@@ -67,6 +68,27 @@ bool verbose() {
   return v && v[0] && v[0] != '0';
 }
 
+// Where the runtime keeps kernel-compiler output when its persistent cache is on ("" if off).
+std::string persistent_ir_dir() {
+  const char *on = std::getenv("SYCL_CACHE_PERSISTENT");
+  if (!on || on[0] != '1') return "";
+  std::string root;
+  if (const char *d = std::getenv("SYCL_CACHE_DIR"); d && *d) root = d;
+  else if (const char *x = std::getenv("XDG_CACHE_HOME"); x && *x) root = std::string(x) + "/libsycl_cache";
+  else if (const char *h = std::getenv("HOME"); h && *h) root = std::string(h) + "/.cache/libsycl_cache";
+  return root.empty() ? "" : root + "/ext_kernel_compiler";
+}
+
+size_t count_entries(const std::string &dir) {
+  std::error_code ec;
+  size_t n = 0;
+  if (dir.empty()) return 0;
+  for (auto it = std::filesystem::directory_iterator(dir, ec); !ec && it != std::filesystem::directory_iterator();
+       it.increment(ec))
+    ++n;
+  return n;
+}
+
 sycl::kernel_bundle<sycl::bundle_state::executable> compile(const sycl::queue &q, gdn::Family family,
                                                            const std::string &options) {
   sycl::device dev = q.get_device();
@@ -90,8 +112,20 @@ sycl::kernel_bundle<sycl::bundle_state::executable> compile(const sycl::queue &q
       if (end > pos) opts.push_back(options.substr(pos, end - pos));
       pos = end + 1;
     }
+    const std::string ir_dir = persistent_ir_dir();
+    const size_t ir_entries = count_entries(ir_dir);
     auto bundle = syclexp::build(source, std::vector<sycl::device>{dev},
                                  syclexp::properties{syclexp::build_options{opts}, syclexp::save_log{&log}});
+    if (!ir_dir.empty() && count_entries(ir_dir) > ir_entries) {
+      // A cold compile. The 2026.1 runtime keys the cached device binary by the device image,
+      // which differs between freshly compiled IR and IR read back from the cache, so the next
+      // process would miss the binary cache. Building once more from the cached IR stores the
+      // binary under the key later processes look up (~0.3 s, cold path only).
+      auto again = syclexp::create_kernel_bundle_from_source(q.get_context(), syclexp::source_language::sycl,
+                                                             family_source(family), syclexp::properties{headers});
+      bundle = syclexp::build(again, std::vector<sycl::device>{dev},
+                              syclexp::properties{syclexp::build_options{opts}, syclexp::save_log{&log}});
+    }
     if (verbose())
       std::fprintf(stderr, "libgdn_xpu: compiled %s in %.2f s\n", family_name(family),
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
