@@ -56,6 +56,14 @@ struct Entry {
   gdn::Family family;
   std::string options;
   sycl::kernel_bundle<sycl::bundle_state::executable> bundle;
+  std::vector<std::pair<std::string, sycl::kernel>> kernels;  // looked up by name once
+
+  sycl::kernel get(const char *name) {
+    for (auto &k : kernels)
+      if (k.first == name) return k.second;
+    kernels.emplace_back(name, bundle.ext_oneapi_get_kernel(name));
+    return kernels.back().second;
+  }
 };
 
 // Never destroyed: at process exit the SYCL runtime may already be torn down, and destroying
@@ -143,11 +151,10 @@ sycl::kernel gdn::get_kernel(const sycl::queue &q, Family family, const std::str
   const sycl::device dev = q.get_device();
   std::lock_guard<std::mutex> lock(cache_mutex);
   for (Entry &e : cache)
-    if (e.family == family && e.options == options && e.device == dev && e.context == ctx)
-      return e.bundle.ext_oneapi_get_kernel(name);
+    if (e.family == family && e.options == options && e.device == dev && e.context == ctx) return e.get(name);
   // Compiling under the lock: two threads asking for the same family compile it once.
-  cache.push_back(Entry{ctx, dev, family, options, compile(q, family, options)});
-  return cache.back().bundle.ext_oneapi_get_kernel(name);
+  cache.push_back(Entry{ctx, dev, family, options, compile(q, family, options), {}});
+  return cache.back().get(name);
 }
 
 void gdn::release_kernel_cache() {

@@ -52,8 +52,8 @@ struct ChunkPlan {
 
 ChunkPlan plan_chunks(const Checked &c) {
   ChunkPlan plan;
-  if (c.cfg.flags & GDN_FLAG_FORCE_RECURRENT) return plan;
-  const auto &qsl = c.meta.ns_qsl;
+  const auto &qsl = c.meta.ns_qsl;  // empty when not read back (no prefills, GDN_VALIDATE_COUNTS)
+  if ((c.cfg.flags & GDN_FLAG_FORCE_RECURRENT) || qsl.empty()) return plan;
   for (int32_t i = 0; i < c.num_non_spec_seqs; ++i) {
     const int32_t j0 = qsl[(size_t)i], len = qsl[(size_t)i + 1] - j0;
     if (len < 2) continue;  // decodes (and 1-token prefills) use the recurrence
@@ -309,7 +309,7 @@ sycl::event enqueue_delta(Checked &c, const DeltaKernels &k, const ChunkPlan &pl
     p.token_indx = b.non_spec_token_indx;
     p.num_seqs = c.num_non_spec_seqs;
     p.slot_cols = 1;
-    p.mode = (cfg.flags & GDN_FLAG_FORCE_RECURRENT) ? 1 : 0;
+    p.mode = plan.num_chunks() > 0 ? 0 : 1;  // without a chunk plan the recurrence takes every length
     ev = launch(c.q, k.recurrent, recurrent_range(c, p.num_seqs), p, ev);
     if (plan.num_chunks() > 0) {
       int32_t *tables = reinterpret_cast<int32_t *>(ws + l.tables);

@@ -281,10 +281,12 @@ Checked validate_call(void *queue, const gdn_config_t *cfg_in, const gdn_batch_t
       {t.norm_weight, "tensors->norm_weight"}, {t.workspace, "tensors->workspace"}};
   for (const auto &[p, field] : pointers) check_usm(q, p, field);
 
-  // Read the metadata back. ns_qsl is always needed (the chunk plan of prefills is built from it).
+  // Read the metadata back. ns_qsl is also needed to plan the chunks of prefills (a decode-only
+  // batch under GDN_VALIDATE_COUNTS reads nothing back and never waits).
   std::vector<sycl::event> evs;
   HostMeta &m = c.meta;
-  if (c.num_non_spec_seqs > 0)
+  const bool plan_needed = delta && b.num_prefills > 0 && !(cfg.flags & GDN_FLAG_FORCE_RECURRENT);
+  if (c.num_non_spec_seqs > 0 && (plan_needed || b.validate == GDN_VALIDATE_FULL))
     read_back(c.q, m.ns_qsl, b.non_spec_query_start_loc, (int64_t)c.num_non_spec_seqs + 1, evs);
   if (b.validate == GDN_VALIDATE_FULL) {
     if (c.num_non_spec_seqs > 0) {
