@@ -180,3 +180,26 @@ def test_mtp_simulation(queue, conv_spec_layout, ssm_layout):
         assert_close(out[rows[-1]], o_dec[-1], 2e-4, f"step {step}: decode request output")
         assert_close(ssm[dec_slot], ssm_dec, 2e-4, f"step {step}: decode request state")
         accepted = new_accepted
+
+
+def test_out_of_order_queue_matches_in_order(queue):
+    """dpctl queues are out-of-order by default: the library chains its kernels with events and
+    waits before returning, so results equal the in-order queue's bit for bit."""
+    import dpctl
+    ooo = dpctl.SyclQueue(queue.sycl_context, queue.sycl_device)
+    assert not ooo.is_in_order
+    results = []
+    for q in (queue, ooo):
+        rng, kw, layout, (H, HV, K, V), with_z = random_case(4)
+        meta = make_batch(rng, num_slots=64, **kw)
+        cfg = pygdn.Config(num_k_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V, num_slots=64,
+                           conv_state_len=3 + meta["num_spec"], **layout)
+        layer = Layer(q, rng, cfg, with_z=with_z)
+        T = meta["num_actual_tokens"]
+        x_s, _ = quantize(rng.standard_normal((T, cfg.conv_dim)), cfg.act_dtype)
+        a_s, _ = quantize(rng.standard_normal((T, HV)), cfg.act_dtype)
+        b_s, _ = quantize(rng.standard_normal((T, HV)), cfg.act_dtype)
+        z_s = quantize(rng.standard_normal((T, HV, V)), cfg.act_dtype)[0] if with_z else None
+        results.append((layer.step(meta, x_s, a_s, b_s, z_s), layer.ssm_state(), layer.conv_state()))
+    for a, b in zip(results[0], results[1]):
+        assert np.array_equal(a, b)
