@@ -29,10 +29,18 @@ std::string act_option(int32_t dtype) {
     default: return "-DGDN_ACT_F32";
   }
 }
+// CPU-device kernel variants (explicit 16-wide vectors) are used on CPU devices unless
+// GDN_XPU_GENERIC_KERNELS=1, which runs the generic kernels Intel GPUs get (tests use it to check
+// those kernels on the CPU device; read per call so a process can compare both).
+bool cpu_variants(const sycl::queue &q) {
+  const char *generic = std::getenv("GDN_XPU_GENERIC_KERNELS");
+  return q.get_device().is_cpu() && !(generic && generic[0] == '1');
+}
+
 // The recurrent kernel's state mapping (delta_rule.cpp, GDN_CPU_VEC): explicit 16-wide vectors
 // on the CPU device when the dims allow it, one state column per work-item otherwise.
 int cpu_vec_variant(const sycl::queue &q, const gdn_config_t &cfg) {
-  if (!q.get_device().is_cpu()) return 0;
+  if (!cpu_variants(q)) return 0;
   if (cfg.ssm_layout == GDN_SSM_KV) return cfg.head_v_dim % 16 == 0 ? 1 : 0;
   return cfg.head_k_dim % 16 == 0 ? 2 : 0;
 }
@@ -198,7 +206,9 @@ GdnConvParams conv_params(const Checked &c, void *conv_out, int64_t conv_out_str
 sycl::event enqueue_conv(Checked &c, void *conv_out, int64_t conv_out_stride, sycl::event ev) {
   const gdn_batch_t &b = c.batch;
   const std::string opt = act_option(c.cfg.act_dtype);
-  sycl::kernel k_ns = get_kernel(c.q, Family::Conv, opt, "gdn_conv_non_spec");
+  // CPU device: the 16-channel vector variant of the non-spec kernel (delta_rule.cpp explains why).
+  const bool cpu = cpu_variants(c.q) && c.conv_dim % 16 == 0;
+  sycl::kernel k_ns = get_kernel(c.q, Family::Conv, opt, cpu ? "gdn_conv_non_spec_cpu" : "gdn_conv_non_spec");
   sycl::kernel k_s = get_kernel(c.q, Family::Conv, opt, "gdn_conv_spec");
   GdnConvParams p = conv_params(c, conv_out, conv_out_stride);
   if (c.num_non_spec_seqs > 0 && b.non_spec_token_count > 0) {
@@ -208,7 +218,7 @@ sycl::event enqueue_conv(Checked &c, void *conv_out, int64_t conv_out_stride, sy
     p.token_indx = b.non_spec_token_indx;
     p.num_seqs = c.num_non_spec_seqs;
     p.slot_cols = 1;
-    ev = launch(c.q, k_ns, range2(p.num_seqs, c.conv_dim, 64), p, ev);
+    ev = launch(c.q, k_ns, cpu ? range2(p.num_seqs, c.conv_dim / 16, 4) : range2(p.num_seqs, c.conv_dim, 64), p, ev);
   }
   if (b.num_spec_decodes > 0 && b.spec_token_count > 0) {
     p.query_start_loc = b.spec_query_start_loc;
@@ -238,7 +248,7 @@ struct DeltaKernels {
 
 // The chunk kernels' CPU variants (explicit 16-wide vectors) need K and V to be multiples of 16.
 bool cpu_chunk_variant(const sycl::queue &q, const gdn_config_t &cfg) {
-  return q.get_device().is_cpu() && cfg.head_k_dim % 16 == 0 && cfg.head_v_dim % 16 == 0;
+  return cpu_variants(q) && cfg.head_k_dim % 16 == 0 && cfg.head_v_dim % 16 == 0;
 }
 
 DeltaKernels delta_kernels(const Checked &c) {
