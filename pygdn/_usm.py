@@ -10,9 +10,22 @@ import numpy as _np
 import dpctl as _dpctl
 import dpctl.memory as _dpmem
 
-# numpy typestr -> gdn dtype name. bf16 has no numpy type: its arrays carry the bit pattern as
-# uint16 ('<u2'), made with to_bf16_bits().
-TYPESTR_DTYPE = {"<f4": "f32", "<f2": "f16", "<u2": "bf16", "<i4": "i32", "|u1": "u8", "|b1": "u8"}
+# numpy dtype -> gdn dtype name. bf16 has no numpy type: its arrays carry the bit pattern as
+# uint16, made with to_bf16_bits(). Typestrs are compared as dtypes: producers differ in the
+# byte-order character (dpnp 0.20 writes '|i4', numpy '<i4').
+DTYPE_NAMES = {_np.dtype(_np.float32): "f32", _np.dtype(_np.float16): "f16", _np.dtype(_np.uint16): "bf16",
+               _np.dtype(_np.int32): "i32", _np.dtype(_np.uint8): "u8", _np.dtype(_np.bool_): "u8"}
+
+
+def dtype_name(typestr):
+    """SUAI typestr -> gdn dtype name, or None. Only little-endian (or byte-order free) types."""
+    try:
+        dt = _np.dtype(typestr)
+    except TypeError:
+        return None
+    if dt.byteorder == ">":
+        return None
+    return DTYPE_NAMES.get(dt.newbyteorder("=") if dt.byteorder == "<" else dt)
 
 
 class UsmArray:
@@ -85,10 +98,10 @@ class UsmView:
                             f"(dpnp.ndarray, dpctl.memory, pygdn.UsmArray), got {type(obj).__name__}") from None
         self.shape = tuple(s["shape"])
         typestr = s["typestr"]
-        if typestr not in TYPESTR_DTYPE:
+        self.dtype = dtype_name(typestr)
+        if self.dtype is None:
             raise TypeError(f"{name}: unsupported element type {typestr!r}")
-        self.dtype = TYPESTR_DTYPE[typestr]
-        itemsize = int(typestr[2:])
+        itemsize = _np.dtype(typestr).itemsize
         self.address = int(s["data"][0]) + int(s.get("offset", 0) or 0) * itemsize
         strides = s.get("strides")
         self.contiguous = strides is None or tuple(strides) == _c_strides(self.shape)

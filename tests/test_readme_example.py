@@ -20,11 +20,21 @@ def python_example():
     return blocks[0]
 
 
+class _DpnpLike(pygdn.UsmArray):
+    """Reports typestrs the way dpnp 0.20 does ('|f4', '|i4': '|' whatever the type)."""
+
+    @property
+    def __sycl_usm_array_interface__(self):
+        s = dict(super().__sycl_usm_array_interface__)
+        s["typestr"] = "|" + self.dtype.str[1:]
+        return s
+
+
 def dpnp_stand_in():
     m = types.ModuleType("dpnp")
-    m.asarray = lambda a, sycl_queue: pygdn.UsmArray.from_numpy(np.asarray(a), sycl_queue)
-    m.zeros = lambda shape, dtype, sycl_queue: pygdn.UsmArray.from_numpy(np.zeros(shape, dtype), sycl_queue)
-    m.empty = lambda shape, dtype, sycl_queue: pygdn.UsmArray(shape, dtype, sycl_queue)
+    m.asarray = lambda a, sycl_queue: _DpnpLike.from_numpy(np.asarray(a), sycl_queue)
+    m.zeros = lambda shape, dtype, sycl_queue: _DpnpLike.from_numpy(np.zeros(shape, dtype), sycl_queue)
+    m.empty = lambda shape, dtype, sycl_queue: _DpnpLike(shape, dtype, sycl_queue)
     return m
 
 
