@@ -180,6 +180,23 @@ sycl::nd_range<2> range2(int64_t groups, int64_t n, int64_t wg) {
   return sycl::nd_range<2>{sycl::range<2>((size_t)groups, (size_t)round_up(n, wg)), sycl::range<2>(1, (size_t)wg)};
 }
 
+// The two token groups of a batch, and binding one of them into a kernel's parameters (both
+// GdnConvParams and GdnDeltaParams carry the same per-group fields).
+enum class Group { NonSpec, Spec };
+
+template <class P>
+void bind_group(P &p, const Checked &c, Group g) {
+  const gdn_batch_t &b = c.batch;
+  const bool spec = g == Group::Spec;
+  p.query_start_loc = spec ? b.spec_query_start_loc : b.non_spec_query_start_loc;
+  p.state_indices = spec ? b.spec_state_indices : b.non_spec_state_indices;
+  p.has_initial_state = spec ? nullptr : b.has_initial_state;
+  p.token_indx = spec ? b.spec_token_indx : b.non_spec_token_indx;
+  p.num_accepted = spec ? b.num_accepted_tokens : nullptr;
+  p.num_seqs = spec ? b.num_spec_decodes : c.num_non_spec_seqs;
+  p.slot_cols = spec ? b.num_spec + 1 : 1;
+}
+
 GdnConvParams conv_params(const Checked &c, void *conv_out, int64_t conv_out_stride) {
   const gdn_config_t &cfg = c.cfg;
   GdnConvParams p{};
@@ -212,22 +229,11 @@ sycl::event enqueue_conv(Checked &c, void *conv_out, int64_t conv_out_stride, sy
   sycl::kernel k_s = get_kernel(c.q, Family::Conv, opt, "gdn_conv_spec");
   GdnConvParams p = conv_params(c, conv_out, conv_out_stride);
   if (c.num_non_spec_seqs > 0 && b.non_spec_token_count > 0) {
-    p.query_start_loc = b.non_spec_query_start_loc;
-    p.state_indices = b.non_spec_state_indices;
-    p.has_initial_state = b.has_initial_state;
-    p.token_indx = b.non_spec_token_indx;
-    p.num_seqs = c.num_non_spec_seqs;
-    p.slot_cols = 1;
+    bind_group(p, c, Group::NonSpec);
     ev = launch(c.q, k_ns, cpu ? range2(p.num_seqs, c.conv_dim / 16, 4) : range2(p.num_seqs, c.conv_dim, 64), p, ev);
   }
   if (b.num_spec_decodes > 0 && b.spec_token_count > 0) {
-    p.query_start_loc = b.spec_query_start_loc;
-    p.state_indices = b.spec_state_indices;
-    p.has_initial_state = nullptr;
-    p.token_indx = b.spec_token_indx;
-    p.num_accepted = b.num_accepted_tokens;
-    p.num_seqs = b.num_spec_decodes;
-    p.slot_cols = b.num_spec + 1;
+    bind_group(p, c, Group::Spec);
     ev = launch(c.q, k_s, range2(p.num_seqs, c.conv_dim, 64), p, ev);
   }
   return ev;
@@ -313,12 +319,7 @@ sycl::event enqueue_delta(Checked &c, const DeltaKernels &k, const ChunkPlan &pl
   const int64_t HV = cfg.num_v_heads, V = cfg.head_v_dim;
 
   if (c.num_non_spec_seqs > 0 && b.non_spec_token_count > 0) {
-    p.query_start_loc = b.non_spec_query_start_loc;
-    p.state_indices = b.non_spec_state_indices;
-    p.has_initial_state = b.has_initial_state;
-    p.token_indx = b.non_spec_token_indx;
-    p.num_seqs = c.num_non_spec_seqs;
-    p.slot_cols = 1;
+    bind_group(p, c, Group::NonSpec);
     p.mode = plan.num_chunks() > 0 ? 0 : 1;  // without a chunk plan the recurrence takes every length
     ev = launch(c.q, k.recurrent, recurrent_range(c, p.num_seqs), p, ev);
     if (plan.num_chunks() > 0) {
@@ -349,13 +350,7 @@ sycl::event enqueue_delta(Checked &c, const DeltaKernels &k, const ChunkPlan &pl
     }
   }
   if (b.num_spec_decodes > 0 && b.spec_token_count > 0) {
-    p.query_start_loc = b.spec_query_start_loc;
-    p.state_indices = b.spec_state_indices;
-    p.has_initial_state = nullptr;
-    p.token_indx = b.spec_token_indx;
-    p.num_accepted = b.num_accepted_tokens;
-    p.num_seqs = b.num_spec_decodes;
-    p.slot_cols = b.num_spec + 1;
+    bind_group(p, c, Group::Spec);
     p.mode = 2;
     ev = launch(c.q, k.recurrent, recurrent_range(c, p.num_seqs), p, ev);
   }
