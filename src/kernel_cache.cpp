@@ -113,7 +113,7 @@ sycl::kernel_bundle<sycl::bundle_state::executable> compile(const sycl::queue &q
     headers.add("params.hpp", gdn::kernel_source_params);
     auto source = syclexp::create_kernel_bundle_from_source(q.get_context(), syclexp::source_language::sycl,
                                                             family_source(family), syclexp::properties{headers});
-    std::vector<std::string> opts{"-O3"};
+    std::vector<std::string> opts{"-O2"};
     for (size_t pos = 0; pos < options.size();) {  // options: space-separated -D flags
       size_t end = options.find(' ', pos);
       if (end == std::string::npos) end = options.size();

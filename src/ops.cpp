@@ -44,10 +44,12 @@ int cpu_vec_variant(const sycl::queue &q, const gdn_config_t &cfg) {
   if (cfg.ssm_layout == GDN_SSM_KV) return cfg.head_v_dim % 16 == 0 ? 1 : 0;
   return cfg.head_k_dim % 16 == 0 ? 2 : 0;
 }
+bool cpu_chunk_variant(const sycl::queue &q, const gdn_config_t &cfg);
 std::string delta_options(const sycl::queue &q, const gdn_config_t &cfg) {
   return act_option(cfg.act_dtype) + " -DGDN_HEAD_K=" + std::to_string(cfg.head_k_dim) +
          " -DGDN_SSM_VK=" + (cfg.ssm_layout == GDN_SSM_VK ? "1" : "0") +
-         " -DGDN_CPU_VEC=" + std::to_string(cpu_vec_variant(q, cfg));
+         " -DGDN_CPU_VEC=" + std::to_string(cpu_vec_variant(q, cfg)) +
+         " -DGDN_CPU_CHUNK=" + (cpu_chunk_variant(q, cfg) ? "1" : "0");
 }
 
 // The chunk plan of the non-spec sequences that take the chunked path (length > 1).

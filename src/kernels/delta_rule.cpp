@@ -90,6 +90,11 @@ static inline void zero_outputs(const GdnDeltaParams &p, int32_t j0, int32_t len
 #ifndef GDN_CPU_VEC
 #define GDN_CPU_VEC 0
 #endif
+// Which chunk kernels this build contains (-DGDN_CPU_CHUNK=1: the *_cpu variants), so a device
+// compiles only the kernels it runs.
+#ifndef GDN_CPU_CHUNK
+#define GDN_CPU_CHUNK 0
+#endif
 typedef sycl::vec<float, 16> vf16;
 static inline vf16 vload(const float *p) {
   vf16 r;
@@ -226,6 +231,7 @@ static inline int64_t chunk_pos(const GdnDeltaParams &p, int32_t hv, int32_t c) 
   return ((int64_t)hv * p.num_chunks + c) * CHUNK;
 }
 
+#if !GDN_CPU_CHUNK  // the generic chunk_prep (GPUs); the CPU device uses gdn_chunk_prep_cpu
 // Global: (num_chunks*HV, CHUNK), local (1, CHUNK).
 GDN_KERNEL(2) void gdn_chunk_prep(GdnDeltaParams p) {
   const auto it = item2();
@@ -303,61 +309,105 @@ GDN_KERNEL(2) void gdn_chunk_prep(GdnDeltaParams p) {
   }
 }
 
-// Global: (num_chunk_seqs*HV, V rounded up), one work-item per state column.
-GDN_KERNEL(2) void gdn_chunk_scan(GdnDeltaParams p) {
-  const auto it = item2();
-  const int32_t e = (int32_t)(it.get_group(0) / p.HV), hv = (int32_t)(it.get_group(0) % p.HV);  // uniform, see gdn_recurrent
-  const int32_t v = (int32_t)it.get_global_id(1);
-  if (e >= p.num_seqs || v >= p.V) return;
+#endif
+
+// gdn_chunk_scan over NL lanes (state columns) per work-item: NL = 1 with float lanes (generic,
+// GPUs), NL = 16 with 16-wide vectors (CPU device). One body, so both carry the same algorithm.
+template <int NL>
+struct Lanes {
+  typedef vf16 T;
+  static T load(const float *p) { return vload(p); }
+  static void store_out(const GdnDeltaParams &p, int64_t at, const T &o) {
+    for (int l = 0; l < NL; ++l) store_act(p.out, at + l, o[l]);
+  }
+  static float &at(T &x, int l) { return x[l]; }
+};
+template <>
+struct Lanes<1> {
+  typedef float T;
+  static T load(const float *p) { return *p; }
+  static void store_out(const GdnDeltaParams &p, int64_t at, const T &o) { store_act(p.out, at, o); }
+  static float &at(T &x, int) { return x; }
+};
+
+template <int NL>
+static inline void chunk_scan_body(const GdnDeltaParams &p, int32_t e, int32_t hv, int32_t v) {
+  typedef Lanes<NL> L;
+  typedef typename L::T lane_t;
   const int32_t *st = p.seq_table + (int64_t)e * 4;
   const int32_t seq = st[0], c0 = st[1], nc = st[2];
   const int32_t slot = p.state_indices[seq];
   if (slot == p.pad_slot_id) {
-    zero_outputs(p, p.query_start_loc[seq], p.query_start_loc[seq + 1] - p.query_start_loc[seq], hv, v);
+    const int32_t j0 = p.query_start_loc[seq], len = p.query_start_loc[seq + 1] - j0;
+    for (int32_t l = 0; l < NL; ++l) zero_outputs(p, j0, len, hv, v + l);
     return;
   }
   const int32_t h = hv / (p.HV / p.H);
   const bool init = !p.has_initial_state || p.has_initial_state[seq];
-  float s[KD];
-  const float *S = state_column(p, slot, hv, v);
-  for (int k = 0; k < KD; ++k) s[k] = init ? S[k * K_STRIDE] : 0.0f;
-  float up[CHUNK], qs[CHUNK];
+  lane_t s[KD];  // s[k] = S[k, v .. v+NL-1]
+  for (int32_t l = 0; l < NL; ++l) {
+    const float *S = state_column(p, slot, hv, v + l);
+    for (int k = 0; k < KD; ++k) L::at(s[k], l) = init ? S[k * K_STRIDE] : 0.0f;
+  }
+  lane_t up[CHUNK], qs[CHUNK];
   for (int32_t c = c0; c < c0 + nc; ++c) {
     const int32_t jfirst = p.chunk_table[(int64_t)c * 4 + 1], len = p.chunk_table[(int64_t)c * 4 + 2];
     const int64_t pos = chunk_pos(p, hv, c);
     const float *G = p.chunk_g + pos;
-    for (int32_t i = 0; i < len; ++i) {
+    for (int32_t i = 0; i < len; ++i) {  // u = U - W S and q S, per row of the chunk
       const int64_t row = global_row(p.token_indx, jfirst + i);
       const float *w = p.chunk_w + (pos + i) * KD, *qi = p.qn + (row * p.H + h) * KD;
-      float ws = 0.0f, q_s = 0.0f;
+      lane_t ws(0.0f), q_s(0.0f);
       for (int k = 0; k < KD; ++k) {
-        ws += w[k] * s[k];
-        q_s += qi[k] * s[k];
+        ws += s[k] * w[k];
+        q_s += s[k] * qi[k];
       }
-      up[i] = p.chunk_u[(pos + i) * p.V + v] - ws;
+      up[i] = L::load(p.chunk_u + (pos + i) * p.V + v) - ws;
       qs[i] = q_s;
     }
-    for (int32_t i = 0; i < len; ++i) {
+    for (int32_t i = 0; i < len; ++i) {  // o = e^G (q S) + Aqk u
       const float *aqk = p.chunk_aqk + (pos + i) * CHUNK;
-      float o = sycl::exp(G[i]) * qs[i];
+      lane_t o = sycl::exp(G[i]) * qs[i];
       for (int32_t j = 0; j <= i; ++j) o += aqk[j] * up[j];
-      store_act(p.out, global_row(p.token_indx, jfirst + i) * p.out_stride + (int64_t)hv * p.V + v, o);
+      L::store_out(p, global_row(p.token_indx, jfirst + i) * p.out_stride + (int64_t)hv * p.V + v, o);
     }
-    const float glast = G[len - 1], dlast = sycl::exp(glast);
+    const float glast = G[len - 1], dlast = sycl::exp(glast);  // S = e^Glast S + K^T (e^(Glast-G) u)
     for (int k = 0; k < KD; ++k) s[k] *= dlast;
     for (int32_t j = 0; j < len; ++j) {
-      const float coef = sycl::exp(glast - G[j]) * up[j];
+      const lane_t coef = sycl::exp(glast - G[j]) * up[j];
       const float *kj = p.kn + (global_row(p.token_indx, jfirst + j) * p.H + h) * KD;
-      for (int k = 0; k < KD; ++k) s[k] += kj[k] * coef;
+      for (int k = 0; k < KD; ++k) s[k] += coef * kj[k];
     }
   }
-  store_column(p, slot, hv, v, s);
+  for (int32_t l = 0; l < NL; ++l) {
+    float *S = state_column(p, slot, hv, v + l);
+    for (int k = 0; k < KD; ++k) S[k * K_STRIDE] = L::at(s[k], l);
+  }
 }
+
+#if !GDN_CPU_CHUNK
+// Global: (num_chunk_seqs*HV, V rounded up), one work-item per state column.
+GDN_KERNEL(2) void gdn_chunk_scan(GdnDeltaParams p) {
+  const auto it = item2();
+  const int32_t e = (int32_t)(it.get_group(0) / p.HV), hv = (int32_t)(it.get_group(0) % p.HV);  // uniform
+  const int32_t v = (int32_t)it.get_global_id(1);
+  if (e < p.num_seqs && v < p.V) chunk_scan_body<1>(p, e, hv, v);
+}
+
+#else
+// Global: (num_chunk_seqs*HV, V/16), local (1, w): a work-item carries 16 state columns (CPU device).
+GDN_KERNEL(2) void gdn_chunk_scan_cpu(GdnDeltaParams p) {
+  const auto it = item2();
+  const int32_t e = (int32_t)(it.get_group(0) / p.HV), hv = (int32_t)(it.get_group(0) % p.HV);
+  const int32_t v = (int32_t)it.get_global_id(1) * 16;
+  if (e < p.num_seqs && v < p.V) chunk_scan_body<16>(p, e, hv, v);
+}
+#endif
 
 // ---- CPU-device variants of the chunk kernels (host picks them when K % 16 == 0 and V % 16 == 0).
 // Same algorithm and workspace as above; every inner loop runs over 16-wide vectors inside one
 // work-item, so nothing depends on the runtime's cross-work-item vectorizer.
-#if KD % 16 == 0
+#if GDN_CPU_CHUNK  // host sets it only when K % 16 == 0 and V % 16 == 0
 #define KV16 (KD / 16)
 
 static inline vf16 load_act16(const void *p, int64_t i) {
@@ -441,61 +491,4 @@ GDN_KERNEL(1) void gdn_chunk_prep_cpu(GdnDeltaParams p) {
   }
 }
 
-// Global: (num_chunk_seqs*HV, V/16), local (1, w): a work-item carries 16 state columns.
-GDN_KERNEL(2) void gdn_chunk_scan_cpu(GdnDeltaParams p) {
-  const auto it = item2();
-  const int32_t e = (int32_t)(it.get_group(0) / p.HV), hv = (int32_t)(it.get_group(0) % p.HV);
-  const int32_t v = (int32_t)it.get_global_id(1) * 16;
-  if (e >= p.num_seqs || v >= p.V) return;
-  const int32_t seq = p.seq_table[(int64_t)e * 4], c0 = p.seq_table[(int64_t)e * 4 + 1];
-  const int32_t nc = p.seq_table[(int64_t)e * 4 + 2];
-  const int32_t slot = p.state_indices[seq];
-  if (slot == p.pad_slot_id) {
-    const int32_t j0 = p.query_start_loc[seq], len = p.query_start_loc[seq + 1] - j0;
-    for (int32_t l = 0; l < 16; ++l) zero_outputs(p, j0, len, hv, v + l);
-    return;
-  }
-  const int32_t h = hv / (p.HV / p.H);
-  const bool init = !p.has_initial_state || p.has_initial_state[seq];
-  vf16 s[KD];  // s[k] = S[k, v .. v+15]
-  for (int32_t l = 0; l < 16; ++l) {
-    const float *S = state_column(p, slot, hv, v + l);
-    for (int k = 0; k < KD; ++k) s[k][l] = init ? S[k * K_STRIDE] : 0.0f;
-  }
-  vf16 up[CHUNK], qs[CHUNK];
-  for (int32_t c = c0; c < c0 + nc; ++c) {
-    const int32_t jfirst = p.chunk_table[(int64_t)c * 4 + 1], len = p.chunk_table[(int64_t)c * 4 + 2];
-    const int64_t pos = chunk_pos(p, hv, c);
-    const float *G = p.chunk_g + pos;
-    for (int32_t i = 0; i < len; ++i) {
-      const int64_t row = global_row(p.token_indx, jfirst + i);
-      const float *w = p.chunk_w + (pos + i) * KD, *qi = p.qn + (row * p.H + h) * KD;
-      vf16 ws(0.0f), q_s(0.0f);
-      for (int k = 0; k < KD; ++k) {
-        ws += s[k] * w[k];
-        q_s += s[k] * qi[k];
-      }
-      up[i] = vload(p.chunk_u + (pos + i) * p.V + v) - ws;
-      qs[i] = q_s;
-    }
-    for (int32_t i = 0; i < len; ++i) {
-      const float *aqk = p.chunk_aqk + (pos + i) * CHUNK;
-      vf16 o = sycl::exp(G[i]) * qs[i];
-      for (int32_t j = 0; j <= i; ++j) o += aqk[j] * up[j];
-      const int64_t orow = global_row(p.token_indx, jfirst + i) * p.out_stride + (int64_t)hv * p.V + v;
-      for (int32_t l = 0; l < 16; ++l) store_act(p.out, orow + l, o[l]);
-    }
-    const float glast = G[len - 1], dlast = sycl::exp(glast);
-    for (int k = 0; k < KD; ++k) s[k] *= dlast;
-    for (int32_t j = 0; j < len; ++j) {
-      const vf16 coef = sycl::exp(glast - G[j]) * up[j];
-      const float *kj = p.kn + (global_row(p.token_indx, jfirst + j) * p.H + h) * KD;
-      for (int k = 0; k < KD; ++k) s[k] += coef * kj[k];
-    }
-  }
-  for (int32_t l = 0; l < 16; ++l) {
-    float *S = state_column(p, slot, hv, v + l);
-    for (int k = 0; k < KD; ++k) S[k * K_STRIDE] = s[k][l];
-  }
-}
-#endif  // KD % 16 == 0
+#endif  // GDN_CPU_CHUNK
