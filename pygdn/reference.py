@@ -218,7 +218,7 @@ def gated_delta_rule(qkv, g, beta, ssm_state, batch, H, HV, K, V, scale=None, l2
                                   beta[r, h])
 
     for _, slot, rows, hs in _non_spec_sequences(batch):
-        if slot == pad:
+        if slot == pad or len(rows) == 0:  # graph padding / zero-length: nothing read, nothing written
             continue
         S = old[slot].copy() if hs else np.zeros((HV, K, V))
         for r in rows:

@@ -2,6 +2,7 @@
 #include "validate.hpp"
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -11,6 +12,12 @@ namespace gdn {
 namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
+
+std::string fstr(float v) {  // shortest round-trip-ish text: -0.5, 0, 1e-06
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", (double)v);
+  return buf;
+}
 
 // Copies a caller's versioned struct: an older (smaller) struct is refused; a newer (larger)
 // one is accepted only if the fields this library does not know are zero (their defaults).
@@ -180,9 +187,10 @@ gdn_config_t validate_config(const gdn_config_t *in) {
   const int64_t conv_dim = 2LL * cfg.num_k_heads * cfg.head_k_dim + (int64_t)cfg.num_v_heads * cfg.head_v_dim;
   check_stride(cfg.conv_slot_stride, conv_dim * cfg.conv_state_len, "cfg->conv_slot_stride");
   check_stride(cfg.ssm_slot_stride, (int64_t)cfg.num_v_heads * cfg.head_k_dim * cfg.head_v_dim, "cfg->ssm_slot_stride");
-  require(cfg.scale >= 0.0f, GDN_ERROR_BAD_SHAPE, "cfg->scale is negative");
+  require(cfg.scale >= 0.0f, GDN_ERROR_BAD_SHAPE, "cfg->scale = " + fstr(cfg.scale) + " is negative (0 = 1/sqrt(K))");
   if (cfg.scale == 0.0f) cfg.scale = 1.0f / std::sqrt((float)cfg.head_k_dim);
-  require(cfg.l2norm_eps > 0.0f && cfg.norm_eps > 0.0f, GDN_ERROR_BAD_SHAPE, "cfg->l2norm_eps and cfg->norm_eps must be > 0");
+  require(cfg.l2norm_eps > 0.0f, GDN_ERROR_BAD_SHAPE, "cfg->l2norm_eps = " + fstr(cfg.l2norm_eps) + " must be > 0");
+  require(cfg.norm_eps > 0.0f, GDN_ERROR_BAD_SHAPE, "cfg->norm_eps = " + fstr(cfg.norm_eps) + " must be > 0");
   require((cfg.flags & ~15) == 0, GDN_ERROR_UNSUPPORTED, "cfg->flags has unknown bits: " + str(cfg.flags));
   return cfg;
 }

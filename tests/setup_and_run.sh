@@ -10,12 +10,13 @@ cd "$(dirname "$0")/.."
 what=${1:-test}
 shift || true
 venv=${GDN_VENV:-.venv}
+case "$venv" in /*) ;; *) venv="$PWD/$venv" ;; esac  # absolute from here on
 if [ ! -x "$venv/bin/python" ]; then
   echo "== creating $venv"
   python3 -m venv "$venv"
 fi
 py="$venv/bin/python"
-export PATH="$PWD/$venv/bin:$PATH"
+export PATH="$venv/bin:$PATH"
 echo "== installing the pinned runtime, build tools and test tools"
 "$py" -m pip install -q --disable-pip-version-check \
   "dpctl==0.22.1" "intel-sycl-rt==2026.1.2" "intel-cmplr-lib-ur==2026.1.2" "intel-cmplr-lib-rt==2026.1.2" \
@@ -25,7 +26,7 @@ echo "== building and installing pygdn (libgdn_xpu.so)"
 "$py" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps --force-reinstall .
 # The pip-installed OpenCL CPU runtime is only found through this variable (pygdn sets it too,
 # but the C test program and any non-Python consumer need it in the environment).
-export OCL_ICD_FILENAMES="${OCL_ICD_FILENAMES:-$PWD/$venv/lib/libintelocl.so}"
+export OCL_ICD_FILENAMES="${OCL_ICD_FILENAMES:-$venv/lib/libintelocl.so}"
 case "$what" in
   demo) exec "$py" -m pygdn demo "$@" ;;
   bench) exec "$py" -m pygdn bench "$@" ;;

@@ -39,6 +39,7 @@ GDN_KERNEL(2) void gdn_conv_non_spec(GdnConvParams p) {
   int32_t seq, c;
   if (!seq_and_channel(p, &seq, &c)) return;
   const int32_t j0 = p.query_start_loc[seq], j1 = p.query_start_loc[seq + 1];
+  if (j0 == j1) return;  // a zero-length sequence touches nothing, its state included
   const int32_t slot = p.state_indices[seq];
   if (slot == p.pad_slot_id) {  // graph padding: zero outputs, no state access
     for (int32_t j = j0; j < j1; ++j) store_act(p.out, global_row(p.token_indx, j) * p.out_stride + c, 0.0f);
@@ -62,6 +63,7 @@ GDN_KERNEL(2) void gdn_conv_spec(GdnConvParams p) {
   int32_t seq, c;
   if (!seq_and_channel(p, &seq, &c)) return;
   const int32_t j0 = p.query_start_loc[seq], len = p.query_start_loc[seq + 1] - j0;
+  if (len == 0) return;  // graph padding: no rows, no state change (ROLLED would otherwise shift the line)
   const int32_t *cols = p.state_indices + (int64_t)seq * p.slot_cols;
   const int32_t accepted = p.num_accepted[seq];
   const int32_t w1 = p.width - 1;
@@ -101,6 +103,7 @@ GDN_KERNEL(2) void gdn_conv_non_spec_cpu(GdnConvParams p) {
   const int32_t seq = (int32_t)it.get_group(0), c0 = (int32_t)it.get_global_id(1) * 16;
   if (seq >= p.num_seqs || c0 >= p.conv_dim) return;
   const int32_t j0 = p.query_start_loc[seq], j1 = p.query_start_loc[seq + 1];
+  if (j0 == j1) return;  // a zero-length sequence touches nothing, its state included
   const int32_t slot = p.state_indices[seq];
   auto load16 = [](const void *base, int64_t at) {
     vf16 r;

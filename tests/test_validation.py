@@ -1,0 +1,667 @@
+"""Every validation rule of gdn_attention (src/validate.cpp, src/ops.cpp) and of the Python layer
+(pygdn/ops.py, pygdn/_usm.py): an otherwise valid call with exactly one thing broken must fail
+with the documented status, a message naming the field and the offending value, and NOTHING
+written (conv_state, ssm_state and core_attn_out -- pre-filled with a canary -- bit-identical).
+Also what must be ACCEPTED: graph padding (long arrays, PAD_SLOT_ID rows, zero-length sequences),
+validate="counts", a newer caller's struct with a zero tail, a caller workspace of the right size.
+
+Rules the Python layer would reject first are reached through pygdn.lib.gdn_attention with
+hand-filled structs (raw()).
+"""
+import numpy as np
+import pytest
+
+import dpctl
+import pygdn
+from pygdn import ffi, lib
+from pygdn import reference as ref
+from conftest import assert_close, conv_from_canonical, conv_to_canonical, ssm_from_canonical, ssm_to_canonical, usm
+
+H, HV, K, V, W = 1, 2, 4, 4, 4
+C = 2 * H * K + HV * V  # 16
+NUM_SLOTS, NUM_SPEC = 16, 2
+CANARY = 7.0
+I32_MAX = 2**31 - 1
+
+INT_KEYS = ("non_spec_query_start_loc", "non_spec_state_indices", "non_spec_token_indx", "spec_query_start_loc",
+            "spec_state_indices", "num_accepted_tokens", "spec_token_indx")
+COUNT_KEYS = ("num_prefills", "num_decodes", "num_spec_decodes", "num_spec", "num_actual_tokens",
+              "non_spec_token_count", "spec_token_count", "pad_slot_id")
+
+
+def base_meta():
+    """A prefill (3 tokens, slot 1) and a decode (slot 2); two spec sequences (3 tokens, A=2, slots 3 4 5;
+    2 tokens, A=1, slots 6 7 8); the 9 rows interleaved."""
+    return dict(num_prefills=1, num_decodes=1, num_spec_decodes=2, num_spec=NUM_SPEC, num_actual_tokens=9,
+                non_spec_token_count=4, spec_token_count=5, pad_slot_id=-1, validate="full",
+                non_spec_query_start_loc=[0, 3, 4], non_spec_state_indices=[1, 2], has_initial_state=[1, 1],
+                non_spec_token_indx=[0, 2, 5, 7], spec_query_start_loc=[0, 3, 5],
+                spec_state_indices=[[3, 4, 5], [6, 7, 8]], num_accepted_tokens=[2, 1], spec_token_indx=[1, 3, 4, 6, 8])
+
+
+def drop_empty_spec_sequences(meta):
+    """The reference takes spec sequences of 1..1+num_spec tokens; a zero-length one is padding (no-op)."""
+    if not meta["num_spec_decodes"]:
+        return meta
+    qsl = np.asarray(meta["spec_query_start_loc"])
+    keep = [n for n in range(meta["num_spec_decodes"]) if qsl[n + 1] > qsl[n]]
+    lens = [int(qsl[n + 1] - qsl[n]) for n in keep]
+    return dict(meta, num_spec_decodes=len(keep), spec_query_start_loc=np.cumsum([0] + lens),
+                spec_state_indices=np.asarray(meta["spec_state_indices"]).reshape(-1, meta["num_spec"] + 1)[keep],
+                num_accepted_tokens=np.asarray(meta["num_accepted_tokens"])[keep])
+
+
+class Setup:
+    """Config, device tensors (one spare row past num_actual_tokens) and the batch of one call."""
+
+    def __init__(self, queue, spec_layout="rolled", conv_state_len=W - 1 + NUM_SPEC, rows=9, z=True, **meta):
+        self.q = queue
+        self.meta = base_meta()
+        self.meta.update(meta)
+        self.cfg = pygdn.Config(num_k_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V, num_slots=NUM_SLOTS,
+                                conv_width=W, act_dtype="f32", ssm_layout="vk", conv_layout="time_major",
+                                conv_spec_layout=spec_layout, conv_state_len=conv_state_len)
+        rng = np.random.default_rng(7)
+        f = lambda *shape: rng.standard_normal(shape).astype(np.float32)  # noqa: E731
+        R = rows + 1
+        self.host = dict(mixed_qkv=f(R, C), a=f(R, HV), b=f(R, HV), conv_weight=f(C, W) * 0.5, conv_bias=f(C) * 0.1,
+                         A_log=np.log(rng.uniform(0.5, 8.0, HV)).astype(np.float32),
+                         dt_bias=rng.uniform(-1, 1, HV).astype(np.float32), z=f(R, HV, V) if z else None,
+                         norm_weight=rng.uniform(0.5, 1.5, V).astype(np.float32) if z else None,
+                         conv_state=f(NUM_SLOTS, C, conv_state_len), ssm_state=f(NUM_SLOTS, HV, K, V) * 0.5)
+        self.t = {k: None if v is None else usm(queue, v) for k, v in self.host.items()
+                  if k not in ("conv_state", "ssm_state")}
+        self.t["conv_state"] = usm(queue, conv_from_canonical(self.host["conv_state"], "time_major"))
+        self.t["ssm_state"] = usm(queue, ssm_from_canonical(self.host["ssm_state"], "vk"))
+        self.t["core_attn_out"] = usm(queue, np.full((R, HV, V), CANARY, np.float32))
+
+    def batch(self, **over):
+        m = dict(self.meta)
+        m.update(over)
+        arrays = {}
+        for k in INT_KEYS + ("has_initial_state",):
+            v = m[k]
+            if v is not None and not hasattr(v, "__sycl_usm_array_interface__"):
+                v = usm(self.q, np.asarray(v, np.uint8 if k == "has_initial_state" else np.int32).reshape(-1))
+            arrays[k] = v
+        return pygdn.Batch(validate=m["validate"], **{k: m[k] for k in COUNT_KEYS}, **arrays)
+
+    def attention(self, batch=None, **tensors):
+        args = dict(self.t)
+        args.update(tensors)
+        pygdn.attention(self.q, self.cfg, batch if batch is not None else self.batch(), **args)
+
+    def state(self):
+        return {k: self.t[k].to_numpy() for k in ("conv_state", "ssm_state", "core_attn_out")}
+
+    def raw(self, batch=None, cfg=None, tensors=None, queue=None, mutate_cfg=None, mutate_batch=None,
+            mutate_tensors=None):
+        """pygdn.lib.gdn_attention on hand-filled structs; mutate_* edit a struct in place or return a
+        replacement pointer. Raises GdnError like the Python layer."""
+        keep = []
+        c_cfg = (cfg or self.cfg)._to_c()
+        c_batch = (batch if batch is not None else self.batch())._to_c(self.q, keep)
+        c_t = ffi.new("gdn_tensors_t *")
+        lib.gdn_tensors_init(c_t)
+        args = dict(self.t)
+        args.update(tensors or {})
+        for k, v in args.items():
+            if v is not None:
+                setattr(c_t, k, ffi.cast("void *", v.__sycl_usm_array_interface__["data"][0]))
+        # (a returned pointer may be ffi.NULL, which is falsy: compare with None)
+        c_cfg, c_batch, c_t = (c if m is None or (r := m(c)) is None else r
+                               for c, m in ((c_cfg, mutate_cfg), (c_batch, mutate_batch), (c_t, mutate_tensors)))
+        q = ffi.cast("void *", self.q.addressof_ref()) if queue is None else queue
+        status = lib.gdn_attention(q, c_cfg, c_batch, c_t)
+        message = ffi.string(lib.gdn_last_error()).decode()
+        self.q.wait()
+        if status != lib.GDN_SUCCESS:
+            raise pygdn.GdnError(status, message)
+
+    def reference(self, meta=None):
+        """(out [rows, HV, V], conv_state, ssm_state) of the float64 reference (canonical layouts)."""
+        m = drop_empty_spec_sequences(meta or self.meta)
+        T = m["num_actual_tokens"]
+        h = self.host
+        o, cs, ss = ref.gdn_attention(h["mixed_qkv"][:T], h["a"][:T], h["b"][:T], h["conv_weight"], h["conv_bias"],
+                                      h["A_log"], h["dt_bias"], h["conv_state"], h["ssm_state"], m, H, HV, K, V,
+                                      spec_layout=self.cfg.conv_spec_layout,
+                                      z=None if h["z"] is None else h["z"][:T], norm_weight=h["norm_weight"])
+        return o, cs, ss
+
+    def check_reference(self, meta=None, written=None):
+        """The call matched the reference; rows past num_actual_tokens kept the canary; ssm slots
+        outside `written` are bit-identical."""
+        m = meta or self.meta
+        T = m["num_actual_tokens"]
+        o, cs, ss = self.reference(m)
+        got = self.state()
+        assert_close(got["core_attn_out"][:T], o, 2e-4, "core_attn_out")
+        assert np.all(got["core_attn_out"][T:] == CANARY), "row past num_actual_tokens written"
+        assert np.array_equal(conv_to_canonical(got["conv_state"], "time_major"), cs), "conv_state"
+        gs = ssm_to_canonical(got["ssm_state"], "vk")
+        assert_close(gs, ss, 2e-4, "ssm_state")
+        if written is not None:
+            for s in set(range(NUM_SLOTS)) - set(written):
+                assert np.array_equal(gs[s], self.host["ssm_state"][s]), f"ssm slot {s} not addressed but changed"
+        return got
+
+
+@pytest.fixture
+def s(queue):
+    return Setup(queue)
+
+
+def fails(s, status, needles, call, exc=pygdn.GdnError):
+    """call() raises exc (GdnError with `status`), its message contains every needle, nothing changed."""
+    before = s.state()
+    with pytest.raises(exc) as info:
+        call()
+    s.q.wait()
+    err = info.value
+    if exc is pygdn.GdnError:
+        assert err.status_name == status, f"got {err.status_name}: {err}"
+    for needle in needles:
+        assert needle in str(err), f"{needle!r} not in the message: {err}"
+    after = s.state()
+    for k in before:
+        assert np.array_equal(before[k], after[k]), f"{k} changed by a failed call ({err})"
+    return err
+
+
+def test_base_call_is_valid(s):
+    s.attention()
+    s.check_reference(written=range(1, 9))
+
+
+# ----------------------------------------------------------------------------- NULL arrays
+@pytest.mark.parametrize("field,why", [
+    ("non_spec_query_start_loc", "num_prefills + num_decodes > 0"),
+    ("non_spec_state_indices", "num_prefills + num_decodes > 0"),
+    ("spec_query_start_loc", "num_spec_decodes > 0"),
+    ("spec_state_indices", "num_spec_decodes > 0"),
+    ("num_accepted_tokens", "num_spec_decodes > 0"),
+])
+def test_null_batch_array(s, field, why):
+    fails(s, "GDN_ERROR_NULL_POINTER", [f"batch->{field} is NULL", why], lambda: s.attention(s.batch(**{field: None})))
+
+
+@pytest.mark.parametrize("field", ["mixed_qkv", "conv_weight", "conv_state", "a", "b", "A_log", "dt_bias",
+                                   "ssm_state", "core_attn_out", "norm_weight"])
+def test_null_tensor(s, field):
+    fails(s, "GDN_ERROR_NULL_POINTER", [f"tensors->{field} is NULL"], lambda: s.attention(**{field: None}))
+
+
+def test_conv_out_null_for_causal_conv1d(s):
+    fails(s, "GDN_ERROR_NULL_POINTER", ["tensors->conv_out is NULL but gdn_causal_conv1d writes it"],
+          lambda: pygdn.causal_conv1d(s.q, s.cfg, s.batch(), mixed_qkv=s.t["mixed_qkv"], conv_weight=s.t["conv_weight"],
+                                      conv_state=s.t["conv_state"], conv_out=None))
+
+
+def test_conv_out_null_for_gated_delta_rule(s):
+    fails(s, "GDN_ERROR_NULL_POINTER", ["tensors->conv_out is NULL but gdn_gated_delta_rule reads q|k|v from it"],
+          lambda: pygdn.gated_delta_rule(s.q, s.cfg, s.batch(), conv_out=None, ssm_state=s.t["ssm_state"],
+                                         core_attn_out=s.t["core_attn_out"], a=s.t["a"], b=s.t["b"],
+                                         A_log=s.t["A_log"], dt_bias=s.t["dt_bias"]))
+
+
+def test_workspace_size_null_output(s):
+    status = lib.gdn_attention_workspace_size(s.cfg._to_c(), pygdn.ops._counts_only(s.batch()), ffi.NULL)
+    assert pygdn.ops._status_name(status) == "GDN_ERROR_NULL_POINTER"
+    assert "bytes is NULL" in ffi.string(lib.gdn_last_error()).decode()
+
+
+def test_g_without_beta(s):
+    g = usm(s.q, np.zeros((10, HV), np.float32))
+    fails(s, "GDN_ERROR_NULL_POINTER", ["tensors->g", "tensors->beta", "together"], lambda: s.raw(tensors=dict(g=g)))
+
+
+def test_nulls_allowed_without_tokens(queue):
+    """num_actual_tokens = 0: no array is needed, nothing is written."""
+    s = Setup(queue)
+    before = s.state()
+    batch = pygdn.Batch(num_actual_tokens=0, num_prefills=2, num_spec_decodes=1, num_spec=NUM_SPEC)
+    pygdn.attention(queue, s.cfg, batch, mixed_qkv=None, a=None, b=None, conv_weight=None, A_log=None, dt_bias=None,
+                    conv_state=s.t["conv_state"], ssm_state=s.t["ssm_state"], core_attn_out=s.t["core_attn_out"])
+    after = s.state()
+    for k in before:
+        assert np.array_equal(before[k], after[k]), k
+
+
+# ----------------------------------------------------------------------------- counts
+@pytest.mark.parametrize("field", ["num_prefills", "num_decodes", "num_spec_decodes", "num_spec", "num_actual_tokens",
+                                   "non_spec_token_count", "spec_token_count"])
+def test_negative_count(s, field):
+    fails(s, "GDN_ERROR_BAD_COUNT", [f"batch->{field} = -1 is outside [0, "],
+          lambda: s.attention(s.batch(**{field: -1})))
+
+
+def test_num_spec_above_64(s):
+    def mutate(b):
+        b.num_spec = 65
+    fails(s, "GDN_ERROR_BAD_COUNT", ["batch->num_spec = 65 is outside [0, 64]"], lambda: s.raw(mutate_batch=mutate))
+
+
+def test_unknown_validate_mode(s):
+    def mutate(b):
+        b.validate = 2
+    fails(s, "GDN_ERROR_BAD_COUNT", ["batch->validate = 2 is outside [0, 1]"], lambda: s.raw(mutate_batch=mutate))
+
+
+def test_token_counts_do_not_add_up(s):
+    fails(s, "GDN_ERROR_BAD_COUNT", ["non_spec_token_count (4) + spec_token_count (5) != num_actual_tokens (10)"],
+          lambda: s.attention(s.batch(num_actual_tokens=10)))
+
+
+def test_non_spec_sequence_count_overflows(s):
+    def mutate(b):
+        b.num_prefills, b.num_decodes = I32_MAX, 1
+    fails(s, "GDN_ERROR_BAD_COUNT", ["num_prefills + num_decodes overflows int32"], lambda: s.raw(mutate_batch=mutate))
+
+
+def test_non_spec_tokens_without_sequences(s):
+    fails(s, "GDN_ERROR_BAD_COUNT", ["non_spec_token_count = 4 but there are no non-spec sequences"],
+          lambda: s.attention(s.batch(num_prefills=0, num_decodes=0)))
+
+
+def test_spec_tokens_without_sequences(s):
+    fails(s, "GDN_ERROR_BAD_COUNT", ["spec_token_count = 5 but num_spec_decodes = 0"],
+          lambda: s.attention(s.batch(num_spec_decodes=0)))
+
+
+def test_spec_tokens_exceed_capacity(s):
+    fails(s, "GDN_ERROR_BAD_COUNT", ["spec_token_count = 5 > num_spec_decodes * (1 + num_spec) = 4"],
+          lambda: s.attention(s.batch(num_spec=1)))
+
+
+# ----------------------------------------------------------------------------- config
+CONFIG_RULES = [  # field, value, status, message
+    ("num_k_heads", 0, "GDN_ERROR_BAD_SHAPE", "cfg->num_k_heads = 0 is outside [1, 1024]"),
+    ("num_k_heads", 1025, "GDN_ERROR_BAD_SHAPE", "cfg->num_k_heads = 1025 is outside [1, 1024]"),
+    ("num_v_heads", 0, "GDN_ERROR_BAD_SHAPE", "cfg->num_v_heads = 0 is outside [1, 4096]"),
+    ("num_v_heads", 4097, "GDN_ERROR_BAD_SHAPE", "cfg->num_v_heads = 4097 is outside [1, 4096]"),
+    ("num_v_heads", 3, "GDN_ERROR_BAD_SHAPE", "cfg->num_v_heads = 3 is not a multiple of num_k_heads = 2"),
+    ("head_k_dim", 0, "GDN_ERROR_BAD_SHAPE", "cfg->head_k_dim = 0 is outside [1, 256]"),
+    ("head_k_dim", 257, "GDN_ERROR_BAD_SHAPE", "cfg->head_k_dim = 257 is outside [1, 256]"),
+    ("head_v_dim", 0, "GDN_ERROR_BAD_SHAPE", "cfg->head_v_dim = 0 is outside [1, 256]"),
+    ("head_v_dim", 257, "GDN_ERROR_BAD_SHAPE", "cfg->head_v_dim = 257 is outside [1, 256]"),
+    ("conv_width", 1, "GDN_ERROR_BAD_SHAPE", "cfg->conv_width = 1 is outside [2, 8]"),
+    ("conv_width", 9, "GDN_ERROR_BAD_SHAPE", "cfg->conv_width = 9 is outside [2, 8]"),
+    ("act_dtype", 0, "GDN_ERROR_BAD_DTYPE", "cfg->act_dtype = 0 is not a gdn_dtype_t"),
+    ("act_dtype", 4, "GDN_ERROR_BAD_DTYPE", "cfg->act_dtype = 4 is not a gdn_dtype_t"),
+    ("state_dtype", 3, "GDN_ERROR_BAD_DTYPE", "cfg->state_dtype = 3: only GDN_DTYPE_F32"),
+    ("state_dtype", 9, "GDN_ERROR_BAD_DTYPE", "cfg->state_dtype = 9: only GDN_DTYPE_F32"),
+    ("ssm_layout", 2, "GDN_ERROR_BAD_LAYOUT", "cfg->ssm_layout = 2 is outside [0, 1]"),
+    ("ssm_layout", -1, "GDN_ERROR_BAD_LAYOUT", "cfg->ssm_layout = -1 is outside [0, 1]"),
+    ("conv_layout", 2, "GDN_ERROR_BAD_LAYOUT", "cfg->conv_layout = 2 is outside [0, 1]"),
+    ("conv_spec_layout", 7, "GDN_ERROR_BAD_LAYOUT", "cfg->conv_spec_layout = 7 is outside [0, 1]"),
+    ("num_slots", 0, "GDN_ERROR_BAD_COUNT", "cfg->num_slots = 0 is outside [1, 2147483647]"),
+    ("conv_state_len", 2, "GDN_ERROR_BAD_LAYOUT", "cfg->conv_state_len = 2 is outside [3, 1048576]"),
+    ("conv_state_len", 2**20 + 1, "GDN_ERROR_BAD_LAYOUT", "cfg->conv_state_len = 1048577 is outside [3, 1048576]"),
+    ("conv_slot_stride", 79, "GDN_ERROR_BAD_LAYOUT", "cfg->conv_slot_stride = 79 < row width 80"),
+    ("ssm_slot_stride", 31, "GDN_ERROR_BAD_LAYOUT", "cfg->ssm_slot_stride = 31 < row width 32"),
+    ("flags", 16, "GDN_ERROR_UNSUPPORTED", "cfg->flags has unknown bits: 16"),
+]
+
+
+@pytest.mark.parametrize("field,value,status,message", CONFIG_RULES, ids=[f"{r[0]}={r[1]}" for r in CONFIG_RULES])
+def test_config_rule(s, field, value, status, message):
+    def mutate(c):
+        if field == "num_v_heads" and value == 3:
+            c.num_k_heads = 2
+        setattr(c, field, value)
+    fails(s, status, [message], lambda: s.raw(mutate_cfg=mutate))
+
+
+@pytest.mark.parametrize("field,value", [("scale", -0.5), ("l2norm_eps", 0.0), ("norm_eps", -1.0)])
+def test_config_float_rule_names_field(s, field, value):
+    def mutate(c):
+        setattr(c, field, value)
+    fails(s, "GDN_ERROR_BAD_SHAPE", [f"cfg->{field}"], lambda: s.raw(mutate_cfg=mutate))
+
+
+@pytest.mark.parametrize("field,value,text", [("scale", -0.5, "-0.5"), ("l2norm_eps", 0.0, "0"),
+                                              ("norm_eps", -1.0, "-1")])
+def test_config_float_rule_shows_value(s, field, value, text):
+    def mutate(c):
+        setattr(c, field, value)
+    fails(s, "GDN_ERROR_BAD_SHAPE", [f"cfg->{field} = {text}"], lambda: s.raw(mutate_cfg=mutate))
+
+
+@pytest.mark.parametrize("field,dense", [("mixed_qkv_stride", C), ("conv_out_stride", C), ("ab_stride", HV),
+                                         ("out_stride", HV * V), ("z_stride", HV * V)])
+def test_stride_too_small(s, field, dense):
+    def mutate(t):
+        setattr(t, field, dense - 1)
+    fails(s, "GDN_ERROR_BAD_LAYOUT", [f"tensors->{field} = {dense - 1} < row width {dense}"],
+          lambda: s.raw(mutate_tensors=mutate))
+
+
+def test_rolled_conv_state_too_short(queue):
+    s = Setup(queue, spec_layout="rolled", conv_state_len=W - 1)  # needs W-1+num_spec = 5
+    fails(s, "GDN_ERROR_BAD_LAYOUT", ["cfg->conv_state_len = 3 < W-1+num_spec = 5", "GDN_CONV_SPEC_ROLLED"],
+          s.attention)
+
+
+def test_snapshot_needs_only_w_minus_1(queue):
+    s = Setup(queue, spec_layout="snapshot", conv_state_len=W - 1)
+    s.attention()
+    s.check_reference(written=range(1, 9))
+
+
+# ----------------------------------------------------------------------------- start locations
+@pytest.mark.parametrize("field,value,message", [
+    ("non_spec_query_start_loc", [1, 3, 4], "non_spec_query_start_loc[0] = 1, expected 0"),
+    ("spec_query_start_loc", [1, 3, 5], "spec_query_start_loc[0] = 1, expected 0"),
+    ("non_spec_query_start_loc", [0, 5, 4], "non_spec_query_start_loc decreases at [2]: 5 -> 4"),
+    ("spec_query_start_loc", [0, 6, 5], "spec_query_start_loc decreases at [2]: 6 -> 5"),
+    ("non_spec_query_start_loc", [0, 3, 3], "non_spec_query_start_loc[last] = 3 but non_spec_token_count = 4"),
+    ("spec_query_start_loc", [0, 3, 4], "spec_query_start_loc[last] = 4 but spec_token_count = 5"),
+], ids=["ns_first", "spec_first", "ns_decreasing", "spec_decreasing", "ns_last", "spec_last"])
+def test_bad_start_loc(s, field, value, message):
+    fails(s, "GDN_ERROR_BAD_START_LOC", [message], lambda: s.attention(s.batch(**{field: value})))
+
+
+def test_spec_sequence_longer_than_1_plus_num_spec(s):
+    fails(s, "GDN_ERROR_BAD_START_LOC", ["spec sequence 0 has 4 tokens > 1 + num_spec = 3"],
+          lambda: s.attention(s.batch(spec_query_start_loc=[0, 4, 5])))
+
+
+# ----------------------------------------------------------------------------- state indices
+@pytest.mark.parametrize("field,value,message", [
+    ("non_spec_state_indices", [1, 16], "non_spec_state_indices[1] = 16 is outside [0, num_slots=16)"),
+    ("non_spec_state_indices", [-2, 2], "non_spec_state_indices[0] = -2 is outside [0, num_slots=16)"),
+    ("spec_state_indices", [[3, 4, 5], [6, 7, 16]], "spec_state_indices[1][2] = 16 is outside [0, num_slots=16)"),
+    ("spec_state_indices", [[-5, 4, 5], [6, 7, 8]], "spec_state_indices[0][0] = -5 is outside [0, num_slots=16)"),
+], ids=["ns_high", "ns_negative", "spec_unused_column", "spec_first_column"])
+def test_state_index_out_of_range(s, field, value, message):
+    fails(s, "GDN_ERROR_BAD_STATE_INDEX", [message, "pad_slot_id (-1)"], lambda: s.attention(s.batch(**{field: value})))
+
+
+def test_minus_one_is_out_of_range_when_pad_slot_is_0(s):
+    fails(s, "GDN_ERROR_BAD_STATE_INDEX", ["non_spec_state_indices[1] = -1 is outside", "pad_slot_id (0)"],
+          lambda: s.attention(s.batch(pad_slot_id=0, non_spec_state_indices=[1, -1])))
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("non_spec_state_indices", [1, 1], "non_spec_state_indices[1] = 1 is also written by non-spec sequence 0"),
+    ("spec_state_indices", [[3, 2, 5], [6, 7, 8]],
+     "spec_state_indices[0][1] = 2 is also written by non-spec sequence 1"),
+    ("spec_state_indices", [[3, 4, 5], [3, 7, 8]], "spec_state_indices[1][0] = 3 is also written by spec sequence 0"),
+], ids=["non_spec_vs_non_spec", "spec_vs_non_spec", "spec_vs_spec"])
+def test_duplicate_write_slot(s, field, value, message):
+    fails(s, "GDN_ERROR_DUPLICATE_SLOT", [message], lambda: s.attention(s.batch(**{field: value})))
+
+
+@pytest.mark.parametrize("read_slot,writer", [(2, "non-spec"), (5, "spec")])
+def test_initial_state_slot_written_by_another_sequence(s, read_slot, writer):
+    # Spec sequence 1 has 2 tokens and A=3: it reads column 2, which it does not write.
+    fails(s, "GDN_ERROR_DUPLICATE_SLOT",
+          [f"spec_state_indices[1][2] = {read_slot} is read as an initial state but written by another sequence"],
+          lambda: s.attention(s.batch(num_accepted_tokens=[2, 3], spec_state_indices=[[3, 4, 5], [6, 7, read_slot]])))
+
+
+@pytest.mark.parametrize("value", [0, 4, -1])
+def test_bad_num_accepted(s, value):
+    fails(s, "GDN_ERROR_BAD_ACCEPTED", [f"num_accepted_tokens[1] = {value} is outside [1, 1 + num_spec = 3]"],
+          lambda: s.attention(s.batch(num_accepted_tokens=[2, value])))
+
+
+# ----------------------------------------------------------------------------- token rows
+@pytest.mark.parametrize("field,value,message", [
+    ("spec_token_indx", [1, 3, 9, 6, 8], "spec_token_indx[2] = 9 is outside [0, num_actual_tokens=9)"),
+    ("non_spec_token_indx", [-1, 2, 5, 7], "non_spec_token_indx[0] = -1 is outside [0, num_actual_tokens=9)"),
+], ids=["spec_high", "non_spec_negative"])
+def test_token_index_out_of_range(s, field, value, message):
+    fails(s, "GDN_ERROR_BAD_TOKEN_INDEX", [message], lambda: s.attention(s.batch(**{field: value})))
+
+
+@pytest.mark.parametrize("over,message", [
+    (dict(spec_token_indx=[0, 3, 4, 6, 8]), "spec_token_indx[0] = row 0 is already claimed by a non-spec token"),
+    (dict(non_spec_token_indx=[0, 0, 5, 7]), "non_spec_token_indx[1] = row 0 is already claimed by a non-spec token"),
+    (dict(spec_token_indx=[1, 3, 3, 6, 8]), "spec_token_indx[2] = row 3 is already claimed by a spec token"),
+    (dict(non_spec_token_indx=None, spec_token_indx=None),
+     "spec_token_indx[0] = row 0 is already claimed by a non-spec token (NULL index = identity)"),
+    (dict(non_spec_token_indx=None, spec_token_indx=[4, 5, 6, 7, 3]),
+     "spec_token_indx[4] = row 3 is already claimed by a non-spec token"),
+], ids=["spec_vs_non_spec", "non_spec_twice", "spec_twice", "both_null", "non_spec_null"])
+def test_overlapping_token_rows(s, over, message):
+    fails(s, "GDN_ERROR_BAD_TOKEN_INDEX", [message], lambda: s.attention(s.batch(**over)))
+
+
+def test_null_index_of_one_group_is_identity(s):
+    """non_spec_token_indx NULL = rows 0..3; the spec rows 4..8 complete a valid batch."""
+    s.attention(s.batch(non_spec_token_indx=None, spec_token_indx=[4, 5, 6, 7, 8]))
+    s.check_reference(dict(s.meta, non_spec_token_indx=None, spec_token_indx=[4, 5, 6, 7, 8]), written=range(1, 9))
+
+
+# ----------------------------------------------------------------------------- structs, pointers, queue
+STRUCTS = {"cfg": "gdn_config_t", "batch": "gdn_batch_t", "tensors": "gdn_tensors_t"}
+
+
+def resized(ctype, size, tail_byte):
+    """mutate_* callback: copy the struct into a buffer of `size` bytes, struct_size = size."""
+    def mutate(c):
+        n = ffi.sizeof(ctype)
+        buf = ffi.new("unsigned char[]", max(size, n) + 8)
+        ffi.memmove(buf, c, n)
+        p = ffi.cast(ctype + " *", buf)
+        p.struct_size = size
+        if size > n and tail_byte:
+            buf[size - 1] = tail_byte
+        mutate.keep = buf
+        return p
+    return mutate
+
+
+def struct_kw(which, mutate):
+    return {{"cfg": "mutate_cfg", "batch": "mutate_batch", "tensors": "mutate_tensors"}[which]: mutate}
+
+
+@pytest.mark.parametrize("which", list(STRUCTS))
+def test_struct_size_older_caller(s, which):
+    n = ffi.sizeof(STRUCTS[which])
+    fails(s, "GDN_ERROR_BAD_STRUCT_SIZE", [f"{which}->struct_size = {n - 8} is older than this library's {n}"],
+          lambda: s.raw(**struct_kw(which, resized(STRUCTS[which], n - 8, 0))))
+
+
+@pytest.mark.parametrize("which", list(STRUCTS))
+def test_struct_size_newer_caller_with_fields_set(s, which):
+    n = ffi.sizeof(STRUCTS[which])
+    fails(s, "GDN_ERROR_UNSUPPORTED", [f"{which}->struct_size = {n + 16}", "fields newer than this library"],
+          lambda: s.raw(**struct_kw(which, resized(STRUCTS[which], n + 16, 1))))
+
+
+@pytest.mark.parametrize("which", list(STRUCTS))
+def test_struct_size_newer_caller_zero_tail_is_accepted(s, which):
+    n = ffi.sizeof(STRUCTS[which])
+    s.raw(**struct_kw(which, resized(STRUCTS[which], n + 16, 0)))
+    s.check_reference(written=range(1, 9))
+
+
+@pytest.mark.parametrize("which", list(STRUCTS))
+def test_null_struct(s, which):
+    fails(s, "GDN_ERROR_NULL_POINTER", [f"{which} is NULL"], lambda: s.raw(**struct_kw(which, lambda c: ffi.NULL)))
+
+
+@pytest.mark.parametrize("where,field", [("tensors", "a"), ("tensors", "ssm_state"), ("batch", "num_accepted_tokens"),
+                                         ("batch", "non_spec_token_indx")])
+def test_host_pointer_is_not_usm(s, where, field):
+    host = ffi.new("int32_t[]", 64)  # plain host memory, not a USM allocation
+
+    def mutate(c):
+        setattr(c, field, ffi.cast("void *", host))
+    fails(s, "GDN_ERROR_BAD_POINTER", [f"{where}->{field} is not a USM allocation"],
+          lambda: s.raw(**struct_kw(where, mutate)))
+
+
+def test_null_queue(s):
+    fails(s, "GDN_ERROR_BAD_QUEUE", ["queue is NULL"], lambda: s.raw(queue=ffi.NULL))
+
+
+def test_workspace_too_small(s):
+    ws = pygdn.UsmArray((4,), np.float32, s.q)
+    fails(s, "GDN_ERROR_OUT_OF_MEMORY", ["tensors->workspace_bytes = 16 <", "needed by this batch"],
+          lambda: s.attention(workspace=ws))
+
+
+def test_workspace_of_workspace_size_is_enough(s):
+    batch = s.batch()
+    ws = pygdn.UsmArray((pygdn.workspace_size(s.cfg, batch),), np.uint8, s.q, usm_type="device")
+    s.attention(batch, workspace=ws)
+    s.check_reference(written=range(1, 9))
+
+
+# ----------------------------------------------------------------------------- Python layer
+@pytest.mark.parametrize("field,value", [("act_dtype", "f64"), ("ssm_layout", "kk"), ("conv_layout", "row_major"),
+                                         ("conv_spec_layout", "ring")])
+def test_python_unknown_config_choice(s, field, value):
+    setattr(s.cfg, field, value)
+    fails(s, None, [f"{field}={value!r}", "expected one of"], s.attention, exc=ValueError)
+
+
+def test_python_unknown_validate_mode(s):
+    fails(s, None, ["validate='all'"], lambda: s.attention(s.batch(validate="all")), exc=ValueError)
+
+
+def test_python_batch_array_wrong_dtype(s):
+    bad = usm(s.q, np.array([0, 3, 4], np.float32))
+    fails(s, None, ["batch.non_spec_query_start_loc: dtype f32, expected i32"],
+          lambda: s.attention(s.batch(non_spec_query_start_loc=bad)), exc=TypeError)
+
+
+def test_python_batch_array_too_short(s):
+    fails(s, None, ["batch.spec_state_indices: 5 elements, the counts need 6"],
+          lambda: s.attention(s.batch(spec_state_indices=[3, 4, 5, 6, 7])), exc=ValueError)
+
+
+def test_python_tensor_wrong_dtype(s):
+    fails(s, None, ["mixed_qkv: dtype f16, expected f32"],
+          lambda: s.attention(mixed_qkv=usm(s.q, s.host["mixed_qkv"].astype(np.float16))), exc=TypeError)
+
+
+@pytest.mark.parametrize("shape", [(8, C), (10, C + 1)])
+def test_python_tensor_wrong_shape(s, shape):
+    fails(s, None, [f"mixed_qkv: shape {shape}"],
+          lambda: s.attention(mixed_qkv=usm(s.q, np.zeros(shape, np.float32))), exc=ValueError)
+
+
+def test_python_unsupported_element_type(s):
+    fails(s, None, ["a: unsupported element type '<f8'"],
+          lambda: s.attention(a=usm(s.q, s.host["a"].astype(np.float64))), exc=TypeError)
+
+
+def test_python_not_a_usm_array(s):
+    fails(s, None, ["b: expected an object with __sycl_usm_array_interface__", "ndarray"],
+          lambda: s.attention(b=s.host["b"]), exc=TypeError)
+
+
+class _Strided:
+    """Every other row of a USM array, through SUAI strides."""
+
+    def __init__(self, base):
+        self.base = base
+
+    @property
+    def __sycl_usm_array_interface__(self):
+        d = dict(self.base.__sycl_usm_array_interface__)
+        n, c = self.base.shape
+        d["shape"], d["strides"] = (n // 2, c), (2 * c, 1)
+        return d
+
+
+def test_python_non_contiguous(s):
+    strided = _Strided(usm(s.q, np.zeros((20, C), np.float32)))
+    fails(s, None, ["mixed_qkv: must be C-contiguous"], lambda: s.attention(mixed_qkv=strided), exc=ValueError)
+
+
+def test_python_other_context(s):
+    dev = s.q.sycl_device
+    other = dpctl.SyclQueue(dpctl.SyclContext([dev]), dev, property="in_order")
+    assert other.sycl_context != s.q.sycl_context
+    a = pygdn.UsmArray.from_numpy(s.host["a"], other)
+    fails(s, None, ["a: lives in another SYCL context than the queue"], lambda: s.attention(a=a), exc=ValueError)
+    acc = pygdn.UsmArray.from_numpy(np.array([2, 1], np.int32), other)
+    fails(s, None, ["batch.num_accepted_tokens: lives in another SYCL context"],
+          lambda: s.attention(s.batch(num_accepted_tokens=acc)), exc=ValueError)
+
+
+def test_python_unknown_array_argument(s):
+    fails(s, None, ["unknown array argument 'bogus'"],
+          lambda: pygdn.ops._call(lib.gdn_attention, s.q, s.cfg, s.batch(), dict(s.t, bogus=s.t["a"])), exc=TypeError)
+
+
+# ----------------------------------------------------------------------------- validate="counts"
+def test_counts_mode_matches_full_mode(queue):
+    full, counts = Setup(queue), Setup(queue)
+    full.attention()
+    counts.attention(counts.batch(validate="counts"))
+    a, b = full.state(), counts.state()
+    for k in a:
+        assert np.array_equal(a[k], b[k]), k
+
+
+def test_counts_mode_skips_content_checks(s):
+    # Column 2 of spec sequence 1 (2 tokens, A=1) is never read or written: FULL rejects the
+    # out-of-range value, COUNTS does not look at it and computes the valid call's result.
+    bad = dict(spec_state_indices=[[3, 4, 5], [6, 7, 999]])
+    fails(s, "GDN_ERROR_BAD_STATE_INDEX", ["spec_state_indices[1][2] = 999"], lambda: s.attention(s.batch(**bad)))
+    s.attention(s.batch(validate="counts", **bad))
+    s.check_reference(written=range(1, 9))
+
+
+def test_counts_mode_still_checks_non_spec_start_loc(s):
+    # The chunk plan of the prefills is built from non_spec_query_start_loc: with a prefill in the
+    # batch it is read back, and checked, in COUNTS mode too.
+    fails(s, "GDN_ERROR_BAD_START_LOC", ["non_spec_query_start_loc decreases at [2]: 5 -> 4"],
+          lambda: s.attention(s.batch(validate="counts", non_spec_query_start_loc=[0, 5, 4])))
+
+
+def test_counts_mode_still_checks_counts(s):
+    fails(s, "GDN_ERROR_BAD_COUNT", ["!= num_actual_tokens (10)"],
+          lambda: s.attention(s.batch(validate="counts", num_actual_tokens=10)))
+
+
+# ----------------------------------------------------------------------------- graph padding is accepted
+def test_arrays_longer_than_the_counts_need(queue):
+    plain, padded = Setup(queue), Setup(queue)
+    plain.attention()
+    junk = [99, -7, 12345]
+    over = {k: list(np.asarray(padded.meta[k]).reshape(-1)) + junk for k in INT_KEYS}
+    over["has_initial_state"] = [1, 1, 0, 0, 1]
+    padded.attention(padded.batch(**over))
+    a, b = plain.state(), padded.state()
+    for k in a:
+        assert np.array_equal(a[k], b[k]), k
+
+
+@pytest.mark.parametrize("pad", [-1, 0])
+@pytest.mark.parametrize("spec_layout", ["snapshot", "rolled"])
+def test_graph_padded_batch(queue, pad, spec_layout):
+    """The base batch plus: a padded decode (1 row, pad slot), a zero-length padded prefill, a padded spec
+    sequence (1 row, all slots pad) and a zero-length padded spec sequence; 11 rows."""
+    meta = dict(num_prefills=2, num_decodes=2, num_spec_decodes=4, num_actual_tokens=11, non_spec_token_count=5,
+                spec_token_count=6, pad_slot_id=pad,
+                non_spec_query_start_loc=[0, 3, 3, 4, 5], non_spec_state_indices=[1, pad, 2, pad],
+                has_initial_state=[1, 0, 1, 1], non_spec_token_indx=[0, 2, 5, 7, 10],
+                spec_query_start_loc=[0, 3, 3, 5, 6],
+                spec_state_indices=[[3, 4, 5], [pad] * 3, [6, 7, 8], [pad] * 3], num_accepted_tokens=[2, 1, 1, 1],
+                spec_token_indx=[1, 3, 4, 6, 8, 9])
+    s = Setup(queue, spec_layout=spec_layout, rows=11, **meta)
+    s.attention()
+    got = s.check_reference(written=range(1, 9))
+    assert np.all(got["core_attn_out"][[9, 10]] == 0), "rows of padded sequences are zeros"
+    if pad == 0:
+        assert np.array_equal(got["ssm_state"][0], ssm_from_canonical(s.host["ssm_state"], "vk")[0])
+
+
+def test_read_slot_shared_by_two_readers(s):
+    """Two spec sequences may read the same initial slot when nobody writes it (2 tokens, A=3 -> column 2)."""
+    over = dict(num_accepted_tokens=[2, 3], spec_state_indices=[[3, 4, 5], [6, 7, 4]],
+                spec_query_start_loc=[0, 2, 4], spec_token_count=4, num_actual_tokens=8, spec_token_indx=[1, 3, 4, 6])
+    fails(s, "GDN_ERROR_DUPLICATE_SLOT", ["spec_state_indices[1][2] = 4 is read as an initial state"],
+          lambda: s.attention(s.batch(**over)))  # slot 4 is written by spec sequence 0 (its token 1)
+    over["spec_state_indices"] = [[3, 4, 9], [6, 7, 9]]
+    over["num_accepted_tokens"] = [3, 3]
+    s.attention(s.batch(**over))
+    s.check_reference(dict(s.meta, **over), written=[1, 2, 3, 4, 6, 7])
