@@ -19,6 +19,7 @@ namespace {
 
 constexpr int64_t kChunk = 64;  // chunk length of the WY/UT prefill form (delta_rule.cpp CHUNK)
 constexpr size_t kWorkGroup = 16;
+constexpr int64_t kVkRows = 8;  // rows per work-item of the CPU vk recurrent variant (GDN_VK_ROWS)
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
@@ -49,7 +50,7 @@ std::string delta_options(const sycl::queue &q, const gdn_config_t &cfg) {
   return act_option(cfg.act_dtype) + " -DGDN_HEAD_K=" + std::to_string(cfg.head_k_dim) +
          " -DGDN_SSM_VK=" + (cfg.ssm_layout == GDN_SSM_VK ? "1" : "0") +
          " -DGDN_CPU_VEC=" + std::to_string(cpu_vec_variant(q, cfg)) +
-         " -DGDN_CPU_CHUNK=" + (cpu_chunk_variant(q, cfg) ? "1" : "0");
+         " -DGDN_CPU_CHUNK=" + (cpu_chunk_variant(q, cfg) ? "1" : "0") + " -DGDN_VK_ROWS=" + std::to_string(kVkRows);
 }
 
 // The chunk plan of the non-spec sequences that take the chunked path (length > 1).
@@ -245,7 +246,7 @@ sycl::nd_range<2> recurrent_range(const Checked &c, int64_t num_seqs) {
   const int64_t groups = num_seqs * c.cfg.num_v_heads, V = c.cfg.head_v_dim;
   switch (cpu_vec_variant(c.q, c.cfg)) {
     case 1: return range2(groups, V / 16, std::min<int64_t>(V / 16, 8));
-    case 2: return range2(groups, V, 1);  // one row per work-item: nothing for the vectorizer to repack
+    case 2: return range2(groups, (V + kVkRows - 1) / kVkRows, 1);  // kVkRows rows per work-item, alone in its group
     default: return range2(groups, V, kWorkGroup);
   }
 }

@@ -110,18 +110,8 @@ static inline float hsum(const vf16 &x) {
   return r;
 }
 
-// Global: (num_seqs*HV, work-items along v), local (1, w). See GDN_CPU_VEC for the v mapping.
-GDN_KERNEL(2) void gdn_recurrent(GdnDeltaParams p) {
-  const auto it = item2();
-  // (sequence, v-head) from the GROUP id (the local range is 1 in dimension 0): uniform across
-  // the work-group by construction.
-  const int32_t seq = (int32_t)(it.get_group(0) / p.HV), hv = (int32_t)(it.get_group(0) % p.HV);
-#if GDN_CPU_VEC == 1
-  const int32_t v = (int32_t)it.get_global_id(1) * 16;  // first of 16 columns
-#else
-  const int32_t v = (int32_t)it.get_global_id(1);
-#endif
-  if (seq >= p.num_seqs || v >= p.V) return;
+// The recurrence of one sequence and v-head over the state part at v (see GDN_CPU_VEC).
+static inline void recurrent_part(const GdnDeltaParams &p, int32_t seq, int32_t hv, int32_t v) {
   const int32_t j0 = p.query_start_loc[seq], len = p.query_start_loc[seq + 1] - j0;
   const bool spec = p.mode == 2;
   if (len == 0 || (p.mode == 0 && len != 1)) return;  // mode 0: longer sequences go to the chunk kernels
@@ -224,6 +214,32 @@ GDN_KERNEL(2) void gdn_recurrent(GdnDeltaParams p) {
     store_column(p, read_slot, hv, v, s);
 #endif
   }
+}
+
+// Global: (num_seqs*HV, work-items along v), local (1, w). v mapping: GDN_CPU_VEC 0 one column,
+// 1 sixteen columns, 2 GDN_VK_ROWS rows (each row is independent: the work-item runs them in turn;
+// fewer, larger work-items keep the CPU runtime's per-work-group cost small).
+#ifndef GDN_VK_ROWS
+#define GDN_VK_ROWS 1
+#endif
+GDN_KERNEL(2) void gdn_recurrent(GdnDeltaParams p) {
+  const auto it = item2();
+  // (sequence, v-head) from the GROUP id (the local range is 1 in dimension 0): uniform across
+  // the work-group by construction.
+  const int32_t seq = (int32_t)(it.get_group(0) / p.HV), hv = (int32_t)(it.get_group(0) % p.HV);
+  if (seq >= p.num_seqs) return;
+#if GDN_CPU_VEC == 1
+  const int32_t v = (int32_t)it.get_global_id(1) * 16;  // first of 16 columns
+  if (v < p.V) recurrent_part(p, seq, hv, v);
+#elif GDN_CPU_VEC == 2
+  for (int32_t r = 0; r < GDN_VK_ROWS; ++r) {
+    const int32_t v = (int32_t)it.get_global_id(1) * GDN_VK_ROWS + r;
+    if (v < p.V) recurrent_part(p, seq, hv, v);
+  }
+#else
+  const int32_t v = (int32_t)it.get_global_id(1);
+  if (v < p.V) recurrent_part(p, seq, hv, v);
+#endif
 }
 
 // Workspace addressing: chunk c, row i of v-head hv sits at position (hv*num_chunks + c)*CHUNK + i.
