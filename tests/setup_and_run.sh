@@ -27,9 +27,13 @@ echo "== building and installing pygdn (libgdn_xpu.so)"
 # The pip-installed OpenCL CPU runtime is only found through this variable (pygdn sets it too,
 # but the C test program and any non-Python consumer need it in the environment).
 export OCL_ICD_FILENAMES="${OCL_ICD_FILENAMES:-$venv/lib/libintelocl.so}"
+# python -m from the repository would import its source folder pygdn/ (no library inside) instead
+# of the installed package: keep the current directory off sys.path (-P, Python >= 3.11), or run
+# from the environment's folder on older Pythons.
+if "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then safe=(-P); else safe=(); cd "$venv"; fi
 case "$what" in
-  demo) exec "$py" -m pygdn demo "$@" ;;
-  bench) exec "$py" -m pygdn bench "$@" ;;
+  demo) exec "$py" "${safe[@]}" -m pygdn demo "$@" ;;
+  bench) exec "$py" "${safe[@]}" -m pygdn bench "$@" ;;
   test) exec "$venv/bin/pytest" -q -p no:cacheprovider tests "$@" ;;
   *) echo "usage: $0 demo|test|bench [args]" >&2; exit 2 ;;
 esac
