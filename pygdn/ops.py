@@ -163,7 +163,8 @@ def _view(obj, name, queue):
     v = _UsmView(obj, name)
     if not v.contiguous:
         raise ValueError(f"{name}: must be C-contiguous")
-    if v.queue.sycl_context != queue.sycl_context:
+    # The same queue object is the common case; comparing contexts builds dpctl objects (~µs each).
+    if v.queue is not queue and v.queue.sycl_context != queue.sycl_context:
         raise ValueError(f"{name}: lives in another SYCL context than the queue")
     return v
 

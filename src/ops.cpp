@@ -339,7 +339,7 @@ sycl::event enqueue_delta(Checked &c, const DeltaKernels &k, const ChunkPlan &pl
       pc.chunk_g = reinterpret_cast<float *>(ws + l.cg);
       pc.num_chunks = (int32_t)plan.num_chunks();
       if (cpu_chunk_variant(c.q, cfg)) {
-        ev = launch(c.q, k.chunk_prep, range1(plan.num_chunks() * HV, 1), pc, ev);
+        ev = launch(c.q, k.chunk_prep, range1(plan.num_chunks() * cfg.num_k_heads, 1), pc, ev);  // per k-head
         pc.num_seqs = (int32_t)plan.num_seqs();
         ev = launch(c.q, k.chunk_scan, range2(plan.num_seqs() * HV, V / 16, std::min<int64_t>(V / 16, 8)), pc, ev);
       } else {

@@ -432,26 +432,17 @@ static inline vf16 load_act16(const void *p, int64_t i) {
   return r;
 }
 
-// Global: num_chunks*HV work-items, local 1: one work-item builds one (chunk, v-head) entirely.
+// Global: num_chunks*H work-items, local 1: one work-item builds one chunk for one k-head and all
+// the v-heads that share it (GVA): the q.k and k.k products depend on the k-head only, so they are
+// computed once; the gates (and everything after them) are per v-head.
 GDN_KERNEL(1) void gdn_chunk_prep_cpu(GdnDeltaParams p) {
   const int64_t gid = item1().get_global_id(0);
-  if (gid >= (int64_t)p.num_chunks * p.HV) return;
-  const int32_t c = (int32_t)(gid / p.HV), hv = (int32_t)(gid % p.HV);
+  if (gid >= (int64_t)p.num_chunks * p.H) return;
+  const int32_t c = (int32_t)(gid / p.H), h = (int32_t)(gid % p.H);
   const int32_t jfirst = p.chunk_table[(int64_t)c * 4 + 1], len = p.chunk_table[(int64_t)c * 4 + 2];
-  const int32_t h = hv / (p.HV / p.H);
-  const int64_t pos = chunk_pos(p, hv, c);
-  float G[CHUNK], B[CHUNK], cu[CHUNK];
   int64_t rows[CHUNK];
-  float acc = 0.0f;
-  for (int32_t i = 0; i < len; ++i) {
-    rows[i] = global_row(p.token_indx, jfirst + i);
-    acc += p.g[rows[i] * p.HV + hv];
-    G[i] = acc;
-    B[i] = p.beta[rows[i] * p.HV + hv];
-    p.chunk_g[pos + i] = acc;
-  }
-  // A (strictly lower) and Aqk (lower, with diagonal), row by row.
-  float A[CHUNK][CHUNK];
+  for (int32_t i = 0; i < len; ++i) rows[i] = global_row(p.token_indx, jfirst + i);
+  float KK[CHUNK][CHUNK], QK[CHUNK][CHUNK];  // k_i.k_j (j < i) and q_i.k_j (j <= i)
   for (int32_t i = 0; i < len; ++i) {
     const float *ki = p.kn + (rows[i] * p.H + h) * KD, *qi = p.qn + (rows[i] * p.H + h) * KD;
     vf16 kv[KV16], qv[KV16];
@@ -459,7 +450,6 @@ GDN_KERNEL(1) void gdn_chunk_prep_cpu(GdnDeltaParams p) {
       kv[cc] = vload(ki + 16 * cc);
       qv[cc] = vload(qi + 16 * cc);
     }
-    float *aqk = p.chunk_aqk + (pos + i) * CHUNK;
     for (int32_t j = 0; j <= i; ++j) {
       const float *kj = p.kn + (rows[j] * p.H + h) * KD;
       vf16 dk(0.0f), dq(0.0f);
@@ -468,43 +458,65 @@ GDN_KERNEL(1) void gdn_chunk_prep_cpu(GdnDeltaParams p) {
         dk += kv[cc] * x;
         dq += qv[cc] * x;
       }
-      const float decay = sycl::exp(G[i] - G[j]);
-      A[i][j] = B[i] * decay * hsum(dk);
-      aqk[j] = decay * hsum(dq);
+      KK[i][j] = hsum(dk);
+      QK[i][j] = hsum(dq);
     }
   }
-  // T = (I + A)^-1 row by row: T[r] = e_r - sum_{l<r} A[r][l] T[l], rows as 64-wide vectors.
-  vf16 T[CHUNK][CHUNK / 16];
-  for (int32_t r = 0; r < len; ++r) {
-    vf16 t[CHUNK / 16];
-    for (int q = 0; q < CHUNK / 16; ++q) t[q] = vf16(0.0f);
-    t[r / 16][r % 16] = 1.0f;
-    for (int32_t l = 0; l < r; ++l) {
-      const float a = A[r][l];
-      for (int q = 0; q < CHUNK / 16; ++q) t[q] -= a * T[l][q];
+  const int32_t ratio = p.HV / p.H;
+  const int64_t vcol0 = p.v_offset;
+  for (int32_t r = 0; r < ratio; ++r) {
+    const int32_t hv = h * ratio + r;
+    const int64_t pos = chunk_pos(p, hv, c);
+    float G[CHUNK], B[CHUNK], cu[CHUNK];
+    float acc = 0.0f;
+    for (int32_t i = 0; i < len; ++i) {
+      acc += p.g[rows[i] * p.HV + hv];
+      G[i] = acc;
+      B[i] = p.beta[rows[i] * p.HV + hv];
+      p.chunk_g[pos + i] = acc;
     }
-    for (int q = 0; q < CHUNK / 16; ++q) T[r][q] = t[q];
-  }
-  // W = T (beta e^G K), U = T (beta V), row by row.
-  const int64_t vcol = p.v_offset + (int64_t)hv * p.V;
-  for (int32_t i = 0; i < len; ++i) {
-    vf16 w[KV16];
-    for (int cc = 0; cc < KV16; ++cc) w[cc] = vf16(0.0f);
-    for (int32_t j = 0; j <= i; ++j) {
-      cu[j] = T[i][j / 16][j % 16] * B[j];
-      const float cw = cu[j] * sycl::exp(G[j]);
-      const float *kj = p.kn + (rows[j] * p.H + h) * KD;
-      for (int cc = 0; cc < KV16; ++cc) w[cc] += cw * vload(kj + 16 * cc);
+    // A = beta_i e^(Gi-Gj) k_i.k_j (strictly lower); Aqk = e^(Gi-Gj) q_i.k_j (lower with diagonal).
+    float A[CHUNK][CHUNK];
+    for (int32_t i = 0; i < len; ++i) {
+      float *aqk = p.chunk_aqk + (pos + i) * CHUNK;
+      for (int32_t j = 0; j <= i; ++j) {
+        const float decay = sycl::exp(G[i] - G[j]);
+        A[i][j] = B[i] * decay * KK[i][j];
+        aqk[j] = decay * QK[i][j];
+      }
     }
-    float *wout = p.chunk_w + (pos + i) * KD;
-    for (int cc = 0; cc < KV16; ++cc) vstore(wout + 16 * cc, w[cc]);
-    float *uout = p.chunk_u + (pos + i) * p.V;
-    for (int32_t vb = 0; vb < p.V; vb += 16) {
-      vf16 u(0.0f);
-      for (int32_t j = 0; j <= i; ++j) u += cu[j] * load_act16(p.qkv, rows[j] * p.qkv_stride + vcol + vb);
-      vstore(uout + vb, u);
+    // T = (I + A)^-1 row by row: T[r] = e_r - sum_{l<r} A[r][l] T[l], rows as 64-wide vectors.
+    vf16 T[CHUNK][CHUNK / 16];
+    for (int32_t rr = 0; rr < len; ++rr) {
+      vf16 t[CHUNK / 16];
+      for (int q = 0; q < CHUNK / 16; ++q) t[q] = vf16(0.0f);
+      t[rr / 16][rr % 16] = 1.0f;
+      for (int32_t l = 0; l < rr; ++l) {
+        const float a = A[rr][l];
+        for (int q = 0; q < CHUNK / 16; ++q) t[q] -= a * T[l][q];
+      }
+      for (int q = 0; q < CHUNK / 16; ++q) T[rr][q] = t[q];
+    }
+    // W = T (beta e^G K), U = T (beta V), row by row.
+    const int64_t vcol = vcol0 + (int64_t)hv * p.V;
+    for (int32_t i = 0; i < len; ++i) {
+      vf16 w[KV16];
+      for (int cc = 0; cc < KV16; ++cc) w[cc] = vf16(0.0f);
+      for (int32_t j = 0; j <= i; ++j) {
+        cu[j] = T[i][j / 16][j % 16] * B[j];
+        const float cw = cu[j] * sycl::exp(G[j]);
+        const float *kj = p.kn + (rows[j] * p.H + h) * KD;
+        for (int cc = 0; cc < KV16; ++cc) w[cc] += cw * vload(kj + 16 * cc);
+      }
+      float *wout = p.chunk_w + (pos + i) * KD;
+      for (int cc = 0; cc < KV16; ++cc) vstore(wout + 16 * cc, w[cc]);
+      float *uout = p.chunk_u + (pos + i) * p.V;
+      for (int32_t vb = 0; vb < p.V; vb += 16) {
+        vf16 u(0.0f);
+        for (int32_t j = 0; j <= i; ++j) u += cu[j] * load_act16(p.qkv, rows[j] * p.qkv_stride + vcol + vb);
+        vstore(uout + vb, u);
+      }
     }
   }
 }
-
 #endif  // GDN_CPU_CHUNK
