@@ -296,30 +296,29 @@ def measure_bandwidth(queue):
     return res
 
 
+def _best_seconds(fn, repeat=3):
+    """fn() once to warm up, then the best wall time of `repeat` calls."""
+    fn()
+    ts = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return min(ts)
+
+
 def measure_peak(torch_ok):
     n = 2048
     rng = np.random.default_rng(1)
     a = rng.standard_normal((n, n), np.float32)
     b = rng.standard_normal((n, n), np.float32)
-    a @ b
-    ts = []
-    for _ in range(3):
-        t = time.perf_counter()
-        a @ b
-        ts.append(time.perf_counter() - t)
-    res = {"numpy_matmul_GFLOPs": 2 * n ** 3 / min(ts) / 1e9, "n": n,
+    res = {"numpy_matmul_GFLOPs": 2 * n ** 3 / _best_seconds(lambda: a @ b) / 1e9, "n": n,
            "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE")}
     if torch_ok:
         try:
             import torch
             ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-            ta @ tb
-            ts = []
-            for _ in range(3):
-                t = time.perf_counter()
-                ta @ tb
-                ts.append(time.perf_counter() - t)
-            res["torch_matmul_GFLOPs"] = 2 * n ** 3 / min(ts) / 1e9
+            res["torch_matmul_GFLOPs"] = 2 * n ** 3 / _best_seconds(lambda: ta @ tb) / 1e9
         except Exception as e:  # noqa: BLE001
             res["torch_matmul_error"] = str(e)
     return res
