@@ -111,8 +111,6 @@ sycl::kernel_bundle<sycl::bundle_state::executable> compile(const sycl::queue &q
   try {
     syclexp::include_files headers{"common.hpp", gdn::kernel_source_common};
     headers.add("params.hpp", gdn::kernel_source_params);
-    auto source = syclexp::create_kernel_bundle_from_source(q.get_context(), syclexp::source_language::sycl,
-                                                            family_source(family), syclexp::properties{headers});
     std::vector<std::string> opts{"-O2"};
     for (size_t pos = 0; pos < options.size();) {  // options: space-separated -D flags
       size_t end = options.find(' ', pos);
@@ -120,19 +118,21 @@ sycl::kernel_bundle<sycl::bundle_state::executable> compile(const sycl::queue &q
       if (end > pos) opts.push_back(options.substr(pos, end - pos));
       pos = end + 1;
     }
+    auto build = [&] {
+      auto source = syclexp::create_kernel_bundle_from_source(q.get_context(), syclexp::source_language::sycl,
+                                                              family_source(family), syclexp::properties{headers});
+      return syclexp::build(source, std::vector<sycl::device>{dev},
+                            syclexp::properties{syclexp::build_options{opts}, syclexp::save_log{&log}});
+    };
     const std::string ir_dir = persistent_ir_dir();
     const size_t ir_entries = count_entries(ir_dir);
-    auto bundle = syclexp::build(source, std::vector<sycl::device>{dev},
-                                 syclexp::properties{syclexp::build_options{opts}, syclexp::save_log{&log}});
+    auto bundle = build();
     if (!ir_dir.empty() && count_entries(ir_dir) > ir_entries) {
       // A cold compile. The 2026.1 runtime keys the cached device binary by the device image,
       // which differs between freshly compiled IR and IR read back from the cache, so the next
       // process would miss the binary cache. Building once more from the cached IR stores the
       // binary under the key later processes look up (~0.3 s, cold path only).
-      auto again = syclexp::create_kernel_bundle_from_source(q.get_context(), syclexp::source_language::sycl,
-                                                             family_source(family), syclexp::properties{headers});
-      bundle = syclexp::build(again, std::vector<sycl::device>{dev},
-                              syclexp::properties{syclexp::build_options{opts}, syclexp::save_log{&log}});
+      bundle = build();
     }
     if (verbose())
       std::fprintf(stderr, "libgdn_xpu: compiled %s in %.2f s\n", family_name(family),

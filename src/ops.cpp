@@ -45,7 +45,11 @@ int cpu_vec_variant(const sycl::queue &q, const gdn_config_t &cfg) {
   if (cfg.ssm_layout == GDN_SSM_KV) return cfg.head_v_dim % 16 == 0 ? 1 : 0;
   return cfg.head_k_dim % 16 == 0 ? 2 : 0;
 }
-bool cpu_chunk_variant(const sycl::queue &q, const gdn_config_t &cfg);
+// The chunk kernels' CPU variants (explicit 16-wide vectors) need K and V to be multiples of 16.
+bool cpu_chunk_variant(const sycl::queue &q, const gdn_config_t &cfg) {
+  return cpu_variants(q) && cfg.head_k_dim % 16 == 0 && cfg.head_v_dim % 16 == 0;
+}
+
 std::string delta_options(const sycl::queue &q, const gdn_config_t &cfg) {
   return act_option(cfg.act_dtype) + " -DGDN_HEAD_K=" + std::to_string(cfg.head_k_dim) +
          " -DGDN_SSM_VK=" + (cfg.ssm_layout == GDN_SSM_VK ? "1" : "0") +
@@ -254,11 +258,6 @@ sycl::nd_range<2> recurrent_range(const Checked &c, int64_t num_seqs) {
 struct DeltaKernels {
   sycl::kernel prep, recurrent, chunk_prep, chunk_scan;
 };
-
-// The chunk kernels' CPU variants (explicit 16-wide vectors) need K and V to be multiples of 16.
-bool cpu_chunk_variant(const sycl::queue &q, const gdn_config_t &cfg) {
-  return cpu_variants(q) && cfg.head_k_dim % 16 == 0 && cfg.head_v_dim % 16 == 0;
-}
 
 DeltaKernels delta_kernels(const Checked &c) {
   const std::string opt = delta_options(c.q, c.cfg);

@@ -32,7 +32,19 @@ static inline act_t float_to_act(float f) { return f; }
 static inline float load_act(const void *p, int64_t i) { return act_to_float(((const act_t *)p)[i]); }
 static inline void store_act(void *p, int64_t i, float f) { ((act_t *)p)[i] = float_to_act(f); }
 
-static inline float silu(float x) { return x / (1.0f + sycl::exp(-x)); }
+// Work-items on the CPU device hold 16 lanes (channels, state columns) in one vector; see delta_rule.cpp.
+typedef sycl::vec<float, 16> vf16;
+static inline vf16 load_act16(const void *p, int64_t i) {
+  vf16 r;
+  for (int l = 0; l < 16; ++l) r[l] = load_act(p, i + l);
+  return r;
+}
+static inline void store_act16(void *p, int64_t i, const vf16 &v) {
+  for (int l = 0; l < 16; ++l) store_act(p, i + l, v[l]);
+}
+
+template <class T>  // float or vf16
+static inline T silu(T x) { return x / (1.0f + sycl::exp(-x)); }
 static inline float sigmoid(float x) { return 1.0f / (1.0f + sycl::exp(-x)); }
 static inline float softplus(float x) { return x > 20.0f ? x : sycl::log1p(sycl::exp(x)); }
 

@@ -11,8 +11,10 @@ static inline int64_t state_off(const GdnConvStateView &s, int32_t slot, int32_t
 }
 
 // One token: y = bias + sum_i w[i] * window_i, window = [hist(W-1) ..., x]; shifts x into hist.
-static inline float conv_token(const float *w, float bias, float *hist, int32_t width, float x, bool act) {
-  float y = bias;
+// T is float (one channel) or vf16 (16 channels, the CPU variant).
+template <class T>
+static inline T conv_token(const T *w, T bias, T *hist, int32_t width, T x, bool act) {
+  T y = bias;
   for (int32_t i = 0; i < width - 1; ++i) y += w[i] * hist[i];
   y += w[width - 1] * x;
   for (int32_t i = 0; i + 1 < width - 1; ++i) hist[i] = hist[i + 1];
@@ -96,8 +98,6 @@ GDN_KERNEL(2) void gdn_conv_spec(GdnConvParams p) {
 
 // CPU-device variant of gdn_conv_non_spec (host picks it when conv_dim % 16 == 0): a work-item
 // owns 16 consecutive channels as vectors, so every load and store is 16 contiguous elements.
-typedef sycl::vec<float, 16> vf16;
-
 GDN_KERNEL(2) void gdn_conv_non_spec_cpu(GdnConvParams p) {
   const auto it = item2();
   const int32_t seq = (int32_t)it.get_group(0), c0 = (int32_t)it.get_global_id(1) * 16;
@@ -105,35 +105,21 @@ GDN_KERNEL(2) void gdn_conv_non_spec_cpu(GdnConvParams p) {
   const int32_t j0 = p.query_start_loc[seq], j1 = p.query_start_loc[seq + 1];
   if (j0 == j1) return;  // a zero-length sequence touches nothing, its state included
   const int32_t slot = p.state_indices[seq];
-  auto load16 = [](const void *base, int64_t at) {
-    vf16 r;
-    for (int l = 0; l < 16; ++l) r[l] = load_act(base, at + l);
-    return r;
-  };
-  auto store16 = [](void *base, int64_t at, const vf16 &v) {
-    for (int l = 0; l < 16; ++l) store_act(base, at + l, v[l]);
-  };
   if (slot == p.pad_slot_id) {
-    for (int32_t j = j0; j < j1; ++j) store16(p.out, global_row(p.token_indx, j) * p.out_stride + c0, vf16(0.0f));
+    for (int32_t j = j0; j < j1; ++j) store_act16(p.out, global_row(p.token_indx, j) * p.out_stride + c0, vf16(0.0f));
     return;
   }
   vf16 w[GDN_MAX_WIDTH], hist[GDN_MAX_WIDTH];
   for (int32_t i = 0; i < p.width; ++i)
     for (int l = 0; l < 16; ++l) w[i][l] = load_act(p.weight, (int64_t)(c0 + l) * p.width + i);
-  const vf16 bias = p.bias ? load16(p.bias, c0) : vf16(0.0f);
+  const vf16 bias = p.bias ? load_act16(p.bias, c0) : vf16(0.0f);
   const bool has_init = !p.has_initial_state || p.has_initial_state[seq];
   for (int32_t i = 0; i < p.width - 1; ++i)
     for (int l = 0; l < 16; ++l) hist[i][l] = has_init ? load_act(p.state.base, state_off(p.state, slot, c0 + l, i)) : 0.0f;
   for (int32_t j = j0; j < j1; ++j) {
     const int64_t row = global_row(p.token_indx, j);
-    const vf16 x = load16(p.x, row * p.x_stride + c0);
-    vf16 y = bias;
-    for (int32_t i = 0; i < p.width - 1; ++i) y += w[i] * hist[i];
-    y += w[p.width - 1] * x;
-    for (int32_t i = 0; i + 1 < p.width - 1; ++i) hist[i] = hist[i + 1];
-    hist[p.width - 2] = x;
-    if (p.silu) y = y / (1.0f + sycl::exp(-y));
-    store16(p.out, row * p.out_stride + c0, y);
+    const vf16 x = load_act16(p.x, row * p.x_stride + c0);
+    store_act16(p.out, row * p.out_stride + c0, conv_token(w, bias, hist, p.width, x, p.silu));
   }
   for (int32_t i = 0; i < p.width - 1; ++i)
     for (int l = 0; l < 16; ++l) store_act(p.state.base, state_off(p.state, slot, c0 + l, i), hist[i][l]);

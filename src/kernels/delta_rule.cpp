@@ -95,7 +95,6 @@ static inline void zero_outputs(const GdnDeltaParams &p, int32_t j0, int32_t len
 #ifndef GDN_CPU_CHUNK
 #define GDN_CPU_CHUNK 0
 #endif
-typedef sycl::vec<float, 16> vf16;
 static inline vf16 vload(const float *p) {
   vf16 r;
   for (int i = 0; i < 16; ++i) r[i] = p[i];
@@ -425,12 +424,6 @@ GDN_KERNEL(2) void gdn_chunk_scan_cpu(GdnDeltaParams p) {
 // work-item, so nothing depends on the runtime's cross-work-item vectorizer.
 #if GDN_CPU_CHUNK  // host sets it only when K % 16 == 0 and V % 16 == 0
 #define KV16 (KD / 16)
-
-static inline vf16 load_act16(const void *p, int64_t i) {
-  vf16 r;
-  for (int l = 0; l < 16; ++l) r[l] = load_act(p, i + l);
-  return r;
-}
 
 // Global: num_chunks*H work-items, local 1: one work-item builds one chunk for one k-head and all
 // the v-heads that share it (GVA): the q.k and k.k products depend on the k-head only, so they are
