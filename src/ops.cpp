@@ -237,7 +237,13 @@ sycl::event enqueue_conv(Checked &c, void *conv_out, int64_t conv_out_stride, sy
   GdnConvParams p = conv_params(c, conv_out, conv_out_stride);
   if (c.num_non_spec_seqs > 0 && b.non_spec_token_count > 0) {
     bind_group(p, c, Group::NonSpec);
-    ev = launch(c.q, k_ns, cpu ? range2(p.num_seqs, c.conv_dim / 16, 4) : range2(p.num_seqs, c.conv_dim, 64), p, ev);
+    // Time tiles (conv1d.cpp): long enough to amortize re-reading the W-1 window and a binary
+    // search, short enough that one prefill spreads over many work-groups. The generic kernel
+    // takes shorter tiles for the many more, narrower work-items a GPU wants (untuned: no GPU here).
+    p.tile_len = cpu ? 64 : 16;
+    p.num_tokens = (int32_t)b.non_spec_token_count;
+    const int64_t tiles = (b.non_spec_token_count + p.tile_len - 1) / p.tile_len;
+    ev = launch(c.q, k_ns, cpu ? range2(tiles, c.conv_dim / 16, 4) : range2(tiles, c.conv_dim, 64), p, ev);
   }
   if (b.num_spec_decodes > 0 && b.spec_token_count > 0) {
     bind_group(p, c, Group::Spec);

@@ -19,6 +19,11 @@ MODES = {
     "mixed_padded": dict(prefill_lens=[7, 3], num_decodes=2, spec_lens=[2, 3, 1], num_spec=2, order="random",
                          pad_non_spec=1, pad_spec=1, pad_len=1),
     "grouped": dict(prefill_lens=[6], num_decodes=1, spec_lens=[2, 2], num_spec=1, order="grouped"),
+    # Non-spec convs are tiled over time (64 tokens on the CPU variant, 16 generic): sequences that
+    # start just before, at and after tile edges, shorter than the W-1 window across an edge, and
+    # spanning several tiles, with decodes and padding sharing tiles.
+    "time_tiles": dict(prefill_lens=[62, 2, 1, 3, 13, 2, 67, 130, 2, 5], num_decodes=3, order="random",
+                       pad_non_spec=1, pad_len=3),
 }
 
 
@@ -58,7 +63,7 @@ def test_conv_modes(queue, dtype, width, mode):
     rng = np.random.default_rng(hash((dtype, width, mode)) % 2**32)
     layout = "time_major" if width % 2 else "dim_major"
     run_conv(queue, rng, dtype, width, layout, "snapshot", mode)
-    if mode in ("spec", "mixed_padded", "grouped"):
+    if mode in ("spec", "mixed_padded", "grouped", "time_tiles"):
         run_conv(queue, rng, dtype, width, "dim_major" if layout == "time_major" else "time_major", "rolled", mode)
 
 

@@ -26,6 +26,7 @@ def test_generic_chunked_prefill_and_spec(queue, ssm_layout):
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 def test_generic_conv(queue, dtype):
     test_conv.run_conv(queue, np.random.default_rng(91), dtype, 4, "time_major", "rolled", "mixed_padded")
+    test_conv.run_conv(queue, np.random.default_rng(92), dtype, 3, "dim_major", "snapshot", "time_tiles")
 
 
 @pytest.mark.parametrize("seed", [1, 3, 6, 9])

@@ -1,13 +1,22 @@
-// conv1d.cpp — depthwise causal conv1d over time (+ SiLU) for GDN, one work-item per
-// (sequence, channel). A work-item walks its sequence's tokens in order with the W-1 input
-// window in registers, so it reads its history before anyone writes it and needs no temporary
-// state buffer: a sequence's slot is owned by exactly one sequence in a call (validated).
+// conv1d.cpp — depthwise causal conv1d over time (+ SiLU) for GDN.
+// Speculative sequences: one work-item per (sequence, channel) walks the sequence's few tokens
+// in order with the W-1 input window in registers. Non-spec sequences (prefills can be thousands
+// of tokens long) are tiled over time as well, see conv_non_spec_tile. Either way a slot's state
+// is read and written by one work-item only, and a slot belongs to one sequence of a call
+// (validated), so no temporary state buffer is needed.
 #include "common.hpp"
 
 #define GDN_MAX_WIDTH 8
 
 static inline int64_t state_off(const GdnConvStateView &s, int32_t slot, int32_t c, int32_t col) {
   return (int64_t)slot * s.slot_stride + (int64_t)c * s.chan_stride + (int64_t)col * s.col_stride;
+}
+
+// Shift x into the W-1 input history (oldest first).
+template <class T>
+static inline void push_history(T *hist, int32_t width, T x) {
+  for (int32_t i = 0; i + 1 < width - 1; ++i) hist[i] = hist[i + 1];
+  if (width > 1) hist[width - 2] = x;
 }
 
 // One token: y = bias + sum_i w[i] * window_i, window = [hist(W-1) ..., x]; shifts x into hist.
@@ -17,9 +26,37 @@ static inline T conv_token(const T *w, T bias, T *hist, int32_t width, T x, bool
   T y = bias;
   for (int32_t i = 0; i < width - 1; ++i) y += w[i] * hist[i];
   y += w[width - 1] * x;
-  for (int32_t i = 0; i + 1 < width - 1; ++i) hist[i] = hist[i + 1];
-  if (width > 1) hist[width - 2] = x;
+  push_history(hist, width, x);
   return act ? silu(y) : y;
+}
+
+// N consecutive channels per work-item: one float (generic kernel) or one vf16 (CPU device).
+template <int N> struct Lanes;
+template <> struct Lanes<1> { typedef float T; };
+template <> struct Lanes<16> { typedef vf16 T; };
+
+// Channels c..c+N-1 of element i, channel k at i + k*step.
+template <int N>
+static inline typename Lanes<N>::T load_lanes(const void *p, int64_t i, int64_t step) {
+  if constexpr (N == 1) {
+    return load_act(p, i);
+  } else if (step == 1) {
+    return load_act16(p, i);
+  } else {
+    vf16 r;
+    for (int l = 0; l < 16; ++l) r[l] = load_act(p, i + l * step);
+    return r;
+  }
+}
+template <int N>
+static inline void store_lanes(void *p, int64_t i, int64_t step, const typename Lanes<N>::T &v) {
+  if constexpr (N == 1) {
+    store_act(p, i, v);
+  } else if (step == 1) {
+    store_act16(p, i, v);
+  } else {
+    for (int l = 0; l < 16; ++l) store_act(p, i + l * step, v[l]);
+  }
 }
 
 static inline void load_weights(const GdnConvParams &p, int32_t c, float *w, float *bias) {
@@ -34,30 +71,6 @@ static inline bool seq_and_channel(const GdnConvParams &p, int32_t *seq, int32_t
   *seq = (int32_t)it.get_group(0);
   *c = (int32_t)it.get_global_id(1);
   return *seq < p.num_seqs && *c < p.conv_dim;
-}
-
-// Prefill and plain decode sequences. Global (num_seqs, conv_dim rounded up), local (1, w).
-GDN_KERNEL(2) void gdn_conv_non_spec(GdnConvParams p) {
-  int32_t seq, c;
-  if (!seq_and_channel(p, &seq, &c)) return;
-  const int32_t j0 = p.query_start_loc[seq], j1 = p.query_start_loc[seq + 1];
-  if (j0 == j1) return;  // a zero-length sequence touches nothing, its state included
-  const int32_t slot = p.state_indices[seq];
-  if (slot == p.pad_slot_id) {  // graph padding: zero outputs, no state access
-    for (int32_t j = j0; j < j1; ++j) store_act(p.out, global_row(p.token_indx, j) * p.out_stride + c, 0.0f);
-    return;
-  }
-  float w[GDN_MAX_WIDTH], bias, hist[GDN_MAX_WIDTH];
-  load_weights(p, c, w, &bias);
-  const bool has_init = !p.has_initial_state || p.has_initial_state[seq];
-  for (int32_t i = 0; i < p.width - 1; ++i)
-    hist[i] = has_init ? load_act(p.state.base, state_off(p.state, slot, c, i)) : 0.0f;
-  for (int32_t j = j0; j < j1; ++j) {
-    const int64_t row = global_row(p.token_indx, j);
-    const float x = load_act(p.x, row * p.x_stride + c);
-    store_act(p.out, row * p.out_stride + c, conv_token(w, bias, hist, p.width, x, p.silu));
-  }
-  for (int32_t i = 0; i < p.width - 1; ++i) store_act(p.state.base, state_off(p.state, slot, c, i), hist[i]);
 }
 
 // Speculative sequences, both conv-state layouts (see gdn_conv_spec_layout_t in gdn_xpu.h).
@@ -96,31 +109,73 @@ GDN_KERNEL(2) void gdn_conv_spec(GdnConvParams p) {
   }
 }
 
-// CPU-device variant of gdn_conv_non_spec (host picks it when conv_dim % 16 == 0): a work-item
-// owns 16 consecutive channels as vectors, so every load and store is 16 contiguous elements.
+// Prefill and plain decode sequences, tiled over time: the work-item of (tile, channel block)
+// convolves the compact tokens [tile*tile_len, +tile_len) of every sequence overlapping the tile.
+// (One work-item per whole sequence strode a long prefill's rows one page apart and ran 5-10x
+// slower on the CPU device; tiles also give a single long prefill parallelism.)
+// A tile re-reads the W-1 inputs before its first token from x, so tiles are independent. The
+// state is touched only by the owner, the tile holding the sequence's first token: it reads the
+// slot, takes the sequence's first W-1 tokens even past its tile end (so later tiles never need
+// the old state) and writes the new state, the last W-1 inputs of [old state, x of the sequence].
+template <int N>
+static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int32_t c) {
+  typedef typename Lanes<N>::T T;
+  const int32_t *qsl = p.query_start_loc;
+  const int32_t t0 = tile * p.tile_len, t1 = sycl::min(t0 + p.tile_len, p.num_tokens);
+  const int32_t w1 = p.width - 1;
+  T w[GDN_MAX_WIDTH], hist[GDN_MAX_WIDTH];
+  for (int32_t i = 0; i < p.width; ++i) w[i] = load_lanes<N>(p.weight, (int64_t)c * p.width + i, p.width);
+  const T bias = p.bias ? load_lanes<N>(p.bias, c, 1) : T(0.0f);
+  int32_t lo = 0, hi = p.num_seqs;  // the last sequence starting at or before t0 holds token t0
+  while (hi - lo > 1) {
+    const int32_t mid = (lo + hi) / 2;
+    if (qsl[mid] <= t0) lo = mid; else hi = mid;
+  }
+  for (int32_t seq = lo; seq < p.num_seqs && qsl[seq] < t1; ++seq) {
+    const int32_t j0 = qsl[seq], j1 = qsl[seq + 1];
+    if (j0 == j1) continue;  // a zero-length sequence touches nothing, its state included
+    const bool owner = j0 >= t0;
+    const int32_t first = owner ? j0 : sycl::max(t0, j0 + w1);
+    const int32_t end = owner ? sycl::max(sycl::min(t1, j1), sycl::min(j1, j0 + w1)) : sycl::min(t1, j1);
+    if (first >= end) continue;
+    const int32_t slot = p.state_indices[seq];
+    if (slot == p.pad_slot_id) {  // graph padding: zero outputs, no state access
+      for (int32_t j = first; j < end; ++j)
+        store_lanes<N>(p.out, global_row(p.token_indx, j) * p.out_stride + c, 1, T(0.0f));
+      continue;
+    }
+    const bool has_init = !p.has_initial_state || p.has_initial_state[seq];
+    for (int32_t i = 0; i < w1; ++i) {
+      if (owner)
+        hist[i] = has_init ? load_lanes<N>(p.state.base, state_off(p.state, slot, c, i), p.state.chan_stride) : T(0.0f);
+      else  // first >= j0 + W-1: the window lies inside the sequence
+        hist[i] = load_lanes<N>(p.x, global_row(p.token_indx, first - w1 + i) * p.x_stride + c, 1);
+    }
+    for (int32_t j = first; j < end; ++j) {
+      const int64_t row = global_row(p.token_indx, j);
+      const T x = load_lanes<N>(p.x, row * p.x_stride + c, 1);
+      store_lanes<N>(p.out, row * p.out_stride + c, 1, conv_token(w, bias, hist, p.width, x, p.silu));
+    }
+    if (!owner) continue;
+    for (int32_t j = sycl::max(end, j1 - w1); j < j1; ++j)  // the inputs other tiles convolve
+      push_history(hist, p.width, load_lanes<N>(p.x, global_row(p.token_indx, j) * p.x_stride + c, 1));
+    for (int32_t i = 0; i < w1; ++i)
+      store_lanes<N>(p.state.base, state_off(p.state, slot, c, i), p.state.chan_stride, hist[i]);
+  }
+}
+
+// Global (num tiles, conv_dim rounded up), local (1, w): the tile comes from the group id, so the
+// CPU device's vectorizer sees the sequence walk as uniform across the work-group.
+GDN_KERNEL(2) void gdn_conv_non_spec(GdnConvParams p) {
+  const auto it = item2();
+  const int32_t c = (int32_t)it.get_global_id(1);
+  if (c < p.conv_dim) conv_non_spec_tile<1>(p, (int32_t)it.get_group(0), c);
+}
+
+// CPU-device variant (host picks it when conv_dim % 16 == 0): a work-item owns 16 consecutive
+// channels as one vector, so every x/out access is 16 contiguous elements.
 GDN_KERNEL(2) void gdn_conv_non_spec_cpu(GdnConvParams p) {
   const auto it = item2();
-  const int32_t seq = (int32_t)it.get_group(0), c0 = (int32_t)it.get_global_id(1) * 16;
-  if (seq >= p.num_seqs || c0 >= p.conv_dim) return;
-  const int32_t j0 = p.query_start_loc[seq], j1 = p.query_start_loc[seq + 1];
-  if (j0 == j1) return;  // a zero-length sequence touches nothing, its state included
-  const int32_t slot = p.state_indices[seq];
-  if (slot == p.pad_slot_id) {
-    for (int32_t j = j0; j < j1; ++j) store_act16(p.out, global_row(p.token_indx, j) * p.out_stride + c0, vf16(0.0f));
-    return;
-  }
-  vf16 w[GDN_MAX_WIDTH], hist[GDN_MAX_WIDTH];
-  for (int32_t i = 0; i < p.width; ++i)
-    for (int l = 0; l < 16; ++l) w[i][l] = load_act(p.weight, (int64_t)(c0 + l) * p.width + i);
-  const vf16 bias = p.bias ? load_act16(p.bias, c0) : vf16(0.0f);
-  const bool has_init = !p.has_initial_state || p.has_initial_state[seq];
-  for (int32_t i = 0; i < p.width - 1; ++i)
-    for (int l = 0; l < 16; ++l) hist[i][l] = has_init ? load_act(p.state.base, state_off(p.state, slot, c0 + l, i)) : 0.0f;
-  for (int32_t j = j0; j < j1; ++j) {
-    const int64_t row = global_row(p.token_indx, j);
-    const vf16 x = load_act16(p.x, row * p.x_stride + c0);
-    store_act16(p.out, row * p.out_stride + c0, conv_token(w, bias, hist, p.width, x, p.silu));
-  }
-  for (int32_t i = 0; i < p.width - 1; ++i)
-    for (int l = 0; l < 16; ++l) store_act(p.state.base, state_off(p.state, slot, c0 + l, i), hist[i][l]);
+  const int32_t c = (int32_t)it.get_global_id(1) * 16;
+  if (c < p.conv_dim) conv_non_spec_tile<16>(p, (int32_t)it.get_group(0), c);
 }

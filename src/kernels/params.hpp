@@ -26,7 +26,8 @@ struct GdnConvParams {
   const int32_t *num_accepted;     // spec only
   int64_t x_stride, out_stride;
   int32_t num_seqs, conv_dim, width, slot_cols;
-  int32_t pad_slot_id, silu, rolled, pad1;
+  int32_t pad_slot_id, silu, rolled, tile_len;  // tile_len: non-spec tokens per work-item (time tiling)
+  int32_t num_tokens, pad1;                     // num_tokens: compact tokens of the bound group
 };
 
 // Per-row preprocessing: l2-normalized, scaled q and k, and the gates, all f32, by global row.
