@@ -117,14 +117,14 @@ GDN_KERNEL(2) void gdn_conv_spec(GdnConvParams p) {
 // state is touched only by the owner, the tile holding the sequence's first token: it reads the
 // slot, takes the sequence's first W-1 tokens even past its tile end (so later tiles never need
 // the old state) and writes the new state, the last W-1 inputs of [old state, x of the sequence].
-template <int N>
+template <int N, int WIDTH>
 static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int32_t c) {
   typedef typename Lanes<N>::T T;
   const int32_t *qsl = p.query_start_loc;
   const int32_t t0 = tile * p.tile_len, t1 = sycl::min(t0 + p.tile_len, p.num_tokens);
-  const int32_t w1 = p.width - 1;
+  const int32_t width = WIDTH ? WIDTH : p.width, w1 = width - 1;
   T w[GDN_MAX_WIDTH], hist[GDN_MAX_WIDTH];
-  for (int32_t i = 0; i < p.width; ++i) w[i] = load_lanes<N>(p.weight, (int64_t)c * p.width + i, p.width);
+  for (int32_t i = 0; i < width; ++i) w[i] = load_lanes<N>(p.weight, (int64_t)c * width + i, width);
   const T bias = p.bias ? load_lanes<N>(p.bias, c, 1) : T(0.0f);
   int32_t lo = 0, hi = p.num_seqs;  // the last sequence starting at or before t0 holds token t0
   while (hi - lo > 1) {
@@ -154,11 +154,11 @@ static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int3
     for (int32_t j = first; j < end; ++j) {
       const int64_t row = global_row(p.token_indx, j);
       const T x = load_lanes<N>(p.x, row * p.x_stride + c, 1);
-      store_lanes<N>(p.out, row * p.out_stride + c, 1, conv_token(w, bias, hist, p.width, x, p.silu));
+      store_lanes<N>(p.out, row * p.out_stride + c, 1, conv_token(w, bias, hist, width, x, p.silu));
     }
     if (!owner) continue;
     for (int32_t j = sycl::max(end, j1 - w1); j < j1; ++j)  // the inputs other tiles convolve
-      push_history(hist, p.width, load_lanes<N>(p.x, global_row(p.token_indx, j) * p.x_stride + c, 1));
+      push_history(hist, width, load_lanes<N>(p.x, global_row(p.token_indx, j) * p.x_stride + c, 1));
     for (int32_t i = 0; i < w1; ++i)
       store_lanes<N>(p.state.base, state_off(p.state, slot, c, i), p.state.chan_stride, hist[i]);
   }
@@ -169,7 +169,7 @@ static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int3
 GDN_KERNEL(2) void gdn_conv_non_spec(GdnConvParams p) {
   const auto it = item2();
   const int32_t c = (int32_t)it.get_global_id(1);
-  if (c < p.conv_dim) conv_non_spec_tile<1>(p, (int32_t)it.get_group(0), c);
+  if (c < p.conv_dim) conv_non_spec_tile<1, 0>(p, (int32_t)it.get_group(0), c);
 }
 
 // CPU-device variant (host picks it when conv_dim % 16 == 0): a work-item owns 16 consecutive
@@ -177,5 +177,7 @@ GDN_KERNEL(2) void gdn_conv_non_spec(GdnConvParams p) {
 GDN_KERNEL(2) void gdn_conv_non_spec_cpu(GdnConvParams p) {
   const auto it = item2();
   const int32_t c = (int32_t)it.get_global_id(1) * 16;
-  if (c < p.conv_dim) conv_non_spec_tile<16>(p, (int32_t)it.get_group(0), c);
+  if (c >= p.conv_dim) return;
+  if (p.width == 4) conv_non_spec_tile<16, 4>(p, (int32_t)it.get_group(0), c);
+  else conv_non_spec_tile<16, 0>(p, (int32_t)it.get_group(0), c);
 }

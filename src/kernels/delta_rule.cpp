@@ -19,6 +19,8 @@
 #endif
 #define KD GDN_HEAD_K
 #define CHUNK 64
+#define SCAN_RB 4  // chunk_scan register blocking: rows of W / q per pass
+#define SCAN_KB 8  // and state rows per pass of the state update
 // ssm_state layout is a compile-time variant (-DGDN_SSM_VK=0/1): with constant strides the
 // column of a work-item is contiguous across the work-group and the CPU device vectorizes it.
 #if GDN_SSM_VK
@@ -364,34 +366,63 @@ static inline void chunk_scan_body(const GdnDeltaParams &p, int32_t e, int32_t h
     const float *S = state_column(p, slot, hv, v + l);
     for (int k = 0; k < KD; ++k) L::at(s[k], l) = init ? S[k * K_STRIDE] : 0.0f;
   }
+  // Every product below is blocked so that SCAN_RB (rows) or SCAN_KB (state rows) independent
+  // accumulators are in flight: one accumulator per dot product left the CPU device waiting on
+  // the FMA latency, and each s[k] / up[j] load now feeds several FMAs.
   lane_t up[CHUNK], qs[CHUNK];
+  const float *krow[CHUNK];
   for (int32_t c = c0; c < c0 + nc; ++c) {
     const int32_t jfirst = p.chunk_table[(int64_t)c * 4 + 1], len = p.chunk_table[(int64_t)c * 4 + 2];
     const int64_t pos = chunk_pos(p, hv, c);
     const float *G = p.chunk_g + pos;
-    for (int32_t i = 0; i < len; ++i) {  // u = U - W S and q S, per row of the chunk
-      const int64_t row = global_row(p.token_indx, jfirst + i);
-      const float *w = p.chunk_w + (pos + i) * KD, *qi = p.qn + (row * p.H + h) * KD;
-      lane_t ws(0.0f), q_s(0.0f);
-      for (int k = 0; k < KD; ++k) {
-        ws += s[k] * w[k];
-        q_s += s[k] * qi[k];
+    for (int32_t i = 0; i < len; ++i) krow[i] = p.kn + (global_row(p.token_indx, jfirst + i) * p.H + h) * KD;
+    for (int32_t i0 = 0; i0 < len; i0 += SCAN_RB) {  // u = U - W S and q S, SCAN_RB rows at a time
+      const float *w[SCAN_RB], *qi[SCAN_RB];
+      for (int r = 0; r < SCAN_RB; ++r) {  // rows past len repeat row i0: computed, not stored
+        const int32_t i = i0 + r < len ? i0 + r : i0;
+        w[r] = p.chunk_w + (pos + i) * KD;
+        qi[r] = p.qn + (global_row(p.token_indx, jfirst + i) * p.H + h) * KD;
       }
-      up[i] = L::load(p.chunk_u + (pos + i) * p.V + v) - ws;
-      qs[i] = q_s;
+      lane_t ws[SCAN_RB], q_s[SCAN_RB];
+      for (int r = 0; r < SCAN_RB; ++r) ws[r] = q_s[r] = lane_t(0.0f);
+      for (int k = 0; k < KD; ++k) {
+        const lane_t sk = s[k];
+        for (int r = 0; r < SCAN_RB; ++r) {
+          ws[r] += sk * w[r][k];
+          q_s[r] += sk * qi[r][k];
+        }
+      }
+      for (int r = 0; r < SCAN_RB && i0 + r < len; ++r) {
+        up[i0 + r] = L::load(p.chunk_u + (pos + i0 + r) * p.V + v) - ws[r];
+        qs[i0 + r] = q_s[r];
+      }
     }
-    for (int32_t i = 0; i < len; ++i) {  // o = e^G (q S) + Aqk u
-      const float *aqk = p.chunk_aqk + (pos + i) * CHUNK;
-      lane_t o = sycl::exp(G[i]) * qs[i];
-      for (int32_t j = 0; j <= i; ++j) o += aqk[j] * up[j];
-      L::store_out(p, global_row(p.token_indx, jfirst + i) * p.out_stride + (int64_t)hv * p.V + v, o);
+    for (int32_t i0 = 0; i0 < len; i0 += SCAN_RB) {  // o = e^G (q S) + Aqk u (Aqk is 0 above the diagonal)
+      const int32_t nr = sycl::min(SCAN_RB, len - i0);
+      lane_t o[SCAN_RB];
+      const float *aqk[SCAN_RB];
+      for (int r = 0; r < SCAN_RB; ++r) {
+        const int32_t i = r < nr ? i0 + r : i0;
+        o[r] = sycl::exp(G[i]) * qs[i];
+        aqk[r] = p.chunk_aqk + (pos + i) * CHUNK;
+      }
+      for (int32_t j = 0; j < i0 + nr; ++j) {
+        const lane_t uj = up[j];
+        for (int r = 0; r < SCAN_RB; ++r) o[r] += aqk[r][j] * uj;
+      }
+      for (int r = 0; r < nr; ++r)
+        L::store_out(p, global_row(p.token_indx, jfirst + i0 + r) * p.out_stride + (int64_t)hv * p.V + v, o[r]);
     }
     const float glast = G[len - 1], dlast = sycl::exp(glast);  // S = e^Glast S + K^T (e^(Glast-G) u)
-    for (int k = 0; k < KD; ++k) s[k] *= dlast;
-    for (int32_t j = 0; j < len; ++j) {
-      const lane_t coef = sycl::exp(glast - G[j]) * up[j];
-      const float *kj = p.kn + (global_row(p.token_indx, jfirst + j) * p.H + h) * KD;
-      for (int k = 0; k < KD; ++k) s[k] += coef * kj[k];
+    for (int32_t j = 0; j < len; ++j) up[j] *= sycl::exp(glast - G[j]);
+    for (int k0 = 0; k0 < KD; k0 += SCAN_KB) {
+      lane_t acc[SCAN_KB];
+      for (int kk = 0; kk < SCAN_KB; ++kk) acc[kk] = k0 + kk < KD ? s[k0 + kk] * dlast : lane_t(0.0f);
+      for (int32_t j = 0; j < len; ++j) {
+        const lane_t uj = up[j];
+        for (int kk = 0; kk < SCAN_KB && k0 + kk < KD; ++kk) acc[kk] += uj * krow[j][k0 + kk];
+      }
+      for (int kk = 0; kk < SCAN_KB && k0 + kk < KD; ++kk) s[k0 + kk] = acc[kk];
     }
   }
   for (int32_t l = 0; l < NL; ++l) {
@@ -424,6 +455,7 @@ GDN_KERNEL(2) void gdn_chunk_scan_cpu(GdnDeltaParams p) {
 // work-item, so nothing depends on the runtime's cross-work-item vectorizer.
 #if GDN_CPU_CHUNK  // host sets it only when K % 16 == 0 and V % 16 == 0
 #define KV16 (KD / 16)
+#define PREP_VB 8  // 16-wide column blocks of U per pass (V = 128 in one)
 
 // Global: num_chunks*H work-items, local 1: one work-item builds one chunk for one k-head and all
 // the v-heads that share it (GVA): the q.k and k.k products depend on the k-head only, so they are
@@ -477,6 +509,7 @@ GDN_KERNEL(1) void gdn_chunk_prep_cpu(GdnDeltaParams p) {
         A[i][j] = B[i] * decay * KK[i][j];
         aqk[j] = decay * QK[i][j];
       }
+      for (int32_t j = i + 1; j < CHUNK; ++j) aqk[j] = 0.0f;  // chunk_scan reads row blocks past the diagonal
     }
     // T = (I + A)^-1 row by row: T[r] = e_r - sum_{l<r} A[r][l] T[l], rows as 64-wide vectors.
     vf16 T[CHUNK][CHUNK / 16];
@@ -490,24 +523,33 @@ GDN_KERNEL(1) void gdn_chunk_prep_cpu(GdnDeltaParams p) {
       }
       for (int q = 0; q < CHUNK / 16; ++q) T[rr][q] = t[q];
     }
-    // W = T (beta e^G K), U = T (beta V), row by row.
+    // W = T (beta e^G K), U = T (beta V), row by row; the j loops carry KV16 (W) and up to
+    // PREP_VB (U) independent vector accumulators.
     const int64_t vcol = vcol0 + (int64_t)hv * p.V;
+    float eG[CHUNK];
+    for (int32_t j = 0; j < len; ++j) eG[j] = sycl::exp(G[j]);
     for (int32_t i = 0; i < len; ++i) {
       vf16 w[KV16];
       for (int cc = 0; cc < KV16; ++cc) w[cc] = vf16(0.0f);
       for (int32_t j = 0; j <= i; ++j) {
         cu[j] = T[i][j / 16][j % 16] * B[j];
-        const float cw = cu[j] * sycl::exp(G[j]);
+        const float cw = cu[j] * eG[j];
         const float *kj = p.kn + (rows[j] * p.H + h) * KD;
         for (int cc = 0; cc < KV16; ++cc) w[cc] += cw * vload(kj + 16 * cc);
       }
       float *wout = p.chunk_w + (pos + i) * KD;
       for (int cc = 0; cc < KV16; ++cc) vstore(wout + 16 * cc, w[cc]);
       float *uout = p.chunk_u + (pos + i) * p.V;
-      for (int32_t vb = 0; vb < p.V; vb += 16) {
-        vf16 u(0.0f);
-        for (int32_t j = 0; j <= i; ++j) u += cu[j] * load_act16(p.qkv, rows[j] * p.qkv_stride + vcol + vb);
-        vstore(uout + vb, u);
+      for (int32_t vb0 = 0; vb0 < p.V; vb0 += 16 * PREP_VB) {
+        const int32_t nb = sycl::min(PREP_VB, (p.V - vb0) / 16);
+        vf16 u[PREP_VB];
+        for (int q = 0; q < PREP_VB; ++q) u[q] = vf16(0.0f);
+        for (int32_t j = 0; j <= i; ++j) {
+          const int64_t at = rows[j] * p.qkv_stride + vcol + vb0;
+          for (int q = 0; q < PREP_VB; ++q)
+            if (q < nb) u[q] += cu[j] * load_act16(p.qkv, at + 16 * q);
+        }
+        for (int q = 0; q < nb; ++q) vstore(uout + vb0 + 16 * q, u[q]);
       }
     }
   }
