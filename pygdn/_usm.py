@@ -19,13 +19,22 @@ DTYPE_NAMES = {_np.dtype(_np.float32): "f32", _np.dtype(_np.float16): "f16", _np
 
 def dtype_name(typestr):
     """SUAI typestr -> gdn dtype name, or None. Only little-endian (or byte-order free) types."""
-    try:
-        dt = _np.dtype(typestr)
-    except TypeError:
-        return None
-    if dt.byteorder == ">":
-        return None
-    return DTYPE_NAMES.get(dt.newbyteorder("=") if dt.byteorder == "<" else dt)
+    return _typestr_info(typestr)[0]
+
+
+_TYPESTR_INFO = {}  # typestr -> (gdn dtype name or None, itemsize): np.dtype() costs ~1 µs a call
+
+
+def _typestr_info(typestr):
+    info = _TYPESTR_INFO.get(typestr)
+    if info is None:
+        try:
+            dt = _np.dtype(typestr)
+        except TypeError:
+            return None, 0
+        name = None if dt.byteorder == ">" else DTYPE_NAMES.get(dt.newbyteorder("=") if dt.byteorder == "<" else dt)
+        info = _TYPESTR_INFO[typestr] = (name, dt.itemsize)
+    return info
 
 
 class UsmArray:
@@ -98,10 +107,9 @@ class UsmView:
                             f"(dpnp.ndarray, dpctl.memory, pygdn.UsmArray), got {type(obj).__name__}") from None
         self.shape = tuple(s["shape"])
         typestr = s["typestr"]
-        self.dtype = dtype_name(typestr)
+        self.dtype, itemsize = _typestr_info(typestr)
         if self.dtype is None:
             raise TypeError(f"{name}: unsupported element type {typestr!r}")
-        itemsize = _np.dtype(typestr).itemsize
         self.address = int(s["data"][0]) + int(s.get("offset", 0) or 0) * itemsize
         strides = s.get("strides")
         self.contiguous = strides is None or tuple(strides) == _c_strides(self.shape)

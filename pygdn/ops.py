@@ -81,7 +81,29 @@ class Config:
         inner = (k, v) if self.ssm_layout == "kv" else (v, k)
         return (self.num_slots, self.num_v_heads) + inner
 
+    def __setattr__(self, name, value):
+        object.__setattr__(self, name, value)
+        if name not in ("_c_cache", "_specs_cache"):  # any field change drops what was derived from the fields
+            object.__setattr__(self, "_c_cache", None)
+            object.__setattr__(self, "_specs_cache", None)
+
+    def _tensor_specs(self, rows: int):
+        """_tensor_specs(self, rows), kept for the last row count (one dict less per call)."""
+        cached = getattr(self, "_specs_cache", None)
+        if cached is None or cached[0] != rows:
+            cached = (rows, _tensor_specs(self, rows))
+            object.__setattr__(self, "_specs_cache", cached)
+        return cached[1]
+
     def _to_c(self):
+        """The gdn_config_t, built once per set of field values (a rebuild costs ~10 µs a call)."""
+        c = getattr(self, "_c_cache", None)
+        if c is None:
+            c = self._build_c()
+            object.__setattr__(self, "_c_cache", c)
+        return c
+
+    def _build_c(self):
         c = _ffi.new("gdn_config_t *")
         _lib.gdn_config_init(c)
         for f in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "conv_width", "num_slots"):
@@ -190,7 +212,7 @@ def _call(fn, queue, cfg: Config, batch: Batch, arrays: dict, wait: bool = True)
     c_batch = batch._to_c(queue, keep)
     c_t = _ffi.new("gdn_tensors_t *")
     _lib.gdn_tensors_init(c_t)
-    specs = _tensor_specs(cfg, batch.num_actual_tokens)
+    specs = cfg._tensor_specs(batch.num_actual_tokens)
     for field, obj in arrays.items():
         if obj is None:
             continue
