@@ -370,18 +370,18 @@ static inline void chunk_scan_body(const GdnDeltaParams &p, int32_t e, int32_t h
   // accumulators are in flight: one accumulator per dot product left the CPU device waiting on
   // the FMA latency, and each s[k] / up[j] load now feeds several FMAs.
   lane_t up[CHUNK], qs[CHUNK];
-  const float *krow[CHUNK];
+  int64_t qk_off[CHUNK];  // offset of row i's q and k (qn and kn share the layout)
   for (int32_t c = c0; c < c0 + nc; ++c) {
     const int32_t jfirst = p.chunk_table[(int64_t)c * 4 + 1], len = p.chunk_table[(int64_t)c * 4 + 2];
     const int64_t pos = chunk_pos(p, hv, c);
     const float *G = p.chunk_g + pos;
-    for (int32_t i = 0; i < len; ++i) krow[i] = p.kn + (global_row(p.token_indx, jfirst + i) * p.H + h) * KD;
+    for (int32_t i = 0; i < len; ++i) qk_off[i] = (global_row(p.token_indx, jfirst + i) * p.H + h) * KD;
     for (int32_t i0 = 0; i0 < len; i0 += SCAN_RB) {  // u = U - W S and q S, SCAN_RB rows at a time
       const float *w[SCAN_RB], *qi[SCAN_RB];
       for (int r = 0; r < SCAN_RB; ++r) {  // rows past len repeat row i0: computed, not stored
         const int32_t i = i0 + r < len ? i0 + r : i0;
         w[r] = p.chunk_w + (pos + i) * KD;
-        qi[r] = p.qn + (global_row(p.token_indx, jfirst + i) * p.H + h) * KD;
+        qi[r] = p.qn + qk_off[i];
       }
       lane_t ws[SCAN_RB], q_s[SCAN_RB];
       for (int r = 0; r < SCAN_RB; ++r) ws[r] = q_s[r] = lane_t(0.0f);
@@ -420,7 +420,8 @@ static inline void chunk_scan_body(const GdnDeltaParams &p, int32_t e, int32_t h
       for (int kk = 0; kk < SCAN_KB; ++kk) acc[kk] = k0 + kk < KD ? s[k0 + kk] * dlast : lane_t(0.0f);
       for (int32_t j = 0; j < len; ++j) {
         const lane_t uj = up[j];
-        for (int kk = 0; kk < SCAN_KB && k0 + kk < KD; ++kk) acc[kk] += uj * krow[j][k0 + kk];
+        const float *kj = p.kn + qk_off[j] + k0;
+        for (int kk = 0; kk < SCAN_KB && k0 + kk < KD; ++kk) acc[kk] += uj * kj[kk];
       }
       for (int kk = 0; kk < SCAN_KB && k0 + kk < KD; ++kk) s[k0 + kk] = acc[kk];
     }
