@@ -7,6 +7,7 @@ with the library's message on failure. Layouts: see include/gdn_xpu.h and README
 from __future__ import annotations
 
 import dataclasses as _dc
+import inspect as _inspect
 import math as _math
 
 from ._lib import ffi as _ffi, last_error as _last_error, lib as _lib, status_name as _status_name
@@ -206,7 +207,9 @@ def _tensor_specs(cfg: Config, rows: int):
     }
 
 
-def _call(fn, queue, cfg: Config, batch: Batch, arrays: dict, wait: bool = True):
+def _marshal(queue, cfg: Config, batch: Batch, arrays: dict):
+    """Check every argument and build the three C structs. Returns (c_cfg, c_batch, c_tensors,
+    keep): keep holds every array object, so their memory outlives the call."""
     keep = []
     c_cfg = cfg._to_c()
     c_batch = batch._to_c(queue, keep)
@@ -230,6 +233,11 @@ def _call(fn, queue, cfg: Config, batch: Batch, arrays: dict, wait: bool = True)
                                  f"{lead}, ...{inner} elements per row]")
         keep.append(obj)
         setattr(c_t, field, _ffi.cast("void *", v.address))
+    return c_cfg, c_batch, c_t, keep
+
+
+def _call(fn, queue, cfg: Config, batch: Batch, arrays: dict, wait: bool = True):
+    c_cfg, c_batch, c_t, keep = _marshal(queue, cfg, batch, arrays)
     q = _ffi.cast("void *", queue.addressof_ref())
     _check(fn(q, c_cfg, c_batch, c_t))
     if wait:
@@ -264,6 +272,55 @@ def attention(queue, cfg: Config, batch: Batch, *, mixed_qkv, a, b, conv_weight,
                                                        conv_out=conv_out, workspace=workspace), wait)
 
 
+class PreparedCall:
+    """One op with its arguments checked and marshalled once, to be run many times (the
+    CUDA-graph pattern of a serving loop): made by prepare(). Each run costs the C call alone.
+
+    What is bound: the config and batch VALUES at prepare() time (later changes to the Config or
+    Batch objects do not reach it: prepare again) and every array by ADDRESS. Between runs
+    write new contents into the same arrays — this step's tokens into mixed_qkv, its metadata
+    into the batch's index arrays (the library validates their contents on every run unless
+    batch.validate == "counts"). The arrays are kept alive by this object, so run(wait=False)
+    is safe as long as it lives; wait on the queue before reading results on the host.
+    """
+
+    __slots__ = ("_fn", "_q", "_queue", "_c_cfg", "_c_batch", "_c_t", "_keep", "op_name")
+
+    def __init__(self, fn, queue, structs, op_name):
+        self._fn, self._queue, self.op_name = fn, queue, op_name
+        self._c_cfg, self._c_batch, self._c_t, self._keep = structs
+        self._q = _ffi.cast("void *", queue.addressof_ref())
+
+    def run(self, wait: bool = True) -> None:
+        _check(self._fn(self._q, self._c_cfg, self._c_batch, self._c_t))
+        if wait:
+            self._queue.wait()
+
+    __call__ = run
+
+    def __repr__(self):
+        return f"<pygdn.PreparedCall {self.op_name}: {len(self._keep)} arrays bound>"
+
+
+def prepare(op, queue, cfg: Config, batch: Batch, **arrays) -> PreparedCall:
+    """prepare(pygdn.attention, queue, cfg, batch, mixed_qkv=..., ...) -> PreparedCall.
+
+    op is pygdn.attention, pygdn.causal_conv1d or pygdn.gated_delta_rule; the keyword arrays
+    are that function's (same names, same required ones, same checks). The returned object's
+    run(wait=True) performs the call: see PreparedCall for what stays bound."""
+    name = getattr(op, "__name__", repr(op))
+    if op not in _C_FUNCTIONS:
+        raise TypeError(f"op: expected one of pygdn.{', pygdn.'.join(f.__name__ for f in _C_FUNCTIONS)}, got {name}")
+    if "wait" in arrays:
+        raise TypeError("wait: not an argument of prepare(); pass it to PreparedCall.run()")
+    try:  # the op's own signature says which arrays exist and which are required
+        bound = _inspect.signature(op).bind(queue, cfg, batch, **arrays)
+    except TypeError as e:
+        raise TypeError(f"prepare({name}): {e}") from None
+    given = {k: v for k, v in bound.arguments.items() if k not in ("queue", "cfg", "batch")}
+    return PreparedCall(getattr(_lib, _C_FUNCTIONS[op]), queue, _marshal(queue, cfg, batch, given), name)
+
+
 def warmup(queue, cfg: Config) -> None:
     """Compile (or load from cache) every kernel cfg needs, so later calls start at once."""
     _check(_lib.gdn_warmup(_ffi.cast("void *", queue.addressof_ref()), cfg._to_c()))
@@ -283,3 +340,7 @@ def _counts_only(batch: Batch):
               "non_spec_token_count", "spec_token_count"):
         setattr(c, f, int(getattr(batch, f)))
     return c
+
+
+# The public ops and the C entry points they call (prepare() maps one to the other).
+_C_FUNCTIONS = {attention: "gdn_attention", causal_conv1d: "gdn_causal_conv1d", gated_delta_rule: "gdn_gated_delta_rule"}
