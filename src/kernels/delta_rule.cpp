@@ -105,6 +105,15 @@ static inline vf16 vload(const float *p) {
 static inline void vstore(float *p, const vf16 &x) {
   for (int i = 0; i < 16; ++i) p[i] = x[i];
 }
+// Speculative decoding writes a state per token that nothing reads in this call: a streaming
+// (non-temporal) store skips the read-for-ownership of each line, which cost the CPU device a
+// second pass over the written bytes (recurrent kernel ~5.9 -> ~4.8 ms at spec S=3, B=8 here).
+// It needs the 64-byte alignment of the vector; other addresses take the plain store.
+typedef float native_vf16 __attribute__((ext_vector_type(16)));
+static inline void vstore_stream(float *p, const vf16 &x) {
+  if (((uintptr_t)p & 63u) == 0) __builtin_nontemporal_store(sycl::bit_cast<native_vf16>(x), (native_vf16 *)p);
+  else vstore(p, x);
+}
 static inline float hsum(const vf16 &x) {
   float r = 0.0f;
   for (int i = 0; i < 16; ++i) r += x[i];
@@ -185,7 +194,7 @@ static inline void recurrent_part(const GdnDeltaParams &p, int32_t seq, int32_t 
     store_act(p.out, orow, hsum(oacc));
     if (spec && cols[t] != p.pad_slot_id) {
       float *S = p.ssm + (int64_t)cols[t] * p.slot_stride + head + (int64_t)v * KD;
-      for (int c = 0; c < KD / 16; ++c) vstore(S + 16 * c, s[c]);
+      for (int c = 0; c < KD / 16; ++c) vstore_stream(S + 16 * c, s[c]);
     }
 #else
     const float vv = load_act(p.qkv, vrow);
