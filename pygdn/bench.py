@@ -342,47 +342,30 @@ def host_overhead(queue, act, calls):
     res = {"config": "H=HV=1, K=V=16, num_decodes=8 all PAD_SLOT_ID", "calls": calls}
     for validate in ("full", "counts"):
         batch = to_device(meta, queue, validate=validate)
-        for _ in range(20):
-            pygdn.attention(queue, cfg, batch, **arrays)
-        _settle()
-        t = time.perf_counter()
-        for _ in range(calls):
-            pygdn.attention(queue, cfg, batch, **arrays)
-        res[f"wait_{validate}_us"] = (time.perf_counter() - t) / calls * 1e6
-        _settle()
-        t = time.perf_counter()
-        for _ in range(calls):
-            pygdn.attention(queue, cfg, batch, wait=False, **arrays)
-        queue.wait()
-        res[f"nowait_{validate}_us"] = (time.perf_counter() - t) / calls * 1e6
-    # The serving-loop form: arguments marshalled once by pygdn.prepare(), each run the C call.
-    for validate in ("full", "counts"):
-        step = pygdn.prepare(pygdn.attention, queue, cfg, to_device(meta, queue, validate=validate), **arrays)
-        for _ in range(20):
-            step()
-        _settle()
-        t = time.perf_counter()
-        for _ in range(calls):
-            step()
-        res[f"prepared_wait_{validate}_us"] = (time.perf_counter() - t) / calls * 1e6
-        _settle()
-        t = time.perf_counter()
-        for _ in range(calls):
-            step(wait=False)
-        queue.wait()
-        res[f"prepared_nowait_{validate}_us"] = (time.perf_counter() - t) / calls * 1e6
+        # The plain call, and the serving-loop form: arguments marshalled once by pygdn.prepare().
+        step = pygdn.prepare(pygdn.attention, queue, cfg, batch, **arrays)
+        plain = lambda wait, batch=batch: pygdn.attention(queue, cfg, batch, wait=wait, **arrays)  # noqa: E731
+        for prefix, run in (("", plain), ("prepared_", step)):
+            for _ in range(20):
+                run(wait=True)
+            res[f"{prefix}wait_{validate}_us"] = _us_per_call(lambda: run(wait=True), calls)
+            res[f"{prefix}nowait_{validate}_us"] = _us_per_call(lambda: run(wait=False), calls, queue.wait)
     # The same call's pure Python marshalling cost (no C call): cffi structs + SUAI views.
     from . import ops
     batch = to_device(meta, queue, validate="counts")
+    res["python_marshal_us"] = _us_per_call(lambda: ops._marshal(queue, cfg, batch, arrays), calls)
+    return res
+
+
+def _us_per_call(fn, calls, finish=None):
+    """µs per fn() over calls back-to-back calls (finish(), e.g. one queue.wait, inside the timing)."""
+    _settle()
     t = time.perf_counter()
     for _ in range(calls):
-        keep = []
-        cfg._to_c()
-        batch._to_c(queue, keep)
-        for k, v in arrays.items():
-            ops._view(v, k, queue)
-    res["python_marshal_us"] = (time.perf_counter() - t) / calls * 1e6
-    return res
+        fn()
+    if finish:
+        finish()
+    return (time.perf_counter() - t) / calls * 1e6
 
 
 def c_host_overhead(calls):

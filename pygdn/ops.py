@@ -237,14 +237,7 @@ def _marshal(queue, cfg: Config, batch: Batch, arrays: dict):
 
 
 def _call(fn, queue, cfg: Config, batch: Batch, arrays: dict, wait: bool = True):
-    c_cfg, c_batch, c_t, keep = _marshal(queue, cfg, batch, arrays)
-    q = _ffi.cast("void *", queue.addressof_ref())
-    _check(fn(q, c_cfg, c_batch, c_t))
-    if wait:
-        # The kernels run asynchronously; temporaries the caller did not keep would be freed
-        # under them. wait=False is for callers that keep every array alive themselves.
-        queue.wait()
-    return keep
+    PreparedCall(fn, queue, _marshal(queue, cfg, batch, arrays)).run(wait)
 
 
 def causal_conv1d(queue, cfg: Config, batch: Batch, *, mixed_qkv, conv_weight, conv_state, conv_out, conv_bias=None, wait=True):
@@ -286,7 +279,7 @@ class PreparedCall:
 
     __slots__ = ("_fn", "_q", "_queue", "_c_cfg", "_c_batch", "_c_t", "_keep", "op_name")
 
-    def __init__(self, fn, queue, structs, op_name):
+    def __init__(self, fn, queue, structs, op_name=""):
         self._fn, self._queue, self.op_name = fn, queue, op_name
         self._c_cfg, self._c_batch, self._c_t, self._keep = structs
         self._q = _ffi.cast("void *", queue.addressof_ref())
@@ -294,6 +287,8 @@ class PreparedCall:
     def run(self, wait: bool = True) -> None:
         _check(self._fn(self._q, self._c_cfg, self._c_batch, self._c_t))
         if wait:
+            # The kernels run asynchronously; arrays nobody else keeps alive (a plain call's
+            # temporaries) would be freed under them. wait=False relies on a living holder.
             self._queue.wait()
 
     __call__ = run
