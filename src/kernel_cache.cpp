@@ -121,6 +121,10 @@ sycl::kernel_bundle<sycl::bundle_state::executable> compile(const sycl::queue &q
       opts.push_back("-Xs");
       opts.push_back("-cl-denorms-are-zero");
     }
+    // Let the compiler fuse a * b + c into one FMA (rounded once: no less accurate). The SYCL
+    // front end does not contract by default, and the CPU device then issues a multiply and an
+    // add for every state update (recurrent ~8%, chunked prefill ~6% slower here).
+    opts.push_back("-ffp-contract=fast");
     for (size_t pos = 0; pos < options.size();) {  // options: space-separated -D flags
       size_t end = options.find(' ', pos);
       if (end == std::string::npos) end = options.size();

@@ -48,8 +48,9 @@ static inline void store_act16(void *p, int64_t i, const vf16 &v) {
   const vu32 u = sycl::bit_cast<vu32>(v);
   const vu32 rounded = (u + 0x7fffu + ((u >> 16u) & 1u)) >> 16u;  // as float_to_act, lane-wise
   const vu32 nan = (u >> 16u) | 0x40u;
-  const vu32 is_nan = ((u & 0x7fffffffu) > 0x7f800000u).convert<uint32_t>();
-  const vu16 h = sycl::select(rounded, nan, is_nan).convert<uint16_t>();
+  // All-ones where NaN. A blend by bit masks: sycl::select on the CPU device went lane by lane.
+  const vu32 is_nan = sycl::bit_cast<vu32>((u & 0x7fffffffu) > 0x7f800000u);
+  const vu16 h = ((rounded & ~is_nan) | (nan & is_nan)).convert<uint16_t>();
   __builtin_memcpy((act_t *)p + i, &h, sizeof(h));
 }
 #else
@@ -78,7 +79,9 @@ static inline vf16 exp16(vf16 x) {
   e = e * r + 0.5f;
   e = e * r + 1.0f;
   e = e * r + 1.0f;
-  const sycl::vec<int32_t, 16> bits = (n.convert<int32_t>() + 127) << 23;
+  // n is integral already: truncation (one instruction), not the default round-to-nearest
+  // conversion, which the CPU device's compiler made a library call.
+  const sycl::vec<int32_t, 16> bits = (n.convert<int32_t, sycl::rounding_mode::rtz>() + 127) << 23;
   return e * sycl::bit_cast<vf16>(bits);
 }
 static inline float silu(float x) { return x / (1.0f + sycl::exp(-x)); }

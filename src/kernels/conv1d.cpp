@@ -59,8 +59,8 @@ static inline void store_lanes(void *p, int64_t i, int64_t step, const typename 
   }
 }
 
-static inline void load_weights(const GdnConvParams &p, int32_t c, float *w, float *bias) {
-  for (int32_t i = 0; i < p.width; ++i) w[i] = load_act(p.weight, (int64_t)c * p.width + i);
+static inline void load_weights(const GdnConvParams &p, int32_t c, int32_t width, float *w, float *bias) {
+  for (int32_t i = 0; i < width; ++i) w[i] = load_act(p.weight, (int64_t)c * width + i);
   *bias = p.bias ? load_act(p.bias, c) : 0.0f;
 }
 
@@ -74,14 +74,17 @@ static inline bool seq_and_channel(const GdnConvParams &p, int32_t *seq, int32_t
 }
 
 // Speculative sequences, both conv-state layouts (see gdn_conv_spec_layout_t in gdn_xpu.h).
-GDN_KERNEL(2) void gdn_conv_spec(GdnConvParams p) {
-  int32_t seq, c;
-  if (!seq_and_channel(p, &seq, &c)) return;
+// WIDTH is the conv width when known at compile time (0: p.width). A fixed width keeps the input
+// history in registers; with a run-time width the CPU device's vectorizer moved it through
+// memory (memmove per token, memset per work-item: ~10x the memory-bound time).
+template <int WIDTH>
+static inline void conv_spec_channel(const GdnConvParams &p, int32_t seq, int32_t c) {
+  const int32_t width = WIDTH ? WIDTH : p.width;
   const int32_t j0 = p.query_start_loc[seq], len = p.query_start_loc[seq + 1] - j0;
   if (len == 0) return;  // graph padding: no rows, no state change (ROLLED would otherwise shift the line)
   const int32_t *cols = p.state_indices + (int64_t)seq * p.slot_cols;
   const int32_t accepted = p.num_accepted[seq];
-  const int32_t w1 = p.width - 1;
+  const int32_t w1 = width - 1;
   // ROLLED keeps one line (cols[0]) and offsets into it; SNAPSHOT reads the slot of the last accepted token.
   const int32_t read_slot = p.rolled ? cols[0] : cols[accepted - 1];
   const int32_t read_col0 = p.rolled ? accepted - 1 : 0;
@@ -90,7 +93,7 @@ GDN_KERNEL(2) void gdn_conv_spec(GdnConvParams p) {
     return;
   }
   float w[GDN_MAX_WIDTH], bias, hist[GDN_MAX_WIDTH];
-  load_weights(p, c, w, &bias);
+  load_weights(p, c, width, w, &bias);
   for (int32_t i = 0; i < w1; ++i)
     hist[i] = read_slot == p.pad_slot_id ? 0.0f : load_act(p.state.base, state_off(p.state, read_slot, c, read_col0 + i));
   if (p.rolled) {
@@ -100,13 +103,20 @@ GDN_KERNEL(2) void gdn_conv_spec(GdnConvParams p) {
   for (int32_t t = 0; t < len; ++t) {
     const int64_t row = global_row(p.token_indx, j0 + t);
     const float x = load_act(p.x, row * p.x_stride + c);
-    store_act(p.out, row * p.out_stride + c, conv_token(w, bias, hist, p.width, x, p.silu));
+    store_act(p.out, row * p.out_stride + c, conv_token(w, bias, hist, width, x, p.silu));
     if (p.rolled) {
       store_act(p.state.base, state_off(p.state, read_slot, c, w1 - 1 + t), x);
     } else if (cols[t] != p.pad_slot_id) {
       for (int32_t i = 0; i < w1; ++i) store_act(p.state.base, state_off(p.state, cols[t], c, i), hist[i]);
     }
   }
+}
+
+GDN_KERNEL(2) void gdn_conv_spec(GdnConvParams p) {
+  int32_t seq, c;
+  if (!seq_and_channel(p, &seq, &c)) return;
+  if (p.width == 4) conv_spec_channel<4>(p, seq, c);  // Qwen3-Next / Qwen3.5
+  else conv_spec_channel<0>(p, seq, c);
 }
 
 // Prefill and plain decode sequences, tiled over time: the work-item of (tile, channel block)

@@ -86,7 +86,8 @@ static inline void zero_outputs(const GdnDeltaParams &p, int32_t j0, int32_t len
 // How a work-item of gdn_recurrent holds its part of the state (-DGDN_CPU_VEC, chosen by the host):
 //   0  one state column S[:, v] as K floats: one v per work-item (GPUs; any dims)
 //   1  kv layout on the CPU device: 16 consecutive columns as K x float16-vectors (needs V % 16 == 0)
-//   2  vk layout on the CPU device: one row S[v, :] as K/16 float16-vectors (needs K % 16 == 0)
+//   2  vk layout on the CPU device: rows S[v, :] as K/16 float16-vectors (needs K % 16 == 0),
+//      see recurrent_rows_vk
 // The CPU runtime's work-group vectorizer turns uniform loads into gathers when it cannot prove
 // uniformity; explicit vectors inside a work-item make every load contiguous or a broadcast.
 #ifndef GDN_CPU_VEC
@@ -114,10 +115,15 @@ static inline void vstore_stream(float *p, const vf16 &x) {
   if (((uintptr_t)p & 63u) == 0) __builtin_nontemporal_store(sycl::bit_cast<native_vf16>(x), (native_vf16 *)p);
   else vstore(p, x);
 }
+// Horizontal sum as a tree (4 dependent adds, not 16: the sum sits on the token's critical path).
 static inline float hsum(const vf16 &x) {
-  float r = 0.0f;
-  for (int i = 0; i < 16; ++i) r += x[i];
-  return r;
+  typedef float n8 __attribute__((ext_vector_type(8)));
+  typedef float n4 __attribute__((ext_vector_type(4)));
+  const native_vf16 a = sycl::bit_cast<native_vf16>(x);
+  const n8 b = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7) +
+               __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
+  const n4 c = __builtin_shufflevector(b, b, 0, 1, 2, 3) + __builtin_shufflevector(b, b, 4, 5, 6, 7);
+  return (c[0] + c[2]) + (c[1] + c[3]);
 }
 
 // The recurrence of one sequence and v-head over the state part at v (see GDN_CPU_VEC).
@@ -140,12 +146,6 @@ static inline void recurrent_part(const GdnDeltaParams &p, int32_t seq, int32_t 
   {
     const float *S = p.ssm + (int64_t)read_slot * p.slot_stride + head + v;
     for (int k = 0; k < KD; ++k) s[k] = init ? vload(S + (int64_t)k * p.V) : vf16(0.0f);
-  }
-#elif GDN_CPU_VEC == 2
-  vf16 s[KD / 16];  // s[c] = S[v, 16c .. 16c+15]
-  {
-    const float *S = p.ssm + (int64_t)read_slot * p.slot_stride + head + (int64_t)v * KD;
-    for (int c = 0; c < KD / 16; ++c) s[c] = init ? vload(S + 16 * c) : vf16(0.0f);
   }
 #else
   float s[KD];
@@ -179,23 +179,6 @@ static inline void recurrent_part(const GdnDeltaParams &p, int32_t seq, int32_t 
       float *S = p.ssm + (int64_t)cols[t] * p.slot_stride + head + v;
       for (int k = 0; k < KD; ++k) vstore(S + (int64_t)k * p.V, s[k]);
     }
-#elif GDN_CPU_VEC == 2
-    vf16 acc(0.0f);
-    for (int c = 0; c < KD / 16; ++c) {
-      s[c] *= decay;
-      acc += s[c] * vload(kn + 16 * c);
-    }
-    const float u = beta * (load_act(p.qkv, vrow) - hsum(acc));
-    vf16 oacc(0.0f);
-    for (int c = 0; c < KD / 16; ++c) {
-      s[c] += vload(kn + 16 * c) * u;
-      oacc += s[c] * vload(qn + 16 * c);
-    }
-    store_act(p.out, orow, hsum(oacc));
-    if (spec && cols[t] != p.pad_slot_id) {
-      float *S = p.ssm + (int64_t)cols[t] * p.slot_stride + head + (int64_t)v * KD;
-      for (int c = 0; c < KD / 16; ++c) vstore_stream(S + 16 * c, s[c]);
-    }
 #else
     const float vv = load_act(p.qkv, vrow);
     float kv = 0.0f;
@@ -217,17 +200,85 @@ static inline void recurrent_part(const GdnDeltaParams &p, int32_t seq, int32_t 
 #if GDN_CPU_VEC == 1
     float *S = p.ssm + (int64_t)read_slot * p.slot_stride + head + v;
     for (int k = 0; k < KD; ++k) vstore(S + (int64_t)k * p.V, s[k]);
-#elif GDN_CPU_VEC == 2
-    float *S = p.ssm + (int64_t)read_slot * p.slot_stride + head + (int64_t)v * KD;
-    for (int c = 0; c < KD / 16; ++c) vstore(S + 16 * c, s[c]);
 #else
     store_column(p, read_slot, hv, v, s);
 #endif
   }
 }
 
+#if GDN_CPU_VEC == 2
+// The vk variant: GDN_VK_ILV consecutive rows S[v, :] (K/16 vectors each) at once. Per token
+// and row, with d = e^g:  u = beta (v - d S.k),  S' = d S + u k,  o = S'.q = d S.q + u (k.q),
+// so one read pass over the row gives both dot products (k.q is shared by every row) and one
+// pass updates it. A row's step is a chain of dependent operations (dot products, horizontal
+// sums); GDN_VK_ILV independent rows let the core overlap the chains (one row at a time was
+// latency-bound: recurrent ~6 -> ~4 ms at spec S=3 B=8 on the 2-core test host).
+#ifndef GDN_VK_ILV
+#define GDN_VK_ILV 8
+#endif
+#define KC (KD / 16)
+static inline void recurrent_rows_vk(const GdnDeltaParams &p, int32_t seq, int32_t hv, int32_t v0) {
+  const int32_t j0 = p.query_start_loc[seq], len = p.query_start_loc[seq + 1] - j0;
+  const bool spec = p.mode == 2;
+  if (len == 0 || (p.mode == 0 && len != 1)) return;  // mode 0: longer sequences go to the chunk kernels
+  const int32_t nr = sycl::min(GDN_VK_ILV, p.V - v0);  // rows of this block (the last may be short)
+  const int32_t *cols = spec ? p.state_indices + (int64_t)seq * p.slot_cols : p.state_indices + seq;
+  const int32_t read_slot = spec ? cols[p.num_accepted[seq] - 1] : cols[0];
+  if (read_slot == p.pad_slot_id) {
+    for (int32_t r = 0; r < nr; ++r) zero_outputs(p, j0, len, hv, v0 + r);
+    return;
+  }
+  const int32_t h = hv / (p.HV / p.H);
+  const bool init = spec || !p.has_initial_state || p.has_initial_state[seq];
+  const int64_t rows0 = (int64_t)hv * KD * p.V + (int64_t)v0 * KD;  // S[v0, 0] within a slot
+  vf16 s[GDN_VK_ILV][KC];  // s[r][c] = S[v0 + r, 16c .. 16c+15]
+  {
+    const float *S = p.ssm + (int64_t)read_slot * p.slot_stride + rows0;
+    for (int32_t r = 0; r < GDN_VK_ILV; ++r)
+      for (int c = 0; c < KC; ++c) s[r][c] = init && r < nr ? vload(S + r * KD + 16 * c) : vf16(0.0f);
+  }
+  for (int32_t t = 0; t < len; ++t) {
+    const int64_t row = global_row(p.token_indx, j0 + t);
+    const float *kn = p.kn + (row * p.H + h) * KD, *qn = p.qn + (row * p.H + h) * KD;
+    const float decay = sycl::exp(p.g[row * p.HV + hv]), beta = p.beta[row * p.HV + hv];
+    const int64_t vrow = row * p.qkv_stride + p.v_offset + (int64_t)hv * p.V + v0;
+    const int64_t orow = row * p.out_stride + (int64_t)hv * p.V + v0;
+    vf16 k[KC], q[KC], kq(0.0f);
+    for (int c = 0; c < KC; ++c) {
+      k[c] = vload(kn + 16 * c);
+      q[c] = vload(qn + 16 * c);
+      kq += k[c] * q[c];
+    }
+    const float kdotq = hsum(kq);
+    float u[GDN_VK_ILV];
+    for (int32_t r = 0; r < GDN_VK_ILV; ++r) {
+      vf16 ak(0.0f), aq(0.0f);
+      for (int c = 0; c < KC; ++c) {
+        ak += s[r][c] * k[c];
+        aq += s[r][c] * q[c];
+      }
+      u[r] = r < nr ? beta * (load_act(p.qkv, vrow + r) - decay * hsum(ak)) : 0.0f;
+      if (r < nr) store_act(p.out, orow + r, decay * hsum(aq) + u[r] * kdotq);
+    }
+    for (int32_t r = 0; r < GDN_VK_ILV; ++r)
+      for (int c = 0; c < KC; ++c) s[r][c] = s[r][c] * decay + k[c] * u[r];
+    if (spec && cols[t] != p.pad_slot_id) {
+      float *S = p.ssm + (int64_t)cols[t] * p.slot_stride + rows0;
+      for (int32_t r = 0; r < nr; ++r)
+        for (int c = 0; c < KC; ++c) vstore_stream(S + r * KD + 16 * c, s[r][c]);
+    }
+  }
+  if (!spec) {
+    float *S = p.ssm + (int64_t)read_slot * p.slot_stride + rows0;
+    for (int32_t r = 0; r < nr; ++r)
+      for (int c = 0; c < KC; ++c) vstore(S + r * KD + 16 * c, s[r][c]);
+  }
+}
+#undef KC
+#endif
+
 // Global: (num_seqs*HV, work-items along v), local (1, w). v mapping: GDN_CPU_VEC 0 one column,
-// 1 sixteen columns, 2 GDN_VK_ROWS rows (each row is independent: the work-item runs them in turn;
+// 1 sixteen columns, 2 GDN_VK_ROWS rows (blocks of GDN_VK_ILV rows, run in turn;
 // fewer, larger work-items keep the CPU runtime's per-work-group cost small).
 #ifndef GDN_VK_ROWS
 #define GDN_VK_ROWS 1
@@ -242,9 +293,10 @@ GDN_KERNEL(2) void gdn_recurrent(GdnDeltaParams p) {
   const int32_t v = (int32_t)it.get_global_id(1) * 16;  // first of 16 columns
   if (v < p.V) recurrent_part(p, seq, hv, v);
 #elif GDN_CPU_VEC == 2
-  for (int32_t r = 0; r < GDN_VK_ROWS; ++r) {
+  static_assert(GDN_VK_ROWS % GDN_VK_ILV == 0, "a work-item's rows are whole blocks");
+  for (int32_t r = 0; r < GDN_VK_ROWS; r += GDN_VK_ILV) {
     const int32_t v = (int32_t)it.get_global_id(1) * GDN_VK_ROWS + r;
-    if (v < p.V) recurrent_part(p, seq, hv, v);
+    if (v < p.V) recurrent_rows_vk(p, seq, hv, v);
   }
 #else
   const int32_t v = (int32_t)it.get_global_id(1);
