@@ -19,6 +19,7 @@ namespace {
 
 constexpr int64_t kChunk = 64;  // chunk length of the WY/UT prefill form (delta_rule.cpp CHUNK)
 constexpr size_t kWorkGroup = 16;
+constexpr int64_t kConvSpecChannels = 16 * 8;  // per work-item of gdn_conv_spec_cpu (16 * GDN_CONV_SPEC_BLOCKS)
 constexpr int64_t kVkRows = 8;  // rows per work-item of the CPU vk recurrent variant (GDN_VK_ROWS)
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -233,7 +234,7 @@ sycl::event enqueue_conv(Checked &c, void *conv_out, int64_t conv_out_stride, sy
   // CPU device: the 16-channel vector variant of the non-spec kernel (delta_rule.cpp explains why).
   const bool cpu = cpu_variants(c.q) && c.conv_dim % 16 == 0;
   sycl::kernel k_ns = get_kernel(c.q, Family::Conv, opt, cpu ? "gdn_conv_non_spec_cpu" : "gdn_conv_non_spec");
-  sycl::kernel k_s = get_kernel(c.q, Family::Conv, opt, "gdn_conv_spec");
+  sycl::kernel k_s = get_kernel(c.q, Family::Conv, opt, cpu ? "gdn_conv_spec_cpu" : "gdn_conv_spec");
   GdnConvParams p = conv_params(c, conv_out, conv_out_stride);
   if (c.num_non_spec_seqs > 0 && b.non_spec_token_count > 0) {
     bind_group(p, c, Group::NonSpec);
@@ -247,7 +248,9 @@ sycl::event enqueue_conv(Checked &c, void *conv_out, int64_t conv_out_stride, sy
   }
   if (b.num_spec_decodes > 0 && b.spec_token_count > 0) {
     bind_group(p, c, Group::Spec);
-    ev = launch(c.q, k_s, range2(p.num_seqs, c.conv_dim, 64), p, ev);
+    // CPU: kConvSpecChannels channels per work-item, alone in its group (conv1d.cpp says why).
+    ev = launch(c.q, k_s, cpu ? range2(p.num_seqs, (c.conv_dim + kConvSpecChannels - 1) / kConvSpecChannels, 1)
+                              : range2(p.num_seqs, c.conv_dim, 64), p, ev);
   }
   return ev;
 }

@@ -34,6 +34,25 @@ static inline void store_act(void *p, int64_t i, float f) { ((act_t *)p)[i] = fl
 
 // Work-items on the CPU device hold 16 lanes (channels, state columns) in one vector; see delta_rule.cpp.
 typedef sycl::vec<float, 16> vf16;
+// Keeping the CPU runtime's work-group vectorizer out of the *_cpu kernels. The CPU device's
+// compiler vectorizes every kernel across work-items (16 work-items per SIMD instruction) and
+// runs that form even for work-groups of one work-item. A *_cpu kernel's work-item already
+// computes on 16-wide vectors, and re-vectorizing it turns each vector access into lane-by-lane
+// gathers and scatters (the spec conv ran 2x slower). The vectorizer gives up on a kernel that
+// calls a function returning a struct by value (its diagnostics: "unsupported struct type return
+// in callee"), and no attribute the SYCL front end passes on turns it off per kernel, so the
+// kernels where this measured faster (spec conv 2x; recurrent) run their body as a
+// GDN_CPU_WORK_ITEM function (the chunk kernels measured the same either way):
+//   GDN_CPU_WORK_ITEM body(const Params &p) { ...; return {}; }
+//   GDN_KERNEL(2) void gdn_x_cpu(Params p) { body(p); }
+struct WorkItemDone {  // two members of different types: a one-int struct is returned as an int,
+  int32_t unused_i;      // and the vectorizer then makes 16-wide variants of the body
+  float unused_f;
+};
+#define GDN_CPU_WORK_ITEM static __attribute__((noinline)) WorkItemDone
+
+// The compiler's own vector type, for its builtins (shuffles, non-temporal stores); bit_cast to/from vf16.
+typedef float native_vf16 __attribute__((ext_vector_type(16)));
 #if defined(GDN_ACT_BF16)
 // 16 bf16 values as whole-vector integer operations: a lane-by-lane loop of act_to_float stayed
 // scalar on the CPU device and dominated the kernels that stream activations.

@@ -59,9 +59,28 @@ static inline void store_lanes(void *p, int64_t i, int64_t step, const typename 
   }
 }
 
-static inline void load_weights(const GdnConvParams &p, int32_t c, int32_t width, float *w, float *bias) {
-  for (int32_t i = 0; i < width; ++i) w[i] = load_act(p.weight, (int64_t)c * width + i);
-  *bias = p.bias ? load_act(p.bias, c) : 0.0f;
+// The weights ([C, W], row-major) of channels c..c+15 into w[i] = tap i of the 16 channels.
+// For W = 4 the 64 values are contiguous: four vector loads and a transpose by shuffles (the
+// lane-by-lane gather, 64 scalar loads, was ~60% of the spec conv's time on the CPU device).
+template <int I>
+static inline vf16 tap_of_4(const native_vf16 &a0, const native_vf16 &a1, const native_vf16 &a2, const native_vf16 &a3) {
+  typedef float native_vf8 __attribute__((ext_vector_type(8)));
+  const native_vf8 lo = __builtin_shufflevector(a0, a1, I, I + 4, I + 8, I + 12, I + 16, I + 20, I + 24, I + 28);
+  const native_vf8 hi = __builtin_shufflevector(a2, a3, I, I + 4, I + 8, I + 12, I + 16, I + 20, I + 24, I + 28);
+  return sycl::bit_cast<vf16>(__builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+}
+template <int N, int WIDTH>
+static inline void load_weights(const void *weight, int32_t c, int32_t width, typename Lanes<N>::T *w) {
+  if constexpr (N == 16 && WIDTH == 4) {
+    native_vf16 a[4];
+    for (int j = 0; j < 4; ++j) a[j] = sycl::bit_cast<native_vf16>(load_act16(weight, (int64_t)c * 4 + 16 * j));
+    w[0] = tap_of_4<0>(a[0], a[1], a[2], a[3]);
+    w[1] = tap_of_4<1>(a[0], a[1], a[2], a[3]);
+    w[2] = tap_of_4<2>(a[0], a[1], a[2], a[3]);
+    w[3] = tap_of_4<3>(a[0], a[1], a[2], a[3]);
+  } else {
+    for (int32_t i = 0; i < width; ++i) w[i] = load_lanes<N>(weight, (int64_t)c * width + i, width);
+  }
 }
 
 // The sequence comes from the group id of dimension 0 (local range 1 there), so the CPU device's
@@ -73,51 +92,75 @@ static inline bool seq_and_channel(const GdnConvParams &p, int32_t *seq, int32_t
   return *seq < p.num_seqs && *c < p.conv_dim;
 }
 
-// Speculative sequences, both conv-state layouts (see gdn_conv_spec_layout_t in gdn_xpu.h).
-// WIDTH is the conv width when known at compile time (0: p.width). A fixed width keeps the input
-// history in registers; with a run-time width the CPU device's vectorizer moved it through
-// memory (memmove per token, memset per work-item: ~10x the memory-bound time).
-template <int WIDTH>
-static inline void conv_spec_channel(const GdnConvParams &p, int32_t seq, int32_t c) {
-  const int32_t width = WIDTH ? WIDTH : p.width;
+// Speculative sequences, both conv-state layouts (see gdn_conv_spec_layout_t in gdn_xpu.h):
+// channels c..c+N-1 of sequence seq. WIDTH is the conv width when known at compile time (0:
+// p.width): a fixed width keeps the input history in registers (with a run-time width the CPU
+// device's compiler moved it through memory, a memmove per token).
+template <int N, int WIDTH>
+static inline void conv_spec_channels(const GdnConvParams &p, int32_t seq, int32_t c) {
+  typedef typename Lanes<N>::T T;
+  const int32_t width = WIDTH ? WIDTH : p.width, w1 = width - 1;
   const int32_t j0 = p.query_start_loc[seq], len = p.query_start_loc[seq + 1] - j0;
   if (len == 0) return;  // graph padding: no rows, no state change (ROLLED would otherwise shift the line)
   const int32_t *cols = p.state_indices + (int64_t)seq * p.slot_cols;
   const int32_t accepted = p.num_accepted[seq];
-  const int32_t w1 = width - 1;
+  const int64_t cs = p.state.chan_stride;
   // ROLLED keeps one line (cols[0]) and offsets into it; SNAPSHOT reads the slot of the last accepted token.
   const int32_t read_slot = p.rolled ? cols[0] : cols[accepted - 1];
   const int32_t read_col0 = p.rolled ? accepted - 1 : 0;
   if (p.rolled && read_slot == p.pad_slot_id) {
-    for (int32_t t = 0; t < len; ++t) store_act(p.out, global_row(p.token_indx, j0 + t) * p.out_stride + c, 0.0f);
+    for (int32_t t = 0; t < len; ++t)
+      store_lanes<N>(p.out, global_row(p.token_indx, j0 + t) * p.out_stride + c, 1, T(0.0f));
     return;
   }
-  float w[GDN_MAX_WIDTH], bias, hist[GDN_MAX_WIDTH];
-  load_weights(p, c, width, w, &bias);
+  T w[GDN_MAX_WIDTH], hist[GDN_MAX_WIDTH];
+  load_weights<N, WIDTH>(p.weight, c, width, w);
+  const T bias = p.bias ? load_lanes<N>(p.bias, c, 1) : T(0.0f);
   for (int32_t i = 0; i < w1; ++i)
-    hist[i] = read_slot == p.pad_slot_id ? 0.0f : load_act(p.state.base, state_off(p.state, read_slot, c, read_col0 + i));
+    hist[i] = read_slot == p.pad_slot_id ? T(0.0f)
+                                         : load_lanes<N>(p.state.base, state_off(p.state, read_slot, c, read_col0 + i), cs);
   if (p.rolled) {
     // Columns 0..W-3 := the W-2 inputs just before token 0 (hist[1..W-2]); the tokens follow below.
-    for (int32_t i = 0; i + 1 < w1; ++i) store_act(p.state.base, state_off(p.state, read_slot, c, i), hist[i + 1]);
+    for (int32_t i = 0; i + 1 < w1; ++i) store_lanes<N>(p.state.base, state_off(p.state, read_slot, c, i), cs, hist[i + 1]);
   }
   for (int32_t t = 0; t < len; ++t) {
     const int64_t row = global_row(p.token_indx, j0 + t);
-    const float x = load_act(p.x, row * p.x_stride + c);
-    store_act(p.out, row * p.out_stride + c, conv_token(w, bias, hist, width, x, p.silu));
+    const T x = load_lanes<N>(p.x, row * p.x_stride + c, 1);
+    store_lanes<N>(p.out, row * p.out_stride + c, 1, conv_token(w, bias, hist, width, x, p.silu));
     if (p.rolled) {
-      store_act(p.state.base, state_off(p.state, read_slot, c, w1 - 1 + t), x);
+      store_lanes<N>(p.state.base, state_off(p.state, read_slot, c, w1 - 1 + t), cs, x);
     } else if (cols[t] != p.pad_slot_id) {
-      for (int32_t i = 0; i < w1; ++i) store_act(p.state.base, state_off(p.state, cols[t], c, i), hist[i]);
+      for (int32_t i = 0; i < w1; ++i) store_lanes<N>(p.state.base, state_off(p.state, cols[t], c, i), cs, hist[i]);
     }
   }
 }
 
+// Global (num spec sequences, conv_dim rounded up), local (1, w): one channel per work-item.
 GDN_KERNEL(2) void gdn_conv_spec(GdnConvParams p) {
   int32_t seq, c;
   if (!seq_and_channel(p, &seq, &c)) return;
-  if (p.width == 4) conv_spec_channel<4>(p, seq, c);  // Qwen3-Next / Qwen3.5
-  else conv_spec_channel<0>(p, seq, c);
+  if (p.width == 4) conv_spec_channels<1, 4>(p, seq, c);  // Qwen3-Next / Qwen3.5
+  else conv_spec_channels<1, 0>(p, seq, c);
 }
+
+// CPU-device variant (host picks it when conv_dim % 16 == 0): global (num spec sequences,
+// conv_dim / (16 * GDN_CONV_SPEC_BLOCKS) rounded up), local (1, 1). A work-item owns
+// GDN_CONV_SPEC_BLOCKS blocks of 16 consecutive channels as vectors, run in turn; alone in its
+// work-group it runs as written (the runtime's work-group vectorizer would re-vectorize the
+// vectors across work-items: lane-by-lane gathers, measured ~5x slower).
+#define GDN_CONV_SPEC_BLOCKS 8
+GDN_CPU_WORK_ITEM conv_spec_cpu(const GdnConvParams &p) {
+  const auto it = item2();
+  const int32_t seq = (int32_t)it.get_group(0);
+  for (int32_t blk = 0; blk < GDN_CONV_SPEC_BLOCKS && seq < p.num_seqs; ++blk) {
+    const int32_t c = ((int32_t)it.get_global_id(1) * GDN_CONV_SPEC_BLOCKS + blk) * 16;
+    if (c >= p.conv_dim) break;
+    if (p.width == 4) conv_spec_channels<16, 4>(p, seq, c);
+    else conv_spec_channels<16, 0>(p, seq, c);
+  }
+  return {};
+}
+GDN_KERNEL(2) void gdn_conv_spec_cpu(GdnConvParams p) { conv_spec_cpu(p); }
 
 // Prefill and plain decode sequences, tiled over time: the work-item of (tile, channel block)
 // convolves the compact tokens [tile*tile_len, +tile_len) of every sequence overlapping the tile.
@@ -134,7 +177,7 @@ static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int3
   const int32_t t0 = tile * p.tile_len, t1 = sycl::min(t0 + p.tile_len, p.num_tokens);
   const int32_t width = WIDTH ? WIDTH : p.width, w1 = width - 1;
   T w[GDN_MAX_WIDTH], hist[GDN_MAX_WIDTH];
-  for (int32_t i = 0; i < width; ++i) w[i] = load_lanes<N>(p.weight, (int64_t)c * width + i, width);
+  load_weights<N, WIDTH>(p.weight, c, width, w);
   const T bias = p.bias ? load_lanes<N>(p.bias, c, 1) : T(0.0f);
   int32_t lo = 0, hi = p.num_seqs;  // the last sequence starting at or before t0 holds token t0
   while (hi - lo > 1) {

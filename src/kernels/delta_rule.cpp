@@ -110,7 +110,6 @@ static inline void vstore(float *p, const vf16 &x) {
 // (non-temporal) store skips the read-for-ownership of each line, which cost the CPU device a
 // second pass over the written bytes (recurrent kernel ~5.9 -> ~4.8 ms at spec S=3, B=8 here).
 // It needs the 64-byte alignment of the vector; other addresses take the plain store.
-typedef float native_vf16 __attribute__((ext_vector_type(16)));
 static inline void vstore_stream(float *p, const vf16 &x) {
   if (((uintptr_t)p & 63u) == 0) __builtin_nontemporal_store(sycl::bit_cast<native_vf16>(x), (native_vf16 *)p);
   else vstore(p, x);
@@ -283,26 +282,34 @@ static inline void recurrent_rows_vk(const GdnDeltaParams &p, int32_t seq, int32
 #ifndef GDN_VK_ROWS
 #define GDN_VK_ROWS 1
 #endif
-GDN_KERNEL(2) void gdn_recurrent(GdnDeltaParams p) {
+// The body, as a GDN_CPU_WORK_ITEM on the CPU device (variants 1, 2: explicit vectors).
+#if GDN_CPU_VEC
+GDN_CPU_WORK_ITEM
+#else
+static inline void
+#endif
+recurrent_work_item(const GdnDeltaParams &p) {
   const auto it = item2();
   // (sequence, v-head) from the GROUP id (the local range is 1 in dimension 0): uniform across
   // the work-group by construction.
   const int32_t seq = (int32_t)(it.get_group(0) / p.HV), hv = (int32_t)(it.get_group(0) % p.HV);
-  if (seq >= p.num_seqs) return;
 #if GDN_CPU_VEC == 1
   const int32_t v = (int32_t)it.get_global_id(1) * 16;  // first of 16 columns
-  if (v < p.V) recurrent_part(p, seq, hv, v);
+  if (seq < p.num_seqs && v < p.V) recurrent_part(p, seq, hv, v);
+  return {};
 #elif GDN_CPU_VEC == 2
   static_assert(GDN_VK_ROWS % GDN_VK_ILV == 0, "a work-item's rows are whole blocks");
-  for (int32_t r = 0; r < GDN_VK_ROWS; r += GDN_VK_ILV) {
+  for (int32_t r = 0; r < GDN_VK_ROWS && seq < p.num_seqs; r += GDN_VK_ILV) {
     const int32_t v = (int32_t)it.get_global_id(1) * GDN_VK_ROWS + r;
     if (v < p.V) recurrent_rows_vk(p, seq, hv, v);
   }
+  return {};
 #else
   const int32_t v = (int32_t)it.get_global_id(1);
-  if (v < p.V) recurrent_part(p, seq, hv, v);
+  if (seq < p.num_seqs && v < p.V) recurrent_part(p, seq, hv, v);
 #endif
 }
+GDN_KERNEL(2) void gdn_recurrent(GdnDeltaParams p) { recurrent_work_item(p); }
 
 // Workspace addressing: chunk c, row i of v-head hv sits at position (hv*num_chunks + c)*CHUNK + i.
 static inline int64_t chunk_pos(const GdnDeltaParams &p, int32_t hv, int32_t c) {
