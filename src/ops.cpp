@@ -19,7 +19,7 @@ namespace {
 
 constexpr int64_t kChunk = 64;  // chunk length of the WY/UT prefill form (delta_rule.cpp CHUNK)
 constexpr size_t kWorkGroup = 16;
-constexpr int64_t kConvSpecChannels = 16 * 8;  // per work-item of gdn_conv_spec_cpu (16 * GDN_CONV_SPEC_BLOCKS)
+constexpr int64_t kConvSpecBlocks = 8;  // 16-channel blocks per work-item of gdn_conv_spec_cpu (GDN_CONV_SPEC_BLOCKS)
 constexpr int64_t kVkRows = 8;  // rows per work-item of the CPU vk recurrent variant (GDN_VK_ROWS)
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -49,6 +49,10 @@ int cpu_vec_variant(const sycl::queue &q, const gdn_config_t &cfg) {
 // The chunk kernels' CPU variants (explicit 16-wide vectors) need K and V to be multiples of 16.
 bool cpu_chunk_variant(const sycl::queue &q, const gdn_config_t &cfg) {
   return cpu_variants(q) && cfg.head_k_dim % 16 == 0 && cfg.head_v_dim % 16 == 0;
+}
+
+std::string conv_options(const gdn_config_t &cfg) {
+  return act_option(cfg.act_dtype) + " -DGDN_CONV_SPEC_BLOCKS=" + std::to_string(kConvSpecBlocks);
 }
 
 std::string delta_options(const sycl::queue &q, const gdn_config_t &cfg) {
@@ -230,7 +234,7 @@ GdnConvParams conv_params(const Checked &c, void *conv_out, int64_t conv_out_str
 
 sycl::event enqueue_conv(Checked &c, void *conv_out, int64_t conv_out_stride, sycl::event ev) {
   const gdn_batch_t &b = c.batch;
-  const std::string opt = act_option(c.cfg.act_dtype);
+  const std::string opt = conv_options(c.cfg);
   // CPU device: the 16-channel vector variant of the non-spec kernel (delta_rule.cpp explains why).
   const bool cpu = cpu_variants(c.q) && c.conv_dim % 16 == 0;
   sycl::kernel k_ns = get_kernel(c.q, Family::Conv, opt, cpu ? "gdn_conv_non_spec_cpu" : "gdn_conv_non_spec");
@@ -248,8 +252,9 @@ sycl::event enqueue_conv(Checked &c, void *conv_out, int64_t conv_out_stride, sy
   }
   if (b.num_spec_decodes > 0 && b.spec_token_count > 0) {
     bind_group(p, c, Group::Spec);
-    // CPU: kConvSpecChannels channels per work-item, alone in its group (conv1d.cpp says why).
-    ev = launch(c.q, k_s, cpu ? range2(p.num_seqs, (c.conv_dim + kConvSpecChannels - 1) / kConvSpecChannels, 1)
+    // CPU: kConvSpecBlocks blocks of 16 channels per work-item, alone in its group.
+    const int64_t per_item = 16 * kConvSpecBlocks;
+    ev = launch(c.q, k_s, cpu ? range2(p.num_seqs, (c.conv_dim + per_item - 1) / per_item, 1)
                               : range2(p.num_seqs, c.conv_dim, 64), p, ev);
   }
   return ev;
@@ -398,7 +403,7 @@ void run(Op op, void *queue, const gdn_config_t *cfg, const gdn_batch_t *batch, 
   // Compile (or look up) every kernel first: a compile failure must not leave a half-done call.
   std::optional<DeltaKernels> dk;
   if (delta) dk = delta_kernels(c);
-  if (conv) get_kernel(c.q, Family::Conv, act_option(c.cfg.act_dtype), "gdn_conv_spec");
+  if (conv) get_kernel(c.q, Family::Conv, conv_options(c.cfg), "gdn_conv_spec");
   if (norm) get_kernel(c.q, Family::Norm, act_option(c.cfg.act_dtype), "gdn_gated_rmsnorm");
 
   const ChunkPlan plan = delta ? plan_chunks(c) : ChunkPlan{};
@@ -469,7 +474,7 @@ GDN_API gdn_status_t gdn_warmup(void *queue, const gdn_config_t *cfg) {
     if (!queue) gdn::fail(GDN_ERROR_BAD_QUEUE, "queue is NULL");
     const gdn_config_t c = gdn::validate_config(cfg);
     const sycl::queue &q = *static_cast<sycl::queue *>(queue);
-    gdn::get_kernel(q, gdn::Family::Conv, gdn::act_option(c.act_dtype), "gdn_conv_spec");
+    gdn::get_kernel(q, gdn::Family::Conv, gdn::conv_options(c), "gdn_conv_spec");
     gdn::get_kernel(q, gdn::Family::Delta, gdn::delta_options(q, c), "gdn_prep");
     gdn::get_kernel(q, gdn::Family::Norm, gdn::act_option(c.act_dtype), "gdn_gated_rmsnorm");
   });

@@ -59,28 +59,10 @@ static inline void store_lanes(void *p, int64_t i, int64_t step, const typename 
   }
 }
 
-// The weights ([C, W], row-major) of channels c..c+15 into w[i] = tap i of the 16 channels.
-// For W = 4 the 64 values are contiguous: four vector loads and a transpose by shuffles (the
-// lane-by-lane gather, 64 scalar loads, was ~60% of the spec conv's time on the CPU device).
-template <int I>
-static inline vf16 tap_of_4(const native_vf16 &a0, const native_vf16 &a1, const native_vf16 &a2, const native_vf16 &a3) {
-  typedef float native_vf8 __attribute__((ext_vector_type(8)));
-  const native_vf8 lo = __builtin_shufflevector(a0, a1, I, I + 4, I + 8, I + 12, I + 16, I + 20, I + 24, I + 28);
-  const native_vf8 hi = __builtin_shufflevector(a2, a3, I, I + 4, I + 8, I + 12, I + 16, I + 20, I + 24, I + 28);
-  return sycl::bit_cast<vf16>(__builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-}
-template <int N, int WIDTH>
+// The weights ([C, W], row-major) of channels c..c+N-1: w[i] = tap i of each channel.
+template <int N>
 static inline void load_weights(const void *weight, int32_t c, int32_t width, typename Lanes<N>::T *w) {
-  if constexpr (N == 16 && WIDTH == 4) {
-    native_vf16 a[4];
-    for (int j = 0; j < 4; ++j) a[j] = sycl::bit_cast<native_vf16>(load_act16(weight, (int64_t)c * 4 + 16 * j));
-    w[0] = tap_of_4<0>(a[0], a[1], a[2], a[3]);
-    w[1] = tap_of_4<1>(a[0], a[1], a[2], a[3]);
-    w[2] = tap_of_4<2>(a[0], a[1], a[2], a[3]);
-    w[3] = tap_of_4<3>(a[0], a[1], a[2], a[3]);
-  } else {
-    for (int32_t i = 0; i < width; ++i) w[i] = load_lanes<N>(weight, (int64_t)c * width + i, width);
-  }
+  for (int32_t i = 0; i < width; ++i) w[i] = load_lanes<N>(weight, (int64_t)c * width + i, width);
 }
 
 // The sequence comes from the group id of dimension 0 (local range 1 there), so the CPU device's
@@ -114,7 +96,7 @@ static inline void conv_spec_channels(const GdnConvParams &p, int32_t seq, int32
     return;
   }
   T w[GDN_MAX_WIDTH], hist[GDN_MAX_WIDTH];
-  load_weights<N, WIDTH>(p.weight, c, width, w);
+  load_weights<N>(p.weight, c, width, w);
   const T bias = p.bias ? load_lanes<N>(p.bias, c, 1) : T(0.0f);
   for (int32_t i = 0; i < w1; ++i)
     hist[i] = read_slot == p.pad_slot_id ? T(0.0f)
@@ -145,10 +127,12 @@ GDN_KERNEL(2) void gdn_conv_spec(GdnConvParams p) {
 
 // CPU-device variant (host picks it when conv_dim % 16 == 0): global (num spec sequences,
 // conv_dim / (16 * GDN_CONV_SPEC_BLOCKS) rounded up), local (1, 1). A work-item owns
-// GDN_CONV_SPEC_BLOCKS blocks of 16 consecutive channels as vectors, run in turn; alone in its
-// work-group it runs as written (the runtime's work-group vectorizer would re-vectorize the
-// vectors across work-items: lane-by-lane gathers, measured ~5x slower).
-#define GDN_CONV_SPEC_BLOCKS 8
+// GDN_CONV_SPEC_BLOCKS (set by the host) blocks of 16 consecutive channels as vectors, run in
+// turn; its body is a GDN_CPU_WORK_ITEM (common.hpp), which keeps the runtime's cross-work-item
+// vectorizer from re-vectorizing the vectors lane by lane (2x slower).
+#ifndef GDN_CONV_SPEC_BLOCKS
+#define GDN_CONV_SPEC_BLOCKS 1
+#endif
 GDN_CPU_WORK_ITEM conv_spec_cpu(const GdnConvParams &p) {
   const auto it = item2();
   const int32_t seq = (int32_t)it.get_group(0);
@@ -177,7 +161,7 @@ static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int3
   const int32_t t0 = tile * p.tile_len, t1 = sycl::min(t0 + p.tile_len, p.num_tokens);
   const int32_t width = WIDTH ? WIDTH : p.width, w1 = width - 1;
   T w[GDN_MAX_WIDTH], hist[GDN_MAX_WIDTH];
-  load_weights<N, WIDTH>(p.weight, c, width, w);
+  load_weights<N>(p.weight, c, width, w);
   const T bias = p.bias ? load_lanes<N>(p.bias, c, 1) : T(0.0f);
   int32_t lo = 0, hi = p.num_seqs;  // the last sequence starting at or before t0 holds token t0
   while (hi - lo > 1) {
