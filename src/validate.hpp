@@ -15,7 +15,6 @@ enum class Op { Conv, Delta, Attention };
 // Host copies of the metadata arrays that were read back.
 struct HostMeta {
   std::vector<int32_t> ns_qsl, ns_slots, s_qsl, s_slots, accepted, ns_tok, s_tok;
-  std::vector<uint8_t> has_init;
 };
 
 struct Checked {
@@ -26,7 +25,7 @@ struct Checked {
   int32_t conv_dim = 0;
   int32_t num_non_spec_seqs = 0;
   size_t act_bytes = 0;
-  HostMeta meta;      // ns_qsl is present when validating fully or when prefills need a chunk plan
+  HostMeta meta;      // read back under GDN_VALIDATE_FULL only
 };
 
 // Validates one call of `op`. Throws Failure naming the field and value on the first violation.

@@ -419,6 +419,20 @@ def check_success(c, host, dev, before):
     assert not changed, f"ssm_state slots {changed} are not addressed by the call but changed"
 
 
+def check_workspace_size(queue, cfg, batch, dev, before):
+    """gdn_attention_workspace_size is exactly what the call uses: one byte less is refused
+    (nothing written), and the call below then runs in a caller workspace of exactly that size."""
+    n = pygdn.workspace_size(cfg, batch)
+    short = pygdn.UsmArray((max(n - 1, 1),), np.uint8, queue, usm_type="device")
+    with pytest.raises(pygdn.GdnError, match=f"< {n} needed") as e:
+        pygdn.attention(queue, cfg, batch, workspace=short, **dev)
+    assert e.value.status_name == "GDN_ERROR_OUT_OF_MEMORY"
+    after = snapshot(dev)
+    for k in before:
+        assert np.array_equal(before[k], after[k]), f"a call refused for its workspace changed {k}"
+    dev["workspace"] = pygdn.UsmArray((n,), np.uint8, queue, usm_type="device")
+
+
 def run_case(queue, c):
     verdict, statuses = predict(c)
     if verdict != "ok":
@@ -429,6 +443,8 @@ def run_case(queue, c):
     event(f"prediction: {verdict} {sorted(statuses) if statuses else ''}")
     cfg, batch, host, dev = build(queue, c)
     before = snapshot(dev)
+    if verdict == "ok" and not c["conv_out"] and c["num_actual_tokens"] > 0 and c["seed"] % 2 == 0:
+        check_workspace_size(queue, cfg, batch, dev, before)
     try:
         pygdn.attention(queue, cfg, batch, **dev)
     except (pygdn.GdnError, ValueError, TypeError) as e:

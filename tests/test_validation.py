@@ -611,8 +611,8 @@ def test_counts_mode_skips_content_checks(s):
 
 
 def test_counts_mode_still_checks_non_spec_start_loc(s):
-    # The chunk plan of the prefills is built from non_spec_query_start_loc: with a prefill in the
-    # batch it is read back, and checked, in COUNTS mode too.
+    # The chunk kernels walk whole prefills: with a prefill in the batch non_spec_query_start_loc
+    # is read back, and checked, in COUNTS mode too (validate.cpp says why).
     fails(s, "GDN_ERROR_BAD_START_LOC", ["non_spec_query_start_loc decreases at [2]: 5 -> 4"],
           lambda: s.attention(s.batch(validate="counts", non_spec_query_start_loc=[0, 5, 4])))
 
