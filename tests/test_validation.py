@@ -15,7 +15,7 @@ import dpctl
 import pygdn
 from pygdn import ffi, lib
 from pygdn import reference as ref
-from conftest import assert_close, conv_from_canonical, conv_to_canonical, ssm_from_canonical, ssm_to_canonical, usm
+from helpers import assert_close, conv_from_canonical, conv_to_canonical, ssm_from_canonical, ssm_to_canonical, usm
 
 H, HV, K, V, W = 1, 2, 4, 4, 4
 C = 2 * H * K + HV * V  # 16
