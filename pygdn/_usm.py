@@ -15,6 +15,7 @@ import dpctl.memory as _dpmem
 # byte-order character (dpnp 0.20 writes '|i4', numpy '<i4').
 DTYPE_NAMES = {_np.dtype(_np.float32): "f32", _np.dtype(_np.float16): "f16", _np.dtype(_np.uint16): "bf16",
                _np.dtype(_np.int32): "i32", _np.dtype(_np.uint8): "u8", _np.dtype(_np.bool_): "u8"}
+NUMPY_DTYPES = {name: dt for dt, name in DTYPE_NAMES.items() if dt.kind != "b"}  # gdn dtype name -> numpy
 
 
 def dtype_name(typestr):

@@ -9,9 +9,10 @@ from __future__ import annotations
 import dataclasses as _dc
 import inspect as _inspect
 import math as _math
+import typing as _t
 
 from ._lib import ffi as _ffi, last_error as _last_error, lib as _lib, status_name as _status_name
-from ._usm import UsmView as _UsmView
+from ._usm import NUMPY_DTYPES as _NUMPY_DTYPES, UsmView as _UsmView
 
 _DTYPES = {"f32": _lib.GDN_DTYPE_F32, "f16": _lib.GDN_DTYPE_F16, "bf16": _lib.GDN_DTYPE_BF16}
 _SSM_LAYOUTS = {"kv": _lib.GDN_SSM_KV, "vk": _lib.GDN_SSM_VK}
@@ -121,16 +122,47 @@ class Config:
         return c
 
 
-_BATCH_ARRAYS = {  # field: (dtype, length as a function of the batch)
-    "non_spec_query_start_loc": ("i32", lambda b: b.num_non_spec_seqs + 1),
-    "non_spec_state_indices": ("i32", lambda b: b.num_non_spec_seqs),
-    "has_initial_state": ("u8", lambda b: b.num_non_spec_seqs),
-    "non_spec_token_indx": ("i32", lambda b: b.non_spec_token_count),
-    "spec_query_start_loc": ("i32", lambda b: b.num_spec_decodes + 1),
-    "spec_state_indices": ("i32", lambda b: b.num_spec_decodes * (b.num_spec + 1)),
-    "num_accepted_tokens": ("i32", lambda b: b.num_spec_decodes),
-    "spec_token_indx": ("i32", lambda b: b.spec_token_count),
+# ---- gdn_batch_t's fields: the one table of them in Python (marshalling, batch.py, the tests) ----
+# Read from the header through cffi: its int32 fields are the counts (and the two settings
+# below), its pointer fields the metadata arrays, with their element type. What the header does
+# not say in a machine-readable way is how many elements the counts require of each array.
+_BATCH_SETTINGS = ("pad_slot_id", "validate")  # int32 fields of gdn_batch_t that are not counts
+_BATCH_ARRAY_LENGTHS = {  # field: elements the counts require (counts: any mapping of count names)
+    "non_spec_query_start_loc": lambda c: c["num_prefills"] + c["num_decodes"] + 1,
+    "non_spec_state_indices": lambda c: c["num_prefills"] + c["num_decodes"],
+    "has_initial_state": lambda c: c["num_prefills"] + c["num_decodes"],
+    "non_spec_token_indx": lambda c: c["non_spec_token_count"],
+    "spec_query_start_loc": lambda c: c["num_spec_decodes"] + 1,
+    "spec_state_indices": lambda c: c["num_spec_decodes"] * (c["num_spec"] + 1),
+    "num_accepted_tokens": lambda c: c["num_spec_decodes"],
+    "spec_token_indx": lambda c: c["spec_token_count"],
 }
+_C_ELEMENT_TYPES = {"int32_t": "i32", "uint8_t": "u8"}
+
+
+class BatchArray(_t.NamedTuple):
+    """One metadata array of gdn_batch_t: its element type (a pygdn dtype name) and the number
+    of elements the counts require, length(counts) with counts a mapping of count names."""
+
+    dtype: str
+    length: _t.Callable[[_t.Mapping[str, int]], int]
+
+
+def _batch_table():
+    counts, arrays = [], {}
+    for name, field in _ffi.typeof("gdn_batch_t").fields:
+        t = field.type
+        if t.kind == "pointer":
+            arrays[name] = BatchArray(_C_ELEMENT_TYPES[t.item.cname], _BATCH_ARRAY_LENGTHS.get(name))
+        elif t.cname == "int32_t" and name not in _BATCH_SETTINGS and not name.startswith("reserved"):
+            counts.append(name)
+    unknown = sorted(set(arrays) ^ set(_BATCH_ARRAY_LENGTHS))
+    if unknown:
+        raise ImportError(f"gdn_batch_t arrays and pygdn's length table differ: {unknown}")
+    return tuple(counts), arrays
+
+
+BATCH_COUNTS, BATCH_ARRAYS = _batch_table()  # in struct order
 
 
 @_dc.dataclass
@@ -163,23 +195,29 @@ class Batch:
     def _to_c(self, queue, keep):
         c = _ffi.new("gdn_batch_t *")
         _lib.gdn_batch_init(c)
-        for f in ("num_prefills", "num_decodes", "num_spec_decodes", "num_spec", "num_actual_tokens",
-                  "non_spec_token_count", "spec_token_count", "pad_slot_id"):
+        for f in BATCH_COUNTS:
             setattr(c, f, int(getattr(self, f)))
+        c.pad_slot_id = int(self.pad_slot_id)
         c.validate = _choice({"full": _lib.GDN_VALIDATE_FULL, "counts": _lib.GDN_VALIDATE_COUNTS}, self.validate, "validate")
-        for field, (dtype, length) in _BATCH_ARRAYS.items():
+        counts = vars(self)
+        for field, (dtype, length) in BATCH_ARRAYS.items():
             obj = getattr(self, field)
             if obj is None:
                 continue
             v = _view(obj, f"batch.{field}", queue)
             if v.dtype != dtype:
                 raise TypeError(f"batch.{field}: dtype {v.dtype}, expected {dtype}")
-            n = _math.prod(v.shape)
-            if n < length(self):
-                raise ValueError(f"batch.{field}: {n} elements, the counts need {length(self)}")
+            n, need = _math.prod(v.shape), length(counts)
+            if n < need:
+                raise ValueError(f"batch.{field}: {n} elements, the counts need {need}")
             keep.append(obj)
             setattr(c, field, _ffi.cast("void *", v.address))
         return c
+
+
+_missing = {f.name for f in _dc.fields(Batch)} ^ {*BATCH_COUNTS, *_BATCH_SETTINGS, *BATCH_ARRAYS}
+if _missing:  # the dataclass is written out for its readers; the header decides what it must hold
+    raise ImportError(f"pygdn.Batch and gdn_batch_t differ in {sorted(_missing)}")
 
 
 def _view(obj, name, queue):
@@ -224,7 +262,7 @@ def _marshal(queue, cfg: Config, batch: Batch, arrays: dict):
         dtype, lead, inner = specs[field]
         v = _view(obj, field, queue)
         if field == "workspace":
-            c_t.workspace_bytes = _math.prod(v.shape) * {"f32": 4, "f16": 2, "bf16": 2, "i32": 4, "u8": 1}[v.dtype]
+            c_t.workspace_bytes = _math.prod(v.shape) * _NUMPY_DTYPES[v.dtype].itemsize
         else:
             if v.dtype != dtype:
                 raise TypeError(f"{field}: dtype {v.dtype}, expected {dtype} (cfg.act_dtype={cfg.act_dtype!r})")
@@ -331,8 +369,7 @@ def workspace_size(cfg: Config, batch: Batch) -> int:
 def _counts_only(batch: Batch):
     c = _ffi.new("gdn_batch_t *")
     _lib.gdn_batch_init(c)
-    for f in ("num_prefills", "num_decodes", "num_spec_decodes", "num_spec", "num_actual_tokens",
-              "non_spec_token_count", "spec_token_count"):
+    for f in BATCH_COUNTS:
         setattr(c, f, int(getattr(batch, f)))
     return c
 

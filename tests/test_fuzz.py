@@ -35,6 +35,7 @@ from hypothesis import strategies as st
 
 import pygdn
 from pygdn import reference as ref
+from pygdn.ops import BATCH_ARRAYS, BATCH_COUNTS
 from helpers import assert_close, conv_from_canonical, conv_to_canonical, ssm_from_canonical, ssm_to_canonical, usm
 
 H, HV, K, V, W = 1, 2, 4, 4, 4
@@ -44,20 +45,13 @@ I32_MAX = 2**31 - 1
 OUT_CANARY, CONV_OUT_CANARY = 7.0, 5.0
 
 
-BATCH_KEYS = ("non_spec_query_start_loc", "non_spec_state_indices", "has_initial_state", "non_spec_token_indx",
-              "spec_query_start_loc", "spec_state_indices", "num_accepted_tokens", "spec_token_indx")
-COUNT_KEYS = ("num_prefills", "num_decodes", "num_spec_decodes", "num_spec", "num_actual_tokens",
-              "non_spec_token_count", "spec_token_count")
+BATCH_KEYS, COUNT_KEYS = tuple(BATCH_ARRAYS), BATCH_COUNTS  # gdn_batch_t's arrays and counts
 REQUIRED = ("non_spec_query_start_loc", "non_spec_state_indices", "spec_query_start_loc", "spec_state_indices",
             "num_accepted_tokens")
 
 
 def required_len(c, key):
-    nns = c["num_prefills"] + c["num_decodes"]
-    return {"non_spec_query_start_loc": nns + 1, "non_spec_state_indices": nns, "has_initial_state": nns,
-            "non_spec_token_indx": c["non_spec_token_count"], "spec_query_start_loc": c["num_spec_decodes"] + 1,
-            "spec_state_indices": c["num_spec_decodes"] * (c["num_spec"] + 1),
-            "num_accepted_tokens": c["num_spec_decodes"], "spec_token_indx": c["spec_token_count"]}[key]
+    return BATCH_ARRAYS[key].length(c)
 
 
 # ----------------------------------------------------------------------------- generation
