@@ -3,6 +3,10 @@
 Each checks shapes, dtypes, contiguity and queues in Python (ValueError / TypeError naming the
 argument), then calls the C ABI, which validates the metadata contents and raises GdnError
 with the library's message on failure. Layouts: see include/gdn_xpu.h and README.md.
+
+The queue: a dpctl.SyclQueue, a sycl::queue* as an int (torch.xpu.current_stream().sycl_queue)
+or a "SyclQueueRef" capsule. Arrays: objects with __sycl_usm_array_interface__, or DLPack
+producers of kDLOneAPI (USM) tensors (see _usm.py, _dlpack.py).
 """
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ import math as _math
 import typing as _t
 
 from ._lib import ffi as _ffi, last_error as _last_error, lib as _lib, status_name as _status_name
-from ._usm import NUMPY_DTYPES as _NUMPY_DTYPES, UsmView as _UsmView
+from ._usm import NUMPY_DTYPES as _NUMPY_DTYPES, UsmView as _UsmView, as_queue as _as_queue
 
 _DTYPES = {"f32": _lib.GDN_DTYPE_F32, "f16": _lib.GDN_DTYPE_F16, "bf16": _lib.GDN_DTYPE_BF16}
 _SSM_LAYOUTS = {"kv": _lib.GDN_SSM_KV, "vk": _lib.GDN_SSM_VK}
@@ -167,8 +171,8 @@ BATCH_COUNTS, BATCH_ARRAYS = _batch_table()  # in struct order
 
 @_dc.dataclass
 class Batch:
-    """One step's mixed batch (gdn_batch_t). Arrays are SUAI objects (int32; has_initial_state
-    uint8/bool) or None. Arrays may be longer than needed (graph padding); only the prefix is read."""
+    """One step's mixed batch (gdn_batch_t). Arrays are SUAI objects or DLPack producers (int32;
+    has_initial_state uint8/bool) or None. Arrays may be longer than needed (graph padding); only the prefix is read."""
 
     num_actual_tokens: int
     num_prefills: int = 0
@@ -210,7 +214,7 @@ class Batch:
             n, need = _math.prod(v.shape), length(counts)
             if n < need:
                 raise ValueError(f"batch.{field}: {n} elements, the counts need {need}")
-            keep.append(obj)
+            keep.append(v.hold)
             setattr(c, field, _ffi.cast("void *", v.address))
         return c
 
@@ -221,11 +225,12 @@ if _missing:  # the dataclass is written out for its readers; the header decides
 
 
 def _view(obj, name, queue):
-    v = _UsmView(obj, name)
+    v = _UsmView(obj, name, queue)
     if not v.contiguous:
         raise ValueError(f"{name}: must be C-contiguous")
     # The same queue object is the common case; comparing contexts builds dpctl objects (~µs each).
-    if v.queue is not queue and v.queue.sycl_context != queue.sycl_context:
+    # (A DLPack tensor has no queue: its device and context were checked when it was consumed.)
+    if v.queue is not None and v.queue is not queue and v.queue.sycl_context != queue.sycl_context:
         raise ValueError(f"{name}: lives in another SYCL context than the queue")
     return v
 
@@ -247,7 +252,8 @@ def _tensor_specs(cfg: Config, rows: int):
 
 def _marshal(queue, cfg: Config, batch: Batch, arrays: dict):
     """Check every argument and build the three C structs. Returns (c_cfg, c_batch, c_tensors,
-    keep): keep holds every array object, so their memory outlives the call."""
+    keep): keep holds every array object (and consumed DLPack tensor), so their memory outlives
+    the call; a DLPack tensor's deleter runs when keep is dropped."""
     keep = []
     c_cfg = cfg._to_c()
     c_batch = batch._to_c(queue, keep)
@@ -269,12 +275,13 @@ def _marshal(queue, cfg: Config, batch: Batch, arrays: dict):
             if not v.shape or v.shape[0] < lead or _math.prod(v.shape[1:]) != inner:
                 raise ValueError(f"{field}: shape {v.shape}, expected [{'>=' if lead == batch.num_actual_tokens else ''}"
                                  f"{lead}, ...{inner} elements per row]")
-        keep.append(obj)
+        keep.append(v.hold)
         setattr(c_t, field, _ffi.cast("void *", v.address))
     return c_cfg, c_batch, c_t, keep
 
 
 def _call(fn, queue, cfg: Config, batch: Batch, arrays: dict, wait: bool = True):
+    queue = _as_queue(queue)
     PreparedCall(fn, queue, _marshal(queue, cfg, batch, arrays)).run(wait)
 
 
@@ -351,12 +358,13 @@ def prepare(op, queue, cfg: Config, batch: Batch, **arrays) -> PreparedCall:
     except TypeError as e:
         raise TypeError(f"prepare({name}): {e}") from None
     given = {k: v for k, v in bound.arguments.items() if k not in ("queue", "cfg", "batch")}
+    queue = _as_queue(queue)
     return PreparedCall(getattr(_lib, _C_FUNCTIONS[op]), queue, _marshal(queue, cfg, batch, given), name)
 
 
 def warmup(queue, cfg: Config) -> None:
     """Compile (or load from cache) every kernel cfg needs, so later calls start at once."""
-    _check(_lib.gdn_warmup(_ffi.cast("void *", queue.addressof_ref()), cfg._to_c()))
+    _check(_lib.gdn_warmup(_ffi.cast("void *", _as_queue(queue).addressof_ref()), cfg._to_c()))
 
 
 def workspace_size(cfg: Config, batch: Batch) -> int:
