@@ -68,7 +68,8 @@ def is_producer(obj) -> bool:
 
 class ManagedTensor:
     """Owns one consumed DLPack capsule's tensor: release() (or dropping this object) calls its
-    deleter, exactly once. `producer` is kept alive with it."""
+    deleter, exactly once. `producer` is kept alive with it; `tensor` (the DLTensor) is valid
+    until release()."""
 
     __slots__ = ("_ptr", "producer", "tensor")
 

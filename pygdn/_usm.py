@@ -6,6 +6,8 @@ SUAI strides and offset are in ELEMENTS, not bytes.
 """
 from __future__ import annotations
 
+import operator as _operator
+
 import numpy as _np
 
 import dpctl as _dpctl
@@ -157,8 +159,8 @@ def as_queue(queue):
     become a dpctl copy of the queue, which shares its implementation (the same queue)."""
     if isinstance(queue, _dpctl.SyclQueue):
         return queue
-    if isinstance(queue, int) and not isinstance(queue, bool):
-        return _dlpack.queue_from_pointer(queue)
+    if hasattr(queue, "__index__") and not isinstance(queue, bool):  # int, numpy integer
+        return _dlpack.queue_from_pointer(_operator.index(queue))
     if type(queue).__name__ == "PyCapsule":
         try:
             return _dpctl.SyclQueue(queue)

@@ -319,7 +319,8 @@ class PreparedCall:
     write new contents into the same arrays — this step's tokens into mixed_qkv, its metadata
     into the batch's index arrays (the library validates their contents on every run unless
     batch.validate == "counts"). The arrays are kept alive by this object, so run(wait=False)
-    is safe as long as it lives; wait on the queue before reading results on the host.
+    is safe as long as it lives; wait on the queue before reading results on the host. DLPack
+    arguments were consumed at prepare() time; their deleters run when this object goes.
     """
 
     __slots__ = ("_fn", "_q", "_queue", "_c_cfg", "_c_batch", "_c_t", "_keep", "op_name")

@@ -178,13 +178,14 @@ def test_dlpack_only_arrays_equal_the_suai_path(queue, versioned):
     assert_each_capsule_freed_once(producers)
 
 
-@pytest.mark.parametrize("form", ["int", "capsule"])
+@pytest.mark.parametrize("form", ["int", "numpy_int", "capsule"])
 def test_foreign_queue_forms(queue, form):
     """The sycl::queue* as an int (torch.xpu.current_stream().sycl_queue) or as a SyclQueueRef
     capsule; the arrays say they belong to `queue` (SUAI), the same queue."""
     cfg, meta, arrays = make_call(2)
     want, _ = run(queue, queue, cfg, meta, arrays)
-    queue_arg = queue.addressof_ref() if form == "int" else queue._get_capsule()
+    queue_arg = {"int": queue.addressof_ref, "numpy_int": lambda: np.uint64(queue.addressof_ref()),
+                 "capsule": queue._get_capsule}[form]()
     got, _ = run(queue_arg, queue, cfg, meta, arrays)
     for k in want:
         assert np.array_equal(got[k], want[k]), k
