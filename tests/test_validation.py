@@ -15,7 +15,9 @@ import dpctl
 import pygdn
 from pygdn import ffi, lib
 from pygdn import reference as ref
-from conftest import assert_close, conv_from_canonical, conv_to_canonical, ssm_from_canonical, ssm_to_canonical, usm
+from pygdn._usm import NUMPY_DTYPES
+from pygdn.ops import BATCH_ARRAYS, BATCH_COUNTS
+from helpers import assert_close, conv_from_canonical, conv_to_canonical, ssm_from_canonical, ssm_to_canonical, usm
 
 H, HV, K, V, W = 1, 2, 4, 4, 4
 C = 2 * H * K + HV * V  # 16
@@ -23,10 +25,8 @@ NUM_SLOTS, NUM_SPEC = 16, 2
 CANARY = 7.0
 I32_MAX = 2**31 - 1
 
-INT_KEYS = ("non_spec_query_start_loc", "non_spec_state_indices", "non_spec_token_indx", "spec_query_start_loc",
-            "spec_state_indices", "num_accepted_tokens", "spec_token_indx")
-COUNT_KEYS = ("num_prefills", "num_decodes", "num_spec_decodes", "num_spec", "num_actual_tokens",
-              "non_spec_token_count", "spec_token_count", "pad_slot_id")
+INT_KEYS = tuple(k for k, a in BATCH_ARRAYS.items() if a.dtype == "i32")  # gdn_batch_t's int32 arrays
+COUNT_KEYS = BATCH_COUNTS + ("pad_slot_id",)
 
 
 def base_meta():
@@ -79,10 +79,10 @@ class Setup:
         m = dict(self.meta)
         m.update(over)
         arrays = {}
-        for k in INT_KEYS + ("has_initial_state",):
+        for k, a in BATCH_ARRAYS.items():
             v = m[k]
             if v is not None and not hasattr(v, "__sycl_usm_array_interface__"):
-                v = usm(self.q, np.asarray(v, np.uint8 if k == "has_initial_state" else np.int32).reshape(-1))
+                v = usm(self.q, np.asarray(v, NUMPY_DTYPES[a.dtype]).reshape(-1))
             arrays[k] = v
         return pygdn.Batch(validate=m["validate"], **{k: m[k] for k in COUNT_KEYS}, **arrays)
 
