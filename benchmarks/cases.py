@@ -254,6 +254,54 @@ class Ours:
         return out.astype(np.float32), (ssm if self.layout == "vk" else np.swapaxes(ssm, 2, 3))
 
 
+def l3_bytes():
+    """The largest cache of this machine (sysfs), or 32 MiB when it does not say."""
+    best = 0
+    try:
+        import glob
+        for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+            with open(path) as f:
+                s = f.read().strip()
+            best = max(best, int(s[:-1]) * {"K": 1 << 10, "M": 1 << 20}.get(s[-1], 1) if s[-1] in "KM" else int(s))
+    except (OSError, ValueError):
+        pass
+    return best or 32 << 20
+
+
+class Rotating:
+    """R copies of one Ours (each with its own caches), stepped in turn, R chosen so that the
+    copies together hold >= max(256 MiB, 4 x the last-level cache): every step then finds its
+    state in DRAM, as a model's layer does (Qwen3-Next runs 35 other GDN layers between two steps
+    of one layer). Repeating one step on one set of caches would time an L3-resident state (a
+    batch-8 f32 state is 16 MiB; the 2-core test host has a 32 MiB L3) against a DRAM bandwidth."""
+
+    def __init__(self, make, set_bytes):
+        self.pool_bytes = max(256 << 20, 4 * l3_bytes())
+        self.items = [make() for _ in range(max(2, -(-self.pool_bytes // max(set_bytes, 1))))]
+        self.i = 0
+
+    def __len__(self):
+        return len(self.items)
+
+    def call(self, method):
+        """A function running `method` of the next copy each time it is called."""
+        def run():
+            item = self.items[self.i]
+            self.i = (self.i + 1) % len(self.items)
+            getattr(item, method)()
+        return run
+
+    @property
+    def first(self):
+        return self.items[0]
+
+
+def cache_set_bytes(case, state_dtype="f32"):
+    """Bytes of the caches one step touches: its ssm state slots and conv state lines."""
+    act = 2 if case.act == "bf16" else 4
+    return case.num_slots * (case.HV * case.K * case.V * STATE_BYTES[state_dtype] + case.state_len * case.C * act)
+
+
 def rel_err(got, want):
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
     scale = max(float(np.max(np.abs(want))), 1e-6)
@@ -291,10 +339,20 @@ def run_case(queue, case, peers, plan, log, missing=()):
 
     # The first call of each implementation warms it up (workspace growth, allocator, caches)
     # and is the agreement check: all start from the same caches and inputs.
-    ours = Ours(queue, case)
-    first = first_call_s(ours.step)
+    # Decode / spec steps rotate over copies of the caches (cold state, see Rotating); a
+    # prefill's own traffic is far larger than its state, it runs on one set.
+    make = lambda **kw: (lambda: Ours(queue, case, **kw))  # noqa: E731
+    rotating = case.kind != "prefill"
+    if rotating:
+        ours_r = Rotating(make(), cache_set_bytes(case))
+        rec["cache_copies"] = len(ours_r)
+        ours = ours_r.first
+    else:
+        ours = Ours(queue, case)
+    step = ours_r.call("step") if rotating else ours.step
+    first = first_call_s(step)   # copy 0: the agreement check reads its result
     ref_out, ref_ssm = ours.result()
-    impls = {"ours": (ours.step, reps_ours, first)}
+    impls = {"ours": (step, reps_ours, first)}
     if case.kind != "prefill":
         # The same step with the ssm cache in the "kv" layout [slots, HV, K, V], and with a bf16
         # state cache in both layouts (when this build has it; the bytes counted are then bf16's).
@@ -303,8 +361,9 @@ def run_case(queue, case, peers, plan, log, missing=()):
             if name in plan["unsupported"]:
                 continue
             try:
-                o = Ours(queue, case, ssm_layout=layout, state_dtype=sd)
-                impls[name] = (o.step, reps_ours, first_call_s(o.step))
+                rot = Rotating(make(ssm_layout=layout, state_dtype=sd), cache_set_bytes(case, sd))
+                o, run = rot.first, rot.call("step")
+                impls[name] = (run, reps_ours, first_call_s(run))
             except Unsupported as e:
                 plan["unsupported"][name] = str(e)
                 log(f"  {sd} state, {layout} layout: not supported by this build ({e})")
@@ -316,8 +375,9 @@ def run_case(queue, case, peers, plan, log, missing=()):
                 agreement[name] = a
     # Breakdown of our step: the conv alone and the delta rule alone (two calls instead of one).
     reps_part = max(1, reps_ours // 2)
-    impls["ours_conv"] = (ours.conv_only, reps_part, first_call_s(ours.conv_only))
-    impls["ours_delta"] = (ours.delta_only, reps_part, first_call_s(ours.delta_only))
+    for part in ("conv", "delta"):
+        run = ours_r.call(f"{part}_only") if rotating else getattr(ours, f"{part}_only")
+        impls[f"ours_{part}"] = (run, reps_part, first_call_s(run))
     for name, why in missing:
         rec[name] = {"error": why, "not_installed": True}
     for peer_cls in peers:
