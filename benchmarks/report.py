@@ -273,21 +273,22 @@ def plot(records, path, title, bw_GBps=None, sweep=()):
         import matplotlib.pyplot as plt
     except Exception as e:  # noqa: BLE001
         return f"matplotlib not available ({type(e).__name__}: {e}): no plot written (pip install matplotlib)"
-    colors = {"ours": "tab:blue", "ours_kv_layout": "tab:cyan", "numpy": "tab:orange", "torch": "tab:red"}
-    labels = {"ours": "ours (pygdn)", "ours_kv_layout": "ours, ssm kv layout", "numpy": "numpy peer",
-              "torch": "torch (HF fallback)"}
+    colors = {"ours": "tab:blue", "ours_kv_layout": "tab:cyan", "ours_bf16_state": "tab:purple", "numpy": "tab:orange",
+              "torch": "tab:red"}
+    labels = {"ours": "ours (pygdn)", "ours_kv_layout": "ours, ssm kv layout", "ours_bf16_state": "ours, bf16 state",
+              "numpy": "numpy peer", "torch": "torch (HF fallback)"}
     fig, axes = plt.subplots(2, 4, figsize=(19, 8.5))
     panels = [("decode", 0, "decode (1 token / seq)"), ("spec", 1, "spec decode S=1"), ("spec", 2, "spec decode S=2"),
               ("spec", 3, "spec decode S=3"), ("spec", 7, "spec decode S=7"), ("prefill", None, "chunked prefill (one sequence)")]
     for ax, (kind, s, title_p) in zip(axes.flat, panels):
         key = (lambda r: r["tokens"]) if kind == "prefill" else (lambda r: r["batch"])
-        for impl in ("ours", "ours_kv_layout", "numpy", "torch"):
+        for impl in ("ours", "ours_kv_layout", "ours_bf16_state", "numpy", "torch"):
             rs = [r for r in records if r["kind"] == kind and (s is None or r["num_spec"] == s)
                   and (kind != "prefill" or r["batch"] == 1) and "median_s" in r.get(impl, {})]
             rs.sort(key=key)
             if rs:
                 ax.plot([key(r) for r in rs], [r[impl]["median_s"] * 1e3 for r in rs], marker="o", color=colors[impl],
-                        label=labels[impl], linestyle="--" if impl == "ours_kv_layout" else "-")
+                        label=labels[impl], linestyle="-" if impl in ("ours", "numpy", "torch") else "--")
         rs = sorted((r for r in records if r["kind"] == kind and (s is None or r["num_spec"] == s)
                      and (kind != "prefill" or r["batch"] == 1)), key=key)
         if bw_GBps and rs and kind != "prefill":
@@ -312,6 +313,7 @@ def plot(records, path, title, bw_GBps=None, sweep=()):
             ax.plot([r["tokens"]], [r["ours"]["us_per_token"]], marker="s", color="tab:green", ls="none",
                     label=r["label"])
     ax.set_xscale("log", base=2)
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("prefill tokens")
     ax.set_ylabel("µs per token")
     ax.set_title("prefill sweep (pygdn alone)", fontsize=10)
