@@ -20,9 +20,10 @@ One run measures, on Qwen3-Next TP=1 shapes (H=16, HV=32, K=V=128, W=4; bf16 act
     threads), and for prefill FLOP/s of the chunked algorithm against a numpy float32 2048^3
     matmul; decode / spec steps rotate over copies of their caches (>= 256 MiB together), so
     the state comes from DRAM as in a model, not from the last-level cache;
-  - the prefill sweep (pygdn alone, µs/token): 512 .. 131072 tokens in one sequence and 16 x 8192
-    (--quick: 512 and 2048 only), and a prefill with block checkpoints every 256 tokens against
-    none (when the build has them);
+  - the prefill sweep (pygdn alone, µs/token and CPU-µs/token): 512 .. 131072 tokens in one
+    sequence and 16 x 8192 in two rounds, each point keeping its faster one (--quick: 512 and 2048,
+    one round), and a prefill with block checkpoints every 256 tokens against none (when the build
+    has them);
   - host overhead: time per call of a tiny, fully padded batch (pygdn, and the C ABI through
     benchmarks/host_overhead.c);
   - the targets of issues 6 and 17, PASS / FAIL / NOISY (met while other processes shared the
@@ -66,13 +67,15 @@ QUICK_PLAN = dict(batches=(1, 8), specs=((1, (1, 8)), (2, (1, 8)), (3, (1, 8)), 
                   prefills=[(512,), (2048,)], sweep=[(512,), (2048,)], checkpoints=[(2048,)],
                   deadline_s=240.0, host_calls=300,
                   reps_ours={"decode": 9, "spec": 9, "prefill": 3}, reps_peer={"decode": 5, "spec": 5, "prefill": 2},
-                  budget_s=5.0, retry_left_s=30.0, quiet_left_s=30.0, sweep_reps=3, sweep_budget_s=5.0)
+                  budget_s=5.0, retry_left_s=30.0, quiet_left_s=30.0, sweep_reps=3, sweep_budget_s=5.0,
+                  sweep_rounds=1)
 FULL_PLAN = dict(batches=(1, 8, 32), specs=tuple((s, (1, 8, 32)) for s in (1, 2, 3, 7)),
                  prefills=[(512,), (1024,), (2048,), (4096,), (8192,), (1024,) * 4],
                  sweep=[(512,), (2048,), (8192,), (32768,), (131072,), (8192,) * 16], checkpoints=[(2048,), (8192,)],
                  deadline_s=3600.0, host_calls=2000,
                  reps_ours={"decode": 15, "spec": 15, "prefill": 5}, reps_peer={"decode": 5, "spec": 5, "prefill": 3},
-                 budget_s=20.0, retry_left_s=300.0, quiet_left_s=300.0, sweep_reps=5, sweep_budget_s=30.0)
+                 budget_s=20.0, retry_left_s=300.0, quiet_left_s=300.0, sweep_reps=5, sweep_budget_s=30.0,
+                 sweep_rounds=2)
 
 
 def log(msg=""):
@@ -192,7 +195,7 @@ def make_plan(quick, bw, peak, t_start):
     (kind, batch, num_spec, prefill lengths)."""
     sizes = QUICK_PLAN if quick else FULL_PLAN
     plan = {k: sizes[k] for k in ("reps_ours", "reps_peer", "budget_s", "retry_left_s", "quiet_left_s", "sweep_reps",
-                                  "sweep_budget_s", "sweep", "checkpoints")}
+                                  "sweep_budget_s", "sweep_rounds", "sweep", "checkpoints")}
     plan.update(bw=bw, peak=peak, deadline=t_start + sizes["deadline_s"], unsupported={})
     specs = [("decode", b, 0, ()) for b in sizes["batches"]] \
         + [("spec", b, s, ()) for s, batches in sizes["specs"] for b in batches] \
