@@ -1,6 +1,7 @@
 // validate.cpp — see validate.hpp. Each check throws gdn::Failure with the field's name.
 #include "validate.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -65,11 +66,48 @@ void need(const void *p, const char *field, const char *why) {
   if (!p) fail(GDN_ERROR_NULL_POINTER, std::string(field) + " is NULL but " + why);
 }
 
-template <class T>
-void read_back(sycl::queue &q, std::vector<T> &dst, const T *src, int64_t n, std::vector<sycl::event> &evs) {
-  dst.resize((size_t)n);
-  if (n > 0 && src) evs.push_back(q.memcpy(dst.data(), src, sizeof(T) * (size_t)n));
-}
+// Host copies of the caller's metadata arrays. Arrays in host-accessible USM (host, shared) are
+// read in place once the queue is idle: no command is enqueued. Device USM is copied by the
+// queue into a per-thread staging buffer of that array kind, kept from call to call, never into
+// a fresh vector: the OpenCL CPU runtime (intel-opencl-rt 2026.1) keeps ~110 bytes for every
+// distinct pointer value a USM memcpy ever touched, for the life of the process, so reading into
+// per-call vectors grew the process by ~14 bytes per call (README "Memory over many calls",
+// tests/repro/usm_memcpy_growth.cpp).
+class MetaReader {
+ public:
+  explicit MetaReader(sycl::queue &q) : q_(q) {}
+  // Fills dst with n elements of src; `kind` names dst's staging buffer (one per array kind).
+  void read(std::vector<int32_t> &dst, const int32_t *src, int64_t n, int kind) {
+    dst.resize((size_t)n);
+    if (n <= 0 || !src) return;
+    const sycl::usm::alloc type = sycl::get_pointer_type(src, q_.get_context());
+    if (type == sycl::usm::alloc::host || type == sycl::usm::alloc::shared) {
+      direct_.push_back({&dst, src});
+      return;
+    }
+    std::vector<int32_t> &stage = staging()[kind];
+    if (stage.size() < (size_t)n) stage.resize(std::max<size_t>((size_t)n, 2 * stage.size()));
+    copies_.push_back(q_.memcpy(stage.data(), src, sizeof(int32_t) * (size_t)n));
+    staged_.push_back({&dst, stage.data()});
+  }
+  // Waits for the copies (and, when an array is read in place, for all work on the queue).
+  void finish() {
+    for (auto &e : copies_) e.wait_and_throw();
+    if (!direct_.empty()) q_.wait();
+    for (auto &[dst, src] : staged_) std::memcpy(dst->data(), src, dst->size() * sizeof(int32_t));
+    for (auto &[dst, src] : direct_) std::memcpy(dst->data(), src, dst->size() * sizeof(int32_t));
+  }
+  static constexpr int kKinds = 7;  // the metadata arrays read_metadata reads
+
+ private:
+  static std::vector<int32_t> *staging() {
+    thread_local std::vector<int32_t> buffers[kKinds];
+    return buffers;
+  }
+  sycl::queue &q_;
+  std::vector<sycl::event> copies_;
+  std::vector<std::pair<std::vector<int32_t> *, const int32_t *>> staged_, direct_;
+};
 
 void check_start_loc(const std::vector<int32_t> &qsl, int32_t tokens, const char *field, const char *count_field) {
   if (qsl.empty()) return;
@@ -177,20 +215,20 @@ void check_pointers(const Checked &c) {
 // Host copies of the metadata arrays (waits for the work already on the queue).
 void read_metadata(Checked &c) {
   const gdn_batch_t &b = c.batch;
-  std::vector<sycl::event> evs;
+  MetaReader r(c.q);
   HostMeta &m = c.meta;
   if (c.num_non_spec_seqs > 0) {
-    read_back(c.q, m.ns_qsl, b.non_spec_query_start_loc, (int64_t)c.num_non_spec_seqs + 1, evs);
-    read_back(c.q, m.ns_slots, b.non_spec_state_indices, c.num_non_spec_seqs, evs);
-    if (b.non_spec_token_indx) read_back(c.q, m.ns_tok, b.non_spec_token_indx, b.non_spec_token_count, evs);
+    r.read(m.ns_qsl, b.non_spec_query_start_loc, (int64_t)c.num_non_spec_seqs + 1, 0);
+    r.read(m.ns_slots, b.non_spec_state_indices, c.num_non_spec_seqs, 1);
+    if (b.non_spec_token_indx) r.read(m.ns_tok, b.non_spec_token_indx, b.non_spec_token_count, 2);
   }
   if (b.num_spec_decodes > 0) {
-    read_back(c.q, m.s_qsl, b.spec_query_start_loc, (int64_t)b.num_spec_decodes + 1, evs);
-    read_back(c.q, m.s_slots, b.spec_state_indices, (int64_t)b.num_spec_decodes * (b.num_spec + 1), evs);
-    read_back(c.q, m.accepted, b.num_accepted_tokens, b.num_spec_decodes, evs);
-    if (b.spec_token_indx) read_back(c.q, m.s_tok, b.spec_token_indx, b.spec_token_count, evs);
+    r.read(m.s_qsl, b.spec_query_start_loc, (int64_t)b.num_spec_decodes + 1, 3);
+    r.read(m.s_slots, b.spec_state_indices, (int64_t)b.num_spec_decodes * (b.num_spec + 1), 4);
+    r.read(m.accepted, b.num_accepted_tokens, b.num_spec_decodes, 5);
+    if (b.spec_token_indx) r.read(m.s_tok, b.spec_token_indx, b.spec_token_count, 6);
   }
-  for (auto &e : evs) e.wait_and_throw();
+  r.finish();
 }
 
 }  // namespace
@@ -321,9 +359,9 @@ Checked validate_call(void *queue, const gdn_config_t *cfg_in, const gdn_batch_t
   // outside the token rows (a crash, not a wrong result). Decode-only batches read nothing back.
   if (b.validate != GDN_VALIDATE_FULL) {
     if (delta && b.num_prefills > 0 && !(cfg.flags & GDN_FLAG_FORCE_RECURRENT)) {
-      std::vector<sycl::event> evs;
-      read_back(c.q, c.meta.ns_qsl, b.non_spec_query_start_loc, (int64_t)c.num_non_spec_seqs + 1, evs);
-      for (auto &e : evs) e.wait_and_throw();
+      MetaReader r(c.q);
+      r.read(c.meta.ns_qsl, b.non_spec_query_start_loc, (int64_t)c.num_non_spec_seqs + 1, 0);
+      r.finish();
       check_start_loc(c.meta.ns_qsl, b.non_spec_token_count, "non_spec_query_start_loc", "non_spec_token_count");
     }
     return c;

@@ -622,6 +622,28 @@ def test_counts_mode_still_checks_counts(s):
           lambda: s.attention(s.batch(validate="counts", num_actual_tokens=10)))
 
 
+# ----------------------------------------------------------------------------- metadata in any kind of USM
+def _batch_in(s, usm_type, **over):
+    """s.batch(**over) with every metadata array in `usm_type` USM (validation reads host and shared
+    USM in place and copies device USM through a staging buffer: both paths)."""
+    b = s.batch(**over)
+    for k in BATCH_ARRAYS:
+        v = getattr(b, k)
+        if v is not None:
+            setattr(b, k, pygdn.UsmArray.from_numpy(v.to_numpy(), s.q, usm_type=usm_type))
+    return b
+
+
+@pytest.mark.parametrize("usm_type", ["device", "host"])
+def test_metadata_in_device_or_host_usm(s, usm_type):
+    fails(s, "GDN_ERROR_BAD_STATE_INDEX", ["spec_state_indices[1][2] = 999"],
+          lambda: s.attention(_batch_in(s, usm_type, spec_state_indices=[[3, 4, 5], [6, 7, 999]])))
+    fails(s, "GDN_ERROR_BAD_START_LOC", ["non_spec_query_start_loc decreases at [2]: 5 -> 4"],
+          lambda: s.attention(_batch_in(s, usm_type, validate="counts", non_spec_query_start_loc=[0, 5, 4])))
+    s.attention(_batch_in(s, usm_type))
+    s.check_reference(written=range(1, 9))
+
+
 # ----------------------------------------------------------------------------- graph padding is accepted
 def test_arrays_longer_than_the_counts_need(queue):
     plain, padded = Setup(queue), Setup(queue)
