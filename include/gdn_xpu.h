@@ -245,7 +245,14 @@ GDN_API gdn_status_t gdn_causal_conv1d(void *queue, const gdn_config_t *cfg, con
  * Per v-head with state S [K,V] f32:  S = exp(g) S;  u = beta (v - S^T k);  S += k u^T;  o = S^T q
  * with q,k l2-normalized and q scaled (unless GDN_FLAG_NO_QK_L2NORM). Non-spec sequences of
  * length > 1 use the chunked (64) form unless GDN_FLAG_FORCE_RECURRENT. Spec sequence n reads
- * ssm_state[spec_state_indices[n][A-1]] and writes the state after token t to [n][t]. */
+ * ssm_state[spec_state_indices[n][A-1]] and writes the state after token t to [n][t].
+ * Non-finite gates (README "Non-finite gates"): g = -exp(A_log)*softplus(a + dt_bias) is the value
+ * of that product however large or small its factors (taken in log space when one is not a normal
+ * f32 number): -inf when it overflows (a = +inf, a >= ~1e38, A_log >= ~89), 0 when a factor is
+ * exactly 0 (A_log = -inf or a + dt_bias = -inf) -- never 0*inf. A token whose decay exp(g) is 0
+ * (g = -inf, given or computed) resets the state before its update: S = 0*S, on every path (the
+ * chunked form gives the recurrence's finite result). NaN inputs make NaN only in their own
+ * sequence and its slots. */
 GDN_API gdn_status_t gdn_gated_delta_rule(void *queue, const gdn_config_t *cfg, const gdn_batch_t *batch,
                                           const gdn_tensors_t *t);
 

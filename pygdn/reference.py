@@ -26,12 +26,37 @@ def _softplus(x):
     return np.where(x > 20.0, x, np.log1p(np.exp(np.minimum(x, 20.0))))
 
 
+def _log_softplus(x):
+    """log(softplus(x)) for any x, without overflow or underflow: log(x) above the threshold 20,
+    x itself below -40 (softplus(x) = e^x (1 - e^x/2 + ...), exact to float64 there)."""
+    x = np.asarray(x, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mid = np.log(np.log1p(np.exp(np.clip(x, -40.0, 20.0))))
+        return np.where(x > 20.0, np.log(np.where(x > 20.0, x, 1.0)), np.where(x < -40.0, x, mid))
+
+
 # ----------------------------------------------------------------------------- elementwise
 def gates(a, b, A_log, dt_bias):
     """a, b [rows, HV]; A_log, dt_bias [HV] -> (g, beta) [rows, HV].
-    g = -exp(A_log) * softplus(a + dt_bias) is the LOG decay; beta = sigmoid(b)."""
+    g = -exp(A_log) * softplus(a + dt_bias) is the LOG decay; beta = sigmoid(b).
+
+    Non-finite gates (README "Non-finite gates"): g is the value of that product however large or
+    small its factors are. Where both factors are normal numbers it is the product; elsewhere it
+    is computed in log space, -exp(A_log + log softplus(x)), so that it is -inf only when the true
+    value overflows (a = +inf, a >= ~1e38, A_log >= ~89 in f32: decay 0, the state is reset before
+    the token's update) and 0 only when it underflows or a factor is exactly 0 (A_log = -inf or
+    a + dt_bias = -inf): 0 * inf never happens (A_log = 100 with a = -200 is g = -e^-100, no decay).
+    NaN in A_log or a + dt_bias gives NaN."""
     a, b, A_log, dt_bias = _f64(a), _f64(b), _f64(A_log), _f64(dt_bias)
-    g = -np.exp(A_log)[None, :] * _softplus(a + dt_bias[None, :])
+    x = a + dt_bias[None, :]
+    lA = np.broadcast_to(A_log[None, :], x.shape)
+    tiny = np.finfo(np.float64).tiny
+    with np.errstate(over="ignore", invalid="ignore"):
+        e, sp = np.exp(lA), _softplus(x)
+        normal = np.isfinite(e) & (e >= tiny) & np.isfinite(sp) & (sp >= tiny)
+        g = np.where(normal, -e * sp, -np.exp(lA + _log_softplus(x)))
+    zero_factor = (np.isneginf(lA) | np.isneginf(x)) & ~np.isnan(lA) & ~np.isnan(x)
+    g = np.where(zero_factor, 0.0, g)
     beta = 1.0 / (1.0 + np.exp(-b))
     return g, beta
 
@@ -265,11 +290,33 @@ def recurrent_single(q, k, v, g, beta, S0):
     return o, S
 
 
+def _chunk_decays(g):
+    """Decays of one chunk with resets (README "Non-finite gates"). A token whose decay e^g is 0
+    (g = -inf, or so negative that e^g underflows) resets the state: every product of decays across
+    it is 0, and its g must not enter a cumulative sum (-inf - -inf = NaN; a huge finite g would
+    absorb the gates after it). With P the cumulative g over the chunk's other tokens and R_i the
+    last reset at or before i (-1: none):
+      between(i, j) = prod_{t=j+1..i} e^{g_t} = 0 if R_i > j else e^{P_i - P_j}   (j <= i)
+      start[i]      = prod_{t<=i} e^{g_t}     = 0 if R_i >= 0 else e^{P_i}
+    Returns (between [n, n] lower-triangular incl. the diagonal, start [n])."""
+    n = len(g)
+    with np.errstate(over="ignore", invalid="ignore"):
+        reset = np.exp(g) == 0.0
+    P = np.cumsum(np.where(reset, 0.0, g))
+    R = np.maximum.accumulate(np.where(reset, np.arange(n), -1))
+    i, j = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+    with np.errstate(over="ignore", invalid="ignore"):
+        between = np.where((j <= i) & (R[:, None] <= j), np.exp(np.where(j <= i, P[:, None] - P[None, :], 0.0)), 0.0)
+        start = np.where(R >= 0, 0.0, np.exp(P))
+    return between, start
+
+
 def chunked_gated_delta_rule(q, k, v, g, beta, S0, chunk=64):
-    """WY/UT chunked form of recurrent_single (same inputs/outputs). Per chunk with
-    G = cumsum(g): A[i,j] = beta_i e^{G_i-G_j} k_i.k_j (j < i); T = (I + A)^-1;
-    U = T (beta v); Wm = T (beta e^G k); u = U - Wm S;
-    o = e^G (q S) + tril_incl(q k^T e^{G_i-G_j}) u;  S = e^{G_last} S + sum_j e^{G_last-G_j} k_j u_j^T.
+    """WY/UT chunked form of recurrent_single (same inputs/outputs). Per chunk, with
+    D[i,j] = prod_{t=j+1..i} e^{g_t} and d_i = prod_{t<=i} e^{g_t} (_chunk_decays; e^{G_i-G_j} and
+    e^{G_i} with G = cumsum(g) when no decay is 0): A[i,j] = beta_i D[i,j] k_i.k_j (j < i);
+    T = (I + A)^-1; U = T (beta v); Wm = T (beta d k); u = U - Wm S;
+    o = d (q S) + tril_incl(q k^T D) u;  S = d_last S + sum_j D[last,j] k_j u_j^T.
     """
     q, k, v, g, beta = _f64(q), _f64(k), _f64(v), _f64(g), _f64(beta)
     S = _f64(S0)
@@ -278,20 +325,15 @@ def chunked_gated_delta_rule(q, k, v, g, beta, S0, chunk=64):
     for c0 in range(0, T_len, chunk):
         sl = slice(c0, min(c0 + chunk, T_len))
         qc, kc, vc, bc = q[sl], k[sl], v[sl], beta[sl]
-        G = np.cumsum(g[sl])
-        n = len(G)
-        diff = G[:, None] - G[None, :]
-        strict = np.tril(np.ones((n, n), dtype=bool), -1)
-        incl = np.tril(np.ones((n, n), dtype=bool), 0)
-        decay_s = np.where(strict, np.exp(np.where(strict, diff, 0.0)), 0.0)
-        decay_i = np.where(incl, np.exp(np.where(incl, diff, 0.0)), 0.0)
-        Amat = bc[:, None] * decay_s * (kc @ kc.T)
+        D, d = _chunk_decays(g[sl])
+        n = len(d)
+        Amat = bc[:, None] * np.tril(D, -1) * (kc @ kc.T)
         Tm = np.linalg.inv(np.eye(n) + Amat)
         U = Tm @ (bc[:, None] * vc)
-        Wm = Tm @ ((bc * np.exp(G))[:, None] * kc)
+        Wm = Tm @ ((bc * d)[:, None] * kc)
         u = U - Wm @ S
-        o[sl] = np.exp(G)[:, None] * (qc @ S) + ((qc @ kc.T) * decay_i) @ u
-        S = np.exp(G[-1]) * S + (np.exp(G[-1] - G)[:, None] * kc).T @ u
+        o[sl] = d[:, None] * (qc @ S) + ((qc @ kc.T) * D) @ u
+        S = d[-1] * S + (D[-1][:, None] * kc).T @ u
     return o, S
 
 
@@ -312,6 +354,29 @@ def _selftest():
             o2, s2 = chunked_gated_delta_rule(q, k, v, g, beta, S0, chunk=ch)
             err = max(np.abs(o1 - o2).max(), np.abs(s1 - s2).max())
             assert err < 1e-10, (T, ch, err)
+    # 1b. resets (decay 0: g = -inf, or a huge finite g) inside and across chunks, first and last
+    # tokens included: the chunked form equals the recurrence and stays finite
+    T = 150
+    q = l2norm(rng.standard_normal((T, Kd))) * Kd ** -0.5
+    k = l2norm(rng.standard_normal((T, Kd)))
+    v = rng.standard_normal((T, Vd))
+    beta = rng.uniform(0, 1, T)
+    S0 = rng.standard_normal((Kd, Vd))
+    for bad in (-np.inf, -1e30, -800.0):
+        g = -np.abs(rng.standard_normal(T)) * 0.3
+        g[[0, 5, 6, 63, 64, 100, 149]] = bad
+        o1, s1 = recurrent_single(q, k, v, g, beta, S0)
+        for ch in (64, 16):
+            o2, s2 = chunked_gated_delta_rule(q, k, v, g, beta, S0, chunk=ch)
+            assert np.isfinite(o2).all() and np.isfinite(s2).all(), (bad, ch)
+            err = max(np.abs(o1 - o2).max(), np.abs(s1 - s2).max())
+            assert err < 1e-10, (bad, ch, err)
+    # 1c. gates: overflow -> -inf, 0 * inf -> the true tiny value, exact zero factors, NaN stays NaN
+    gg, _ = gates([[np.inf, 1e38, -200.0, -np.inf, np.nan]], np.zeros((1, 5)), np.zeros(5), np.zeros(5))
+    assert np.isneginf(gg[0, 0]) and gg[0, 1] == -1e38 and gg[0, 3] == 0.0 and np.isnan(gg[0, 4])
+    assert abs(gg[0, 2] + np.exp(-200.0)) < 1e-100
+    gA, _ = gates([[0.0, -200.0, -np.inf]], np.zeros((1, 3)), [1000.0, 100.0, np.inf], np.zeros(3))
+    assert np.isneginf(gA[0, 0]) and abs(gA[0, 1] + np.exp(-100.0)) < 1e-50 and gA[0, 2] == 0.0
     # 2. l2norm modes differ negligibly for non-tiny vectors
     xx = rng.standard_normal((5, 128))
     assert np.abs(l2norm(xx) - l2norm(xx, mode="div")).max() < 1e-6

@@ -136,7 +136,8 @@ sycl::event enqueue_delta(Checked &c, const Plan &plan, const Kernels &ks, char 
       p.chunk_w = reinterpret_cast<float *>(ws + l.cw);
       p.chunk_u = reinterpret_cast<float *>(ws + l.cu);
       p.chunk_aqk = reinterpret_cast<float *>(ws + l.caqk);
-      p.chunk_g = reinterpret_cast<float *>(ws + l.cg);
+      p.chunk_dstart = reinterpret_cast<float *>(ws + l.cdstart);
+      p.chunk_dend = reinterpret_cast<float *>(ws + l.cdend);
       p.chunk_capacity = plan.chunk_capacity;
       p.seq_capacity = plan.seq_capacity;
       ev = launch(c.q, ks, plan.chunk_plan, p, ev);

@@ -149,7 +149,8 @@ Layout plan_layout(const Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b,
     l.cw = take(chunk_rows * K * 4);
     l.cu = take(chunk_rows * V * 4);
     l.caqk = take(chunk_rows * GDN_CHUNK_SIZE * 4);
-    l.cg = take(chunk_rows * 4);
+    l.cdstart = take(chunk_rows * 4);
+    l.cdend = take(chunk_rows * 4);
   }
   l.total = std::max<size_t>(at, 256);
   return l;

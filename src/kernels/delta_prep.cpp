@@ -1,6 +1,25 @@
 // delta_prep.cpp — the per-row preprocessing of the gated delta rule and the chunk plan.
 #include "delta.hpp"
 
+// The log-decay g = -exp(A_log) * softplus(x), x = a + dt_bias, as the value of that product
+// however large or small its factors (README "Non-finite gates"). Where both factors are normal
+// f32 numbers it is their product (rounded once, as it always was): -inf when it overflows
+// (decay 0, a reset), 0 when it underflows. Elsewhere -- exp(A_log) overflowing (A_log >~ 88.7) or
+// underflowing, softplus(x) = 0 (x <~ -87) or +inf -- the product is taken in log space,
+// -exp(A_log + log softplus(x)), with log softplus(x) = x below -15 (softplus(x) = e^x (1 - e^x/2
+// ...)): A_log = 100 with a = -200 is g = -e^-100 (no decay), never 0 * inf = NaN. A factor that is
+// exactly 0 (A_log = -inf or x = -inf) gives g = 0 even against an infinite other factor. NaN in
+// gives NaN out (it stays in its sequence). pygdn/reference.py gates() is the float64 twin.
+static inline float log_decay(float A_log, float x) {
+  const float e = sycl::exp(A_log), sp = softplus(x);
+  const float lo = 1.17549435e-38f, hi = 3.40282347e38f;  // FLT_MIN, FLT_MAX: normal numbers
+  if (e >= lo && e <= hi && sp >= lo && sp <= hi) return -e * sp;  // (NaN fails every comparison)
+  if (sycl::isnan(A_log) || sycl::isnan(x)) return A_log + x;
+  if (sycl::isinf(A_log) && A_log < 0.0f) return 0.0f;
+  if (sycl::isinf(x) && x < 0.0f) return 0.0f;
+  return -sycl::exp(A_log + (x < -15.0f ? x : sycl::log(sp)));
+}
+
 // Global (rows rounded up, H), local (16, 1): one work-item per (row, k-head) writes the
 // l2-normalized, scaled q and k of its row (f32) and the gates of the v-heads sharing the k-head.
 GDN_KERNEL(2) void gdn_prep(GdnPrepParams p) {
@@ -35,7 +54,7 @@ GDN_KERNEL(2) void gdn_prep(GdnPrepParams p) {
       p.beta[gi] = p.beta_in[gi];
     } else {
       const float a = load_act(p.a, row * p.ab_stride + hv), b = load_act(p.b, row * p.ab_stride + hv);
-      p.g[gi] = -sycl::exp(p.A_log[hv]) * softplus(a + p.dt_bias[hv]);
+      p.g[gi] = log_decay(p.A_log[hv], a + p.dt_bias[hv]);
       p.beta[gi] = sigmoid(b);
     }
   }

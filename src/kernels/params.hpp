@@ -76,7 +76,10 @@ struct GdnDeltaParams {
   const int32_t *query_start_loc, *state_indices, *token_indx, *num_accepted;
   const uint8_t *has_initial_state;
   int32_t *chunk_table, *seq_table, *chunked;  // the chunk plan (see GDN_TABLE_INTS); null: no chunking
-  float *chunk_w, *chunk_u, *chunk_aqk, *chunk_g;  // chunk workspace, rows by chunk: [HV][chunk_capacity][GDN_CHUNK_SIZE]
+  // Chunk workspace, rows by chunk: [HV][chunk_capacity][GDN_CHUNK_SIZE]. Per row i of a chunk:
+  // chunk_dstart = the decay from the chunk's initial state to i, chunk_dend = from i to the
+  // chunk's last token (products of e^g, 0 across a reset: delta_chunk.hpp).
+  float *chunk_w, *chunk_u, *chunk_aqk, *chunk_dstart, *chunk_dend;
   int64_t qkv_stride, out_stride, slot_stride;
   int32_t num_seqs, H, HV, K, V, v_offset;  // v_offset = 2*H*K: first v column in qkv
   int32_t slot_cols, pad_slot_id, group;    // group: GDN_GROUP_*
