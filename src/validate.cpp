@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -13,6 +14,12 @@ namespace gdn {
 namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
+
+std::string ptr_str(const void *p) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%p", p);
+  return buf;
+}
 
 std::string fstr(float v) {  // shortest round-trip-ish text: -0.5, 0, 1e-06
   char buf[32];
@@ -62,6 +69,17 @@ void check_usm(const sycl::queue &q, const void *p, const char *field) {
     fail(GDN_ERROR_BAD_POINTER, std::string(field) + " is not a USM allocation of the queue's context");
 }
 
+// Every array is aligned to its element size: what element loads need on any device. Wider vector
+// accesses are the kernels' own business and never a reason to refuse a view: they check and fall
+// back (common.hpp vstore_stream), or load through memcpy (load_act16).
+void check_aligned(const void *p, size_t align, const char *what, const char *field) {
+  const size_t off = (size_t)((uintptr_t)p % align);
+  if (p && off)
+    fail(GDN_ERROR_BAD_POINTER, std::string(field) + " = " + ptr_str(p) + " is not aligned to its element size (" +
+                                    str((int64_t)align) + " bytes, " + what + "): " + str((int64_t)off) +
+                                    " byte(s) past a boundary");
+}
+
 void need(const void *p, const char *field, const char *why) {
   if (!p) fail(GDN_ERROR_NULL_POINTER, std::string(field) + " is NULL but " + why);
 }
@@ -69,7 +87,7 @@ void need(const void *p, const char *field, const char *why) {
 // Host copies of the caller's metadata arrays. Arrays in host-accessible USM (host, shared) are
 // read in place once the queue is idle: no command is enqueued. Device USM is copied by the
 // queue into a per-thread staging buffer of that array kind, kept from call to call, never into
-// a fresh vector: the OpenCL CPU runtime (intel-opencl-rt 2026.1) keeps ~110 bytes for every
+// a fresh vector: the OpenCL CPU runtime (intel-opencl-rt 2026.1) keeps ~106 bytes for every
 // distinct pointer value a USM memcpy ever touched, for the life of the process, so reading into
 // per-call vectors grew the process by ~14 bytes per call (README "Memory over many calls",
 // tests/repro/usm_memcpy_growth.cpp).
@@ -194,22 +212,48 @@ void check_contents(const Checked &c) {
   own_rows(m.s_tok, b.spec_token_count, "spec_token_indx", 2);
 }
 
-// Every array given is USM of the queue's context.
+// Every array given is USM of the queue's context and aligned to its element size.
 void check_pointers(const Checked &c) {
   const gdn_batch_t &b = c.batch;
   const gdn_tensors_t &t = c.t;
   const sycl::queue &q = c.q;
-  const std::pair<const void *, const char *> pointers[] = {
-      {b.non_spec_query_start_loc, "batch->non_spec_query_start_loc"}, {b.non_spec_state_indices, "batch->non_spec_state_indices"},
-      {b.has_initial_state, "batch->has_initial_state"}, {b.non_spec_token_indx, "batch->non_spec_token_indx"},
-      {b.spec_query_start_loc, "batch->spec_query_start_loc"}, {b.spec_state_indices, "batch->spec_state_indices"},
-      {b.num_accepted_tokens, "batch->num_accepted_tokens"}, {b.spec_token_indx, "batch->spec_token_indx"},
-      {t.mixed_qkv, "tensors->mixed_qkv"}, {t.conv_weight, "tensors->conv_weight"}, {t.conv_bias, "tensors->conv_bias"},
-      {t.conv_state, "tensors->conv_state"}, {t.conv_out, "tensors->conv_out"}, {t.a, "tensors->a"}, {t.b, "tensors->b"},
-      {t.A_log, "tensors->A_log"}, {t.dt_bias, "tensors->dt_bias"}, {t.g, "tensors->g"}, {t.beta, "tensors->beta"},
-      {t.ssm_state, "tensors->ssm_state"}, {t.core_attn_out, "tensors->core_attn_out"}, {t.z, "tensors->z"},
-      {t.norm_weight, "tensors->norm_weight"}, {t.workspace, "tensors->workspace"}};
-  for (const auto &[p, field] : pointers) check_usm(q, p, field);
+  struct Array {
+    const void *p;
+    const char *field;
+    size_t align;      // the element size
+    const char *what;  // the element type, for the message
+  };
+  const size_t act = c.act_bytes, state = dtype_bytes(c.cfg.state_dtype);
+  const char *act_t = c.cfg.act_dtype == GDN_DTYPE_F32 ? "f32 act_dtype" : c.cfg.act_dtype == GDN_DTYPE_F16 ? "f16 act_dtype" : "bf16 act_dtype";
+  const Array arrays[] = {
+      {b.non_spec_query_start_loc, "batch->non_spec_query_start_loc", 4, "int32"},
+      {b.non_spec_state_indices, "batch->non_spec_state_indices", 4, "int32"},
+      {b.has_initial_state, "batch->has_initial_state", 1, "uint8"},
+      {b.non_spec_token_indx, "batch->non_spec_token_indx", 4, "int32"},
+      {b.spec_query_start_loc, "batch->spec_query_start_loc", 4, "int32"},
+      {b.spec_state_indices, "batch->spec_state_indices", 4, "int32"},
+      {b.num_accepted_tokens, "batch->num_accepted_tokens", 4, "int32"},
+      {b.spec_token_indx, "batch->spec_token_indx", 4, "int32"},
+      {t.mixed_qkv, "tensors->mixed_qkv", act, act_t},
+      {t.conv_weight, "tensors->conv_weight", act, act_t},
+      {t.conv_bias, "tensors->conv_bias", act, act_t},
+      {t.conv_state, "tensors->conv_state", act, act_t},
+      {t.conv_out, "tensors->conv_out", act, act_t},
+      {t.a, "tensors->a", act, act_t},
+      {t.b, "tensors->b", act, act_t},
+      {t.A_log, "tensors->A_log", 4, "f32"},
+      {t.dt_bias, "tensors->dt_bias", 4, "f32"},
+      {t.g, "tensors->g", 4, "f32"},
+      {t.beta, "tensors->beta", 4, "f32"},
+      {t.ssm_state, "tensors->ssm_state", state, "state_dtype"},
+      {t.core_attn_out, "tensors->core_attn_out", act, act_t},
+      {t.z, "tensors->z", act, act_t},
+      {t.norm_weight, "tensors->norm_weight", act, act_t},
+      {t.workspace, "tensors->workspace", 4, "f32 and int32 scratch"}};
+  for (const Array &a : arrays) {
+    check_usm(q, a.p, a.field);
+    check_aligned(a.p, a.align, a.what, a.field);
+  }
 }
 
 // Host copies of the metadata arrays (waits for the work already on the queue).

@@ -495,6 +495,31 @@ def test_host_pointer_is_not_usm(s, where, field):
           lambda: s.raw(**struct_kw(where, mutate)))
 
 
+@pytest.mark.parametrize("where,field,size,delta", [
+    ("batch", "non_spec_query_start_loc", 4, 1), ("batch", "spec_state_indices", 4, 2),
+    ("batch", "num_accepted_tokens", 4, 3), ("tensors", "mixed_qkv", 4, 1), ("tensors", "A_log", 4, 2),
+    ("tensors", "conv_state", 4, 1), ("tensors", "ssm_state", 4, 1), ("tensors", "core_attn_out", 4, 2),
+    ("tensors", "z", 4, 1)])
+def test_pointer_not_aligned_to_its_element(s, where, field, size, delta):
+    """A USM pointer `delta` bytes past an element boundary is refused, naming the field."""
+    def mutate(c):
+        setattr(c, field, ffi.cast("void *", ffi.cast("char *", getattr(c, field)) + delta))
+    fails(s, "GDN_ERROR_BAD_POINTER", [f"{where}->{field} = 0x", f"is not aligned to its element size ({size} bytes",
+                                       f"{delta} byte(s) past a boundary"],
+          lambda: s.raw(**struct_kw(where, mutate)))
+
+
+def test_pointer_not_aligned_bf16(s):
+    """bf16 activations need 2-byte alignment (the refused call runs nothing, so the f32 buffers of
+    the setup serve)."""
+    s.cfg.act_dtype = "bf16"
+
+    def mutate(c):
+        c.b = ffi.cast("void *", ffi.cast("char *", c.b) + 1)
+    fails(s, "GDN_ERROR_BAD_POINTER", ["tensors->b = 0x", "(2 bytes, bf16 act_dtype): 1 byte(s) past a boundary"],
+          lambda: s.raw(mutate_tensors=mutate))
+
+
 def test_null_queue(s):
     fails(s, "GDN_ERROR_BAD_QUEUE", ["queue is NULL"], lambda: s.raw(queue=ffi.NULL))
 
