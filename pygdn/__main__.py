@@ -5,6 +5,9 @@ import sys
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     cmd = argv.pop(0) if argv else "demo"
+    if cmd in ("-h", "--help", "help"):
+        print(__doc__.strip())
+        return 0
     if cmd == "demo":
         from .demo import main as run
     elif cmd == "bench":
