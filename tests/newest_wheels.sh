@@ -17,7 +17,7 @@ newest=">=2026.2,<2026.3"
 echo "== installing the newest 2026.2 runtime, dpnp and oneMKL $newest"
 "${pip[@]}" "dpcpp-cpp-rt$newest" "intel-sycl-rt$newest" "intel-opencl-rt$newest" "dpnp>=0.20" \
   "onemkl-sycl-blas$newest" "onemkl-sycl-dft$newest" "onemkl-sycl-lapack$newest" "onemkl-sycl-rng$newest" \
-  "onemkl-sycl-vm$newest" pytest hypothesis
+  "onemkl-sycl-vm$newest" pytest hypothesis meson ninja
 echo "== pip install . (build isolation on: built against intel-sycl-rt==2026.1.2)"
 "${pip[@]}" .
 "$py" -m pip list --disable-pip-version-check 2>/dev/null | grep -iE "^(intel-|dpcpp|onemkl|mkl |dpnp|dpctl|pygdn)"
