@@ -1,6 +1,6 @@
 """Memory over many calls (issue 18): the process must not grow with the number of C-ABI calls.
 
-tests/c/endurance.c (installed as pygdn/gdn_endurance) makes 20,000 calls of mixed batches — decode,
+tests/c/endurance.c (built here against the installed library, like test_c_api.py) makes 20,000 calls of mixed batches — decode,
 prefill + decode + spec with permuted token rows, spec-only, two prefills; gdn_attention,
 gdn_causal_conv1d and gdn_gated_delta_rule; GDN_VALIDATE_FULL and GDN_VALIDATE_COUNTS — in its own
 process, after 5,000 warm-up calls (kernel builds, workspace, the runtime's first-use allocations),
@@ -17,16 +17,15 @@ growth; the heap limit is the sharper check (6x the noise, a fifth of the old gr
 import os
 import subprocess
 
-import pygdn
+from helpers import C_DIR, build_c_program
 
 CALLS = 20_000
 RSS_LIMIT_KB = 256
 HEAP_LIMIT_BYTES = 128 * 1024
 
 
-def run_endurance(calls):
-    exe = os.path.join(os.path.dirname(pygdn.__file__), "gdn_endurance")
-    assert os.path.exists(exe), f"{exe} missing: the package was not built with its C programs"
+def run_endurance(calls, out_dir):
+    exe = build_c_program(os.path.join(C_DIR, "endurance.c"), out_dir, opt="-O2")
     run = subprocess.run([exe, str(calls)], capture_output=True, text=True, timeout=1800, env=dict(os.environ))
     assert run.returncode == 0, run.stdout + run.stderr
     values = dict(line.split("=", 1) for line in run.stdout.splitlines() if "=" in line and " " not in line)
@@ -34,8 +33,8 @@ def run_endurance(calls):
     return values, summary[0] if summary else run.stdout
 
 
-def test_no_growth_over_20000_c_abi_calls():
-    values, summary = run_endurance(CALLS)
+def test_no_growth_over_20000_c_abi_calls(tmp_path):
+    values, summary = run_endurance(CALLS, tmp_path)
     print(summary)
     assert int(values["calls"]) == CALLS
     rss_growth = int(values["rss_end_kb"]) - int(values["rss_start_kb"])

@@ -37,7 +37,7 @@ static inline act_t float_to_act(float f) { return f; }
 static inline float load_act(const void *p, int64_t i) { return act_to_float(((const act_t *)p)[i]); }
 static inline void store_act(void *p, int64_t i, float f) { ((act_t *)p)[i] = float_to_act(f); }
 
-// Work-items on the CPU device hold 16 lanes (channels, state columns) in one vector; see delta_rule.cpp.
+// Work-items of the CPU-device kernels (*_cpu.cpp) hold 16 lanes (channels, state columns) in one vector.
 typedef sycl::vec<float, 16> vf16;
 // CPU-device kernels (*_cpu): a work-item computes on 16-wide vectors itself, so the CPU
 // runtime's compiler must not also vectorize the kernel ACROSS work-items (16 x vf16 = 256-lane

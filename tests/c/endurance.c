@@ -1,6 +1,6 @@
 /* endurance.c — many C-ABI calls of mixed batches in one process: resident memory, heap, calls/s
  * and per-call latency. tests/test_memory.py runs it for 20,000 calls (the RSS check);
- * tests/soak.sh for 1,000,000 (not in CI).
+ * tests/soak.sh for 1,000,000 (not in CI); both build it against the installed library.
  *   usage: gdn_endurance [calls] [warmup] [samples] [only]
  * `only` (0..6) repeats one kind of call instead of the cycle: batch 0..4 below, 5 the conv call,
  * 6 the delta-rule call (to find which call a growth comes from).
@@ -16,6 +16,7 @@
  * Before the first and the last sample malloc_trim(0) returns free heap pages to the system:
  * otherwise the free space the warm-up leaves in the heap absorbs a leak of ~1 MB unseen by RSS.
  * Output: key=value lines (parsed by the test), then a summary line. Exit 0 unless a call failed. */
+#define _GNU_SOURCE /* clock_gettime, sysconf, mallinfo2 under -std=c99 */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
