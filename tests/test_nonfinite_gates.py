@@ -2,7 +2,8 @@
 a = +inf, a = 1e38 or an overflowing exp(A_log), or g = -inf given directly -- resets the state
 before its update, on every path: the chunked prefill (which used to compute e^(-inf - -inf) = NaN
 for the whole sequence), the forced-recurrent prefill, decode and spec decode. A_log = 100 with
-a = -200 is the 0 * inf of -exp(A_log) * softplus(a + dt_bias): defined as the true (tiny) product.
+a = -200 is the 0 * inf of -exp(A_log) * softplus(a + dt_bias): defined as the true (tiny) product;
+a = -inf makes softplus exactly 0: g = 0, no decay.
 
 One batch: a 150-token prefill (three chunks), a 70-token prefill, two decodes and two spec
 sequences, tokens interleaved. The first prefill, the first decode and the first spec sequence get
@@ -25,7 +26,7 @@ from op_checks import RTOL_F32
 H, HV, SLOTS = 1, 2, 16
 BAD_HEAD = 1
 PREFILL_POSITIONS = [0, 5, 6, 63, 64, 100, 149]  # tokens of the 150-token prefill that get the bad gate
-CASES = ["a=+inf", "a=1e38", "A_log=100", "g=-inf", "a=nan"]
+CASES = ["a=+inf", "a=-inf", "a=1e38", "A_log=100", "g=-inf", "a=nan"]
 
 
 def make_meta():
@@ -76,7 +77,7 @@ def inputs(meta, K, case):
         bad["a"][rows, BAD_HEAD] = -200.0
     else:
         bad["a"] = d["a"].copy()
-        bad["a"][rows, BAD_HEAD] = {"a=+inf": np.inf, "a=1e38": 1e38, "a=nan": np.nan}[case]
+        bad["a"][rows, BAD_HEAD] = {"a=+inf": np.inf, "a=-inf": -np.inf, "a=1e38": 1e38, "a=nan": np.nan}[case]
     return bad, d
 
 
