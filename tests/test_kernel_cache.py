@@ -24,9 +24,13 @@ from helpers import assert_close
 CHILD = r"""
 import json, sys
 import numpy as np
+if sys.argv[3:] == ["queue_first"]:  # the SYCL runtime starts before the library is loaded
+    import dpctl
+    q = dpctl.SyclQueue(property="in_order")
 import pygdn, dpctl
 from pygdn.batch import make_batch, to_device
-q = dpctl.SyclQueue(property="in_order")
+if sys.argv[3:] != ["queue_first"]:
+    q = dpctl.SyclQueue(property="in_order")
 rng = np.random.default_rng(int(sys.argv[2]))
 meta = make_batch(rng, num_slots=6, prefill_lens=[3], num_decodes=2)
 cfg = pygdn.Config(num_k_heads=1, num_v_heads=1, head_k_dim=8, head_v_dim=8, num_slots=6, conv_width=4,
@@ -61,10 +65,10 @@ def child_env(cache_dir=None, **extra):
     return env
 
 
-def spawn(tmp_path, env, name="run", seed=0):
+def spawn(tmp_path, env, name="run", seed=0, extra=()):
     out = tmp_path / f"{name}.npz"
     # cwd outside the repository: its pygdn/ folder would shadow the installed package
-    p = subprocess.Popen([sys.executable, "-c", CHILD, str(out), str(seed)], env=env, cwd=tmp_path,
+    p = subprocess.Popen([sys.executable, "-c", CHILD, str(out), str(seed), *extra], env=env, cwd=tmp_path,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return p, out
 
@@ -76,8 +80,8 @@ def finish(p, out):
     return stderr
 
 
-def run(tmp_path, env, name="run", seed=0):
-    return finish(*spawn(tmp_path, env, name, seed))
+def run(tmp_path, env, name="run", seed=0, extra=()):
+    return finish(*spawn(tmp_path, env, name, seed, extra))
 
 
 def check_results(npz):
@@ -126,6 +130,14 @@ def test_second_process_loads_from_disk(filled, tmp_path):
     assert len(loaded) == len(entries(cache)) == 1, err  # one family, loaded once for two calls
     assert loaded[0][1] == str(entries(cache)[0])
     assert not warnings(err), err
+
+
+def test_queue_made_before_import_still_uses_the_disk_cache(filled, tmp_path):
+    # (With the old SYCL_CACHE_* route the runtime had read its configuration before the library
+    # could set it, and the cache was silently off.)
+    cache = copy_cache(filled, tmp_path)
+    err = run(tmp_path, child_env(cache), extra=("queue_first",))
+    assert LOADED.findall(err) and not COMPILED.findall(err) and not warnings(err), err
 
 
 DAMAGE = {
