@@ -12,7 +12,8 @@ from ._usm import UsmArray as _UsmArray
 from .ops import Batch as _Batch
 
 _ARRAY_KEYS = ("non_spec_query_start_loc", "non_spec_state_indices", "has_initial_state", "non_spec_token_indx",
-               "spec_query_start_loc", "spec_state_indices", "num_accepted_tokens", "spec_token_indx")
+               "spec_query_start_loc", "spec_state_indices", "num_accepted_tokens", "spec_token_indx",
+               "non_spec_read_state_indices", "spec_read_state_indices", "non_spec_start_pos", "checkpoint_state_indices")
 
 
 def make_batch(rng, *, num_slots, prefill_lens=(), num_decodes=0, spec_lens=(), num_spec=0, accepted=None,
@@ -102,6 +103,7 @@ def to_device(meta, queue, validate="full"):
         v = _np.ascontiguousarray(v)
         arrays[k] = _UsmArray.from_numpy(v if v.size else _np.zeros(1, v.dtype), queue)
     counts = {k: int(meta.get(k, 0) or 0) for k in ("num_actual_tokens", "num_prefills", "num_decodes", "num_spec_decodes",
-                                                    "num_spec", "non_spec_token_count", "spec_token_count")}
+                                                    "num_spec", "non_spec_token_count", "spec_token_count",
+                                                    "checkpoint_interval", "checkpoint_cols")}
     counts["pad_slot_id"] = int(meta.get("pad_slot_id", -1))
     return _Batch(validate=validate, **counts, **arrays)
