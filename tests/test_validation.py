@@ -821,3 +821,20 @@ def test_full_validation_with_int32_max_slots(s):
     s.check_reference(written=range(1, 9))
     fails(s, "GDN_ERROR_DUPLICATE_SLOT", ["non_spec_state_indices[1] = 1 is also written by non-spec sequence 0"],
           lambda: s.raw(s.batch(non_spec_state_indices=[1, 1]), mutate_cfg=mutate))
+
+
+# ----------------------------------------------------------------------------- state caches: what is accepted
+@pytest.mark.parametrize("over", [
+    dict(non_spec_read_state_indices=[12, 12], spec_read_state_indices=[12, 12]),  # one slot read by four
+    dict(non_spec_read_state_indices=[2, 2], has_initial_state=[0, 1]),  # "reads" another's write slot: nothing read
+    dict(non_spec_read_state_indices=[-1, 2], spec_read_state_indices=[-1, 6]),  # pad read slot: zeros
+    dict(spec_read_state_indices=[5, 7]),  # a spec sequence reads one of its own write slots
+    dict(CK, checkpoint_state_indices=[[10], [2]]),  # the decode's boundary is its last token: its own write slot
+    dict(CK, checkpoint_state_indices=[[-1], [11]], checkpoint_cols=1),  # a pad checkpoint is not stored
+], ids=["shared_by_four", "no_initial_state", "pad_read", "own_write_slot", "checkpoint_at_last_token",
+        "pad_checkpoint"])
+def test_state_cache_cases_accepted(s, over):
+    s.attention(s.batch(**over))
+    meta = dict(s.meta, **over)
+    written = {1, 2, 3, 4, 5, 6, 7} | ({10, 11} if over.get("checkpoint_interval") else set())
+    s.check_reference(meta, written=written)
