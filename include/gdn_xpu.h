@@ -15,9 +15,14 @@
  *    for the device; on an out-of-order queue they wait, so the results are visible when the
  *    call returns. Validation (GDN_VALIDATE_FULL) reads the metadata arrays back to the host,
  *    which waits for the work already on the queue.
- *  - Every function returns a gdn_status_t. On failure nothing was written to any array, and
- *    gdn_last_error() returns a message naming the offending field and value (thread-local,
- *    valid until the next gdn_* call on the same thread).
+ *  - Every function that can fail returns a gdn_status_t (the others: version and size queries,
+ *    *_init, gdn_queue_destroy, gdn_free, gdn_release_caches). On failure nothing was written to
+ *    any array, and gdn_last_error() returns a message naming the offending field and value
+ *    (thread-local, valid until the next gdn_* call on the same thread).
+ *  - The chunk plan of prefills is built on the device: no call reads metadata back to plan it.
+ *    Under GDN_VALIDATE_COUNTS a batch without prefills reads nothing back and never waits; with
+ *    prefills non_spec_query_start_loc is still read back and checked (it bounds the rows the
+ *    chunk kernels walk).
  *  - Structs are versioned by their first field `struct_size` = sizeof(struct) of the caller's
  *    header. Fill them with the gdn_*_init() functions, which set defaults and struct_size.
  *    The structs only grow, by fields appended at the end: a caller built against an older
@@ -54,8 +59,6 @@ extern "C" {
 /* Bumped whenever a struct layout or a function signature changes incompatibly (appending a
  * field to a struct does not: see "Structs are versioned" above). */
 #define GDN_ABI_VERSION 1
-/* Tokens per chunk of the chunked prefill form; checkpoint_interval is a multiple of it. */
-#define GDN_CHUNK_SIZE 64
 
 /* Status codes. Values are pinned: never renumbered, never reused. */
 typedef enum gdn_status {
@@ -119,13 +122,18 @@ enum {
   GDN_FLAG_NO_SILU = 1,          /* conv output without SiLU                                  */
   GDN_FLAG_NO_QK_L2NORM = 2,     /* q/k are used as given (caller normalized them)            */
   GDN_FLAG_FORCE_RECURRENT = 4,  /* prefill through the token recurrence, not the chunk form  */
-  GDN_FLAG_L2NORM_DIV = 8        /* l2norm as x/(|x|+eps) instead of x*rsqrt(sum x^2 + eps)   */
+  GDN_FLAG_L2NORM_DIV = 8,       /* l2norm as x/(|x|+eps) instead of x*rsqrt(sum x^2 + eps)   */
+  GDN_FLAG_ALL = 15              /* every bit this version knows; others are rejected         */
 };
+
+/* Tokens per chunk of the chunked (WY/UT) prefill form; checkpoint_interval is a multiple of it. */
+#define GDN_CHUNK_SIZE 64
 
 /* gdn_batch_t.validate */
 enum {
   GDN_VALIDATE_FULL = 0,  /* default: also read metadata arrays to the host and check them  */
-  GDN_VALIDATE_COUNTS = 1 /* check counts, pointers and config only; trust array contents   */
+  GDN_VALIDATE_COUNTS = 1 /* check counts, pointers and config; trust array contents, except   */
+                          /* non_spec_query_start_loc of a batch with prefills (see above)   */
 };
 
 /* State caches (ssm_state, conv_state) as engines keep them
@@ -171,8 +179,8 @@ enum {
 /* Model dimensions, dtypes and cache layouts: constant for a layer. */
 typedef struct gdn_config {
   size_t struct_size;       /* = sizeof(gdn_config_t)                                         */
-  int32_t num_k_heads;      /* H: q/k heads (per tensor-parallel rank)                        */
-  int32_t num_v_heads;      /* HV: v heads, a multiple of H (GVA: v-head i uses k-head i/(HV/H)) */
+  int32_t num_k_heads;      /* H: q/k heads (per tensor-parallel rank), 1..1024               */
+  int32_t num_v_heads;      /* HV: v heads, 1..4096, a multiple of H (GVA: v-head i uses k-head i/(HV/H)) */
   int32_t head_k_dim;       /* K: 1..256                                                      */
   int32_t head_v_dim;       /* V: 1..256                                                      */
   int32_t conv_width;       /* W: 2..8. conv_dim = 2*H*K + HV*V                               */
@@ -274,7 +282,7 @@ typedef struct gdn_tensors {
 /* ---- library information ---- */
 GDN_API const char *gdn_version(void);          /* "MAJOR.MINOR.PATCH"                     */
 GDN_API int32_t gdn_abi_version(void);          /* GDN_ABI_VERSION the library was built with */
-GDN_API const char *gdn_status_string(int32_t status); /* static text; "unknown status" else */
+GDN_API const char *gdn_status_string(gdn_status_t status); /* static text; "unknown status" else */
 GDN_API const char *gdn_last_error(void);       /* thread-local detail of the last failure  */
 GDN_API size_t gdn_sizeof_config(void);         /* the library's sizeof(gdn_config_t) etc.:  */
 GDN_API size_t gdn_sizeof_batch(void);          /*   lets bindings check their struct layout */
@@ -317,7 +325,9 @@ GDN_API gdn_status_t gdn_gated_delta_rule(void *queue, const gdn_config_t *cfg, 
 GDN_API gdn_status_t gdn_attention(void *queue, const gdn_config_t *cfg, const gdn_batch_t *batch,
                                    const gdn_tensors_t *t);
 
-/* Bytes of workspace gdn_attention / gdn_gated_delta_rule need for this batch (upper bound). */
+/* Bytes of workspace a gdn_attention call with this config and these batch counts uses when it
+ * is given no conv_out (the most any of the three ops uses). Computed by the same plan the call
+ * runs, from the counts alone: the metadata arrays are not read. */
 GDN_API gdn_status_t gdn_attention_workspace_size(const gdn_config_t *cfg, const gdn_batch_t *batch,
                                                   size_t *bytes);
 

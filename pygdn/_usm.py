@@ -1,20 +1,26 @@
 """USM arrays: reading __sycl_usm_array_interface__ (SUAI), and a small array type of our own.
 
 pygdn accepts any object exposing SUAI (dpnp.ndarray, dpnp.tensor.usm_ndarray, dpctl.memory
-objects, UsmArray below). SUAI strides and offset are in ELEMENTS, not bytes.
+objects, UsmArray below) and DLPack producers of USM memory (torch XPU tensors, see _dlpack.py).
+SUAI strides and offset are in ELEMENTS, not bytes.
 """
 from __future__ import annotations
+
+import operator as _operator
 
 import numpy as _np
 
 import dpctl as _dpctl
 import dpctl.memory as _dpmem
 
+from . import _dlpack
+
 # numpy dtype -> gdn dtype name. bf16 has no numpy type: its arrays carry the bit pattern as
 # uint16, made with to_bf16_bits(). Typestrs are compared as dtypes: producers differ in the
 # byte-order character (dpnp 0.20 writes '|i4', numpy '<i4').
 DTYPE_NAMES = {_np.dtype(_np.float32): "f32", _np.dtype(_np.float16): "f16", _np.dtype(_np.uint16): "bf16",
                _np.dtype(_np.int32): "i32", _np.dtype(_np.uint8): "u8", _np.dtype(_np.bool_): "u8"}
+NUMPY_DTYPES = {name: dt for dt, name in DTYPE_NAMES.items() if dt.kind != "b"}  # gdn dtype name -> numpy
 
 
 def dtype_name(typestr):
@@ -95,33 +101,46 @@ def from_bf16_bits(bits):
 
 
 class UsmView:
-    """What pygdn needs from an SUAI object: element-0 address, shape, dtype name, queue."""
+    """What pygdn needs from an array argument, an SUAI object or a DLPack producer: element-0
+    address, shape, dtype name, C-contiguity, the producer's queue (SUAI; None for DLPack, whose
+    device and context are checked on intake) and `hold`, what must stay alive while a call may
+    use the memory (the object; for DLPack the consumed tensor, which holds the object)."""
 
-    __slots__ = ("address", "shape", "dtype", "queue", "contiguous")
+    __slots__ = ("address", "shape", "dtype", "queue", "contiguous", "hold")
 
-    def __init__(self, obj, name):
+    def __init__(self, obj, name, queue):
         try:
             s = obj.__sycl_usm_array_interface__
         except AttributeError:
-            raise TypeError(f"{name}: expected an object with __sycl_usm_array_interface__ "
-                            f"(dpnp.ndarray, dpctl.memory, pygdn.UsmArray), got {type(obj).__name__}") from None
+            if not _dlpack.is_producer(obj):
+                raise TypeError(f"{name}: expected an object with __sycl_usm_array_interface__ (dpnp.ndarray, "
+                                f"dpctl.memory, pygdn.UsmArray) or a kDLOneAPI DLPack tensor (__dlpack__: torch "
+                                f"XPU, JAX), got {type(obj).__name__}") from None
+            self.hold, self.address, self.shape, strides, self.dtype = _dlpack.consume(obj, name, queue)
+            self.contiguous, self.queue = _c_contiguous(self.shape, strides), None
+            return
         self.shape = tuple(s["shape"])
         typestr = s["typestr"]
         self.dtype, itemsize = _typestr_info(typestr)
         if self.dtype is None:
             raise TypeError(f"{name}: unsupported element type {typestr!r}")
         self.address = int(s["data"][0]) + int(s.get("offset", 0) or 0) * itemsize
-        strides = s.get("strides")
-        self.contiguous = strides is None or tuple(strides) == _c_strides(self.shape)
+        self.contiguous = _c_contiguous(self.shape, s.get("strides"))
         self.queue = _queue_of(s.get("syclobj"), obj)
+        self.hold = obj
 
 
-def _c_strides(shape):
-    strides, acc = [], 1
-    for n in reversed(shape):
-        strides.append(acc)
+def _c_contiguous(shape, strides):
+    """Strides in elements (SUAI and DLPack alike), None = C order. A dimension of one element
+    may have any stride; an empty array is contiguous."""
+    if strides is None or 0 in shape:
+        return True
+    acc = 1
+    for n, st in zip(reversed(shape), reversed(tuple(strides))):
+        if n != 1 and st != acc:
+            return False
         acc *= n
-    return tuple(reversed(strides))
+    return True
 
 
 def _queue_of(syclobj, obj):
@@ -131,3 +150,21 @@ def _queue_of(syclobj, obj):
     if isinstance(q, _dpctl.SyclQueue):
         return q
     return _dpmem.as_usm_memory(obj).sycl_queue
+
+
+def as_queue(queue):
+    """The queue argument as a dpctl.SyclQueue: a dpctl.SyclQueue itself, a sycl::queue* as a
+    Python int (torch: torch.xpu.current_stream().sycl_queue), or a "SyclQueueRef" capsule
+    (dpctl.SyclQueue._get_capsule(); consumed, as dpctl consumes one). The int and the capsule
+    become a dpctl copy of the queue, which shares its implementation (the same queue)."""
+    if isinstance(queue, _dpctl.SyclQueue):
+        return queue
+    if hasattr(queue, "__index__") and not isinstance(queue, bool):  # int, numpy integer
+        return _dlpack.queue_from_pointer(_operator.index(queue))
+    if type(queue).__name__ == "PyCapsule":
+        try:
+            return _dpctl.SyclQueue(queue)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"queue: a capsule dpctl cannot take as a queue ({e})") from None
+    raise TypeError(f"queue: expected a dpctl.SyclQueue, a sycl::queue* as int, or a 'SyclQueueRef' capsule, "
+                    f"got {type(queue).__name__}")

@@ -9,11 +9,7 @@ from __future__ import annotations
 import numpy as _np
 
 from ._usm import UsmArray as _UsmArray
-from .ops import Batch as _Batch
-
-_ARRAY_KEYS = ("non_spec_query_start_loc", "non_spec_state_indices", "has_initial_state", "non_spec_token_indx",
-               "spec_query_start_loc", "spec_state_indices", "num_accepted_tokens", "spec_token_indx",
-               "non_spec_read_state_indices", "spec_read_state_indices", "non_spec_start_pos", "checkpoint_state_indices")
+from .ops import BATCH_ARRAYS as _BATCH_ARRAYS, BATCH_COUNTS as _BATCH_COUNTS, Batch as _Batch
 
 
 def make_batch(rng, *, num_slots, prefill_lens=(), num_decodes=0, spec_lens=(), num_spec=0, accepted=None,
@@ -95,15 +91,13 @@ def make_batch(rng, *, num_slots, prefill_lens=(), num_decodes=0, spec_lens=(), 
 def to_device(meta, queue, validate="full"):
     """Upload make_batch() metadata to USM arrays; returns a pygdn.Batch."""
     arrays = {}
-    for k in _ARRAY_KEYS:
+    for k in _BATCH_ARRAYS:
         v = meta.get(k)
         if v is None:
             arrays[k] = None
             continue
         v = _np.ascontiguousarray(v)
         arrays[k] = _UsmArray.from_numpy(v if v.size else _np.zeros(1, v.dtype), queue)
-    counts = {k: int(meta.get(k, 0) or 0) for k in ("num_actual_tokens", "num_prefills", "num_decodes", "num_spec_decodes",
-                                                    "num_spec", "non_spec_token_count", "spec_token_count",
-                                                    "checkpoint_interval", "checkpoint_cols")}
+    counts = {k: int(meta.get(k, 0) or 0) for k in _BATCH_COUNTS}
     counts["pad_slot_id"] = int(meta.get("pad_slot_id", -1))
     return _Batch(validate=validate, **counts, **arrays)

@@ -3,15 +3,20 @@
 Each checks shapes, dtypes, contiguity and queues in Python (ValueError / TypeError naming the
 argument), then calls the C ABI, which validates the metadata contents and raises GdnError
 with the library's message on failure. Layouts: see include/gdn_xpu.h and README.md.
+
+The queue: a dpctl.SyclQueue, a sycl::queue* as an int (torch.xpu.current_stream().sycl_queue)
+or a "SyclQueueRef" capsule. Arrays: objects with __sycl_usm_array_interface__, or DLPack
+producers of kDLOneAPI (USM) tensors (see _usm.py, _dlpack.py).
 """
 from __future__ import annotations
 
 import dataclasses as _dc
 import inspect as _inspect
 import math as _math
+import typing as _t
 
 from ._lib import ffi as _ffi, last_error as _last_error, lib as _lib, status_name as _status_name
-from ._usm import UsmView as _UsmView
+from ._usm import NUMPY_DTYPES as _NUMPY_DTYPES, UsmView as _UsmView, as_queue as _as_queue
 
 _DTYPES = {"f32": _lib.GDN_DTYPE_F32, "f16": _lib.GDN_DTYPE_F16, "bf16": _lib.GDN_DTYPE_BF16}
 _SSM_LAYOUTS = {"kv": _lib.GDN_SSM_KV, "vk": _lib.GDN_SSM_VK}
@@ -123,26 +128,58 @@ class Config:
         return c
 
 
-_BATCH_ARRAYS = {  # field: (dtype, length as a function of the batch)
-    "non_spec_query_start_loc": ("i32", lambda b: b.num_non_spec_seqs + 1),
-    "non_spec_state_indices": ("i32", lambda b: b.num_non_spec_seqs),
-    "has_initial_state": ("u8", lambda b: b.num_non_spec_seqs),
-    "non_spec_token_indx": ("i32", lambda b: b.non_spec_token_count),
-    "spec_query_start_loc": ("i32", lambda b: b.num_spec_decodes + 1),
-    "spec_state_indices": ("i32", lambda b: b.num_spec_decodes * (b.num_spec + 1)),
-    "num_accepted_tokens": ("i32", lambda b: b.num_spec_decodes),
-    "spec_token_indx": ("i32", lambda b: b.spec_token_count),
-    "non_spec_read_state_indices": ("i32", lambda b: b.num_non_spec_seqs),
-    "spec_read_state_indices": ("i32", lambda b: b.num_spec_decodes),
-    "non_spec_start_pos": ("i32", lambda b: b.num_non_spec_seqs),
-    "checkpoint_state_indices": ("i32", lambda b: b.num_non_spec_seqs * b.checkpoint_cols if b.checkpoint_interval else 0),
+# ---- gdn_batch_t's fields: the one table of them in Python (marshalling, batch.py, the tests) ----
+# Read from the header through cffi: its int32 fields are the counts (and the two settings
+# below), its pointer fields the metadata arrays, with their element type. What the header does
+# not say in a machine-readable way is how many elements the counts require of each array.
+_BATCH_SETTINGS = ("pad_slot_id", "validate")  # int32 fields of gdn_batch_t that are not counts
+_BATCH_ARRAY_LENGTHS = {  # field: elements the counts require (counts: any mapping of count names)
+    "non_spec_query_start_loc": lambda c: c["num_prefills"] + c["num_decodes"] + 1,
+    "non_spec_state_indices": lambda c: c["num_prefills"] + c["num_decodes"],
+    "has_initial_state": lambda c: c["num_prefills"] + c["num_decodes"],
+    "non_spec_token_indx": lambda c: c["non_spec_token_count"],
+    "spec_query_start_loc": lambda c: c["num_spec_decodes"] + 1,
+    "spec_state_indices": lambda c: c["num_spec_decodes"] * (c["num_spec"] + 1),
+    "num_accepted_tokens": lambda c: c["num_spec_decodes"],
+    "spec_token_indx": lambda c: c["spec_token_count"],
+    "non_spec_read_state_indices": lambda c: c["num_prefills"] + c["num_decodes"],
+    "spec_read_state_indices": lambda c: c["num_spec_decodes"],
+    "non_spec_start_pos": lambda c: c["num_prefills"] + c["num_decodes"],
+    "checkpoint_state_indices": lambda c: (c["num_prefills"] + c["num_decodes"]) * c["checkpoint_cols"]
+    if c["checkpoint_interval"] else 0,
 }
+_C_ELEMENT_TYPES = {"int32_t": "i32", "uint8_t": "u8"}
+
+
+class BatchArray(_t.NamedTuple):
+    """One metadata array of gdn_batch_t: its element type (a pygdn dtype name) and the number
+    of elements the counts require, length(counts) with counts a mapping of count names."""
+
+    dtype: str
+    length: _t.Callable[[_t.Mapping[str, int]], int]
+
+
+def _batch_table():
+    counts, arrays = [], {}
+    for name, field in _ffi.typeof("gdn_batch_t").fields:
+        t = field.type
+        if t.kind == "pointer":
+            arrays[name] = BatchArray(_C_ELEMENT_TYPES[t.item.cname], _BATCH_ARRAY_LENGTHS.get(name))
+        elif t.cname == "int32_t" and name not in _BATCH_SETTINGS and not name.startswith("reserved"):
+            counts.append(name)
+    unknown = sorted(set(arrays) ^ set(_BATCH_ARRAY_LENGTHS))
+    if unknown:
+        raise ImportError(f"gdn_batch_t arrays and pygdn's length table differ: {unknown}")
+    return tuple(counts), arrays
+
+
+BATCH_COUNTS, BATCH_ARRAYS = _batch_table()  # in struct order
 
 
 @_dc.dataclass
 class Batch:
-    """One step's mixed batch (gdn_batch_t). Arrays are SUAI objects (int32; has_initial_state
-    uint8/bool) or None. Arrays may be longer than needed (graph padding); only the prefix is read."""
+    """One step's mixed batch (gdn_batch_t). Arrays are SUAI objects or DLPack producers (int32;
+    has_initial_state uint8/bool) or None. Arrays may be longer than needed (graph padding); only the prefix is read."""
 
     num_actual_tokens: int
     num_prefills: int = 0
@@ -176,31 +213,38 @@ class Batch:
     def _to_c(self, queue, keep):
         c = _ffi.new("gdn_batch_t *")
         _lib.gdn_batch_init(c)
-        for f in ("num_prefills", "num_decodes", "num_spec_decodes", "num_spec", "num_actual_tokens",
-                  "non_spec_token_count", "spec_token_count", "pad_slot_id", "checkpoint_interval", "checkpoint_cols"):
+        for f in BATCH_COUNTS:
             setattr(c, f, int(getattr(self, f)))
+        c.pad_slot_id = int(self.pad_slot_id)
         c.validate = _choice({"full": _lib.GDN_VALIDATE_FULL, "counts": _lib.GDN_VALIDATE_COUNTS}, self.validate, "validate")
-        for field, (dtype, length) in _BATCH_ARRAYS.items():
+        counts = vars(self)
+        for field, (dtype, length) in BATCH_ARRAYS.items():
             obj = getattr(self, field)
             if obj is None:
                 continue
             v = _view(obj, f"batch.{field}", queue)
             if v.dtype != dtype:
                 raise TypeError(f"batch.{field}: dtype {v.dtype}, expected {dtype}")
-            n = _math.prod(v.shape)
-            if n < length(self):
-                raise ValueError(f"batch.{field}: {n} elements, the counts need {length(self)}")
-            keep.append(obj)
+            n, need = _math.prod(v.shape), length(counts)
+            if n < need:
+                raise ValueError(f"batch.{field}: {n} elements, the counts need {need}")
+            keep.append(v.hold)
             setattr(c, field, _ffi.cast("void *", v.address))
         return c
 
 
+_missing = {f.name for f in _dc.fields(Batch)} ^ {*BATCH_COUNTS, *_BATCH_SETTINGS, *BATCH_ARRAYS}
+if _missing:  # the dataclass is written out for its readers; the header decides what it must hold
+    raise ImportError(f"pygdn.Batch and gdn_batch_t differ in {sorted(_missing)}")
+
+
 def _view(obj, name, queue):
-    v = _UsmView(obj, name)
+    v = _UsmView(obj, name, queue)
     if not v.contiguous:
         raise ValueError(f"{name}: must be C-contiguous")
     # The same queue object is the common case; comparing contexts builds dpctl objects (~µs each).
-    if v.queue is not queue and v.queue.sycl_context != queue.sycl_context:
+    # (A DLPack tensor has no queue: its device and context were checked when it was consumed.)
+    if v.queue is not None and v.queue is not queue and v.queue.sycl_context != queue.sycl_context:
         raise ValueError(f"{name}: lives in another SYCL context than the queue")
     return v
 
@@ -222,7 +266,8 @@ def _tensor_specs(cfg: Config, rows: int):
 
 def _marshal(queue, cfg: Config, batch: Batch, arrays: dict):
     """Check every argument and build the three C structs. Returns (c_cfg, c_batch, c_tensors,
-    keep): keep holds every array object, so their memory outlives the call."""
+    keep): keep holds every array object (and consumed DLPack tensor), so their memory outlives
+    the call; a DLPack tensor's deleter runs when keep is dropped."""
     keep = []
     c_cfg = cfg._to_c()
     c_batch = batch._to_c(queue, keep)
@@ -237,7 +282,7 @@ def _marshal(queue, cfg: Config, batch: Batch, arrays: dict):
         dtype, lead, inner = specs[field]
         v = _view(obj, field, queue)
         if field == "workspace":
-            c_t.workspace_bytes = _math.prod(v.shape) * {"f32": 4, "f16": 2, "bf16": 2, "i32": 4, "u8": 1}[v.dtype]
+            c_t.workspace_bytes = _math.prod(v.shape) * _NUMPY_DTYPES[v.dtype].itemsize
         else:
             if v.dtype != dtype:
                 which = "state_dtype" if field == "ssm_state" else "act_dtype"
@@ -245,12 +290,13 @@ def _marshal(queue, cfg: Config, batch: Batch, arrays: dict):
             if not v.shape or v.shape[0] < lead or _math.prod(v.shape[1:]) != inner:
                 raise ValueError(f"{field}: shape {v.shape}, expected [{'>=' if lead == batch.num_actual_tokens else ''}"
                                  f"{lead}, ...{inner} elements per row]")
-        keep.append(obj)
+        keep.append(v.hold)
         setattr(c_t, field, _ffi.cast("void *", v.address))
     return c_cfg, c_batch, c_t, keep
 
 
 def _call(fn, queue, cfg: Config, batch: Batch, arrays: dict, wait: bool = True):
+    queue = _as_queue(queue)
     PreparedCall(fn, queue, _marshal(queue, cfg, batch, arrays)).run(wait)
 
 
@@ -288,7 +334,8 @@ class PreparedCall:
     write new contents into the same arrays — this step's tokens into mixed_qkv, its metadata
     into the batch's index arrays (the library validates their contents on every run unless
     batch.validate == "counts"). The arrays are kept alive by this object, so run(wait=False)
-    is safe as long as it lives; wait on the queue before reading results on the host.
+    is safe as long as it lives; wait on the queue before reading results on the host. DLPack
+    arguments were consumed at prepare() time; their deleters run when this object goes.
     """
 
     __slots__ = ("_fn", "_q", "_queue", "_c_cfg", "_c_batch", "_c_t", "_keep", "op_name")
@@ -327,12 +374,13 @@ def prepare(op, queue, cfg: Config, batch: Batch, **arrays) -> PreparedCall:
     except TypeError as e:
         raise TypeError(f"prepare({name}): {e}") from None
     given = {k: v for k, v in bound.arguments.items() if k not in ("queue", "cfg", "batch")}
+    queue = _as_queue(queue)
     return PreparedCall(getattr(_lib, _C_FUNCTIONS[op]), queue, _marshal(queue, cfg, batch, given), name)
 
 
 def warmup(queue, cfg: Config) -> None:
     """Compile (or load from cache) every kernel cfg needs, so later calls start at once."""
-    _check(_lib.gdn_warmup(_ffi.cast("void *", queue.addressof_ref()), cfg._to_c()))
+    _check(_lib.gdn_warmup(_ffi.cast("void *", _as_queue(queue).addressof_ref()), cfg._to_c()))
 
 
 def workspace_size(cfg: Config, batch: Batch) -> int:
@@ -345,8 +393,7 @@ def workspace_size(cfg: Config, batch: Batch) -> int:
 def _counts_only(batch: Batch):
     c = _ffi.new("gdn_batch_t *")
     _lib.gdn_batch_init(c)
-    for f in ("num_prefills", "num_decodes", "num_spec_decodes", "num_spec", "num_actual_tokens",
-              "non_spec_token_count", "spec_token_count"):
+    for f in BATCH_COUNTS:
         setattr(c, f, int(getattr(batch, f)))
     return c
 

@@ -1,5 +1,5 @@
 """Independent float64 NumPy reference of the Gated DeltaNet (GDN) attention op with
-speculative decoding (MTP), written from /work/shared/SPEC.md and include/gdn_xpu.h only.
+speculative decoding (MTP), written from the specification (README "The op and its layouts") and include/gdn_xpu.h only.
 
 Canonical layouts used here (tests convert to/from the library's other layouts):
   conv_state [num_slots, C, state_len]  ("dim-major"): conv_state[s, c, j] = history column j

@@ -20,7 +20,7 @@ GDN_API size_t gdn_sizeof_config(void) { return sizeof(gdn_config_t); }
 GDN_API size_t gdn_sizeof_batch(void) { return sizeof(gdn_batch_t); }
 GDN_API size_t gdn_sizeof_tensors(void) { return sizeof(gdn_tensors_t); }
 
-GDN_API const char *gdn_status_string(int32_t status) {
+GDN_API const char *gdn_status_string(gdn_status_t status) {
   switch (status) {
     case GDN_SUCCESS: return "success";
     case GDN_ERROR_NULL_POINTER: return "a required array is NULL";

@@ -32,22 +32,37 @@ struct EnablePersistentCache {
   }
 } enable_persistent_cache;
 
-const char *family_name(gdn::Family f) {
+// The source file of a family (its name in gdn::kernel_files).
+const char *family_file(gdn::Family f) {
   switch (f) {
-    case gdn::Family::Conv: return "conv1d";
-    case gdn::Family::Delta: return "delta_rule";
-    case gdn::Family::Norm: return "gated_norm";
+    case gdn::Family::Conv1d: return "conv1d.cpp";
+    case gdn::Family::Conv1dCpu: return "conv1d_cpu.cpp";
+    case gdn::Family::DeltaPrep: return "delta_prep.cpp";
+    case gdn::Family::DeltaRecurrent: return "delta_recurrent.cpp";
+    case gdn::Family::DeltaRecurrentCpu: return "delta_recurrent_cpu.cpp";
+    case gdn::Family::DeltaChunk: return "delta_chunk.cpp";
+    case gdn::Family::DeltaChunkCpu: return "delta_chunk_cpu.cpp";
+    case gdn::Family::GatedNorm: return "gated_norm.cpp";
   }
   return "?";
 }
+const char *family_name(gdn::Family f) { return family_file(f); }
 
 const char *family_source(gdn::Family f) {
-  switch (f) {
-    case gdn::Family::Conv: return gdn::kernel_source_conv1d;
-    case gdn::Family::Delta: return gdn::kernel_source_delta_rule;
-    case gdn::Family::Norm: return gdn::kernel_source_gated_norm;
+  const std::string name = family_file(f);
+  for (size_t i = 0; i < gdn::num_kernel_files; ++i)
+    if (name == gdn::kernel_files[i].name) return gdn::kernel_files[i].text;
+  gdn::fail(GDN_ERROR_INTERNAL, "kernel source " + name + " is not embedded");
+}
+
+// Every embedded file that is not a kernel source is an include file of every build.
+syclexp::include_files kernel_headers() {
+  syclexp::include_files headers;
+  for (size_t i = 0; i < gdn::num_kernel_files; ++i) {
+    const std::string name = gdn::kernel_files[i].name;
+    if (name.size() < 4 || name.compare(name.size() - 4, 4, ".cpp") != 0) headers.add(name, gdn::kernel_files[i].text);
   }
-  return "";
+  return headers;
 }
 
 struct Entry {
@@ -109,8 +124,7 @@ sycl::kernel_bundle<sycl::bundle_state::executable> compile(const sycl::queue &q
                  dev.get_info<sycl::info::device::name>().c_str());
   std::string log;
   try {
-    syclexp::include_files headers{"common.hpp", gdn::kernel_source_common};
-    headers.add("params.hpp", gdn::kernel_source_params);
+    const syclexp::include_files headers = kernel_headers();
     std::vector<std::string> opts{"-O2"};
     if (dev.is_cpu()) {
       // Flush fp32 denormals on the CPU device. The gates make exp(g) and the decayed state

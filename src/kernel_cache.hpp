@@ -5,10 +5,12 @@
 
 namespace gdn {
 
-enum class Family { Conv, Delta, Norm };
+// One build per kernel source file (src/kernels/*.cpp) and option set: a call compiles only the
+// files of the kernels it launches.
+enum class Family { Conv1d, Conv1dCpu, DeltaPrep, DeltaRecurrent, DeltaRecurrentCpu, DeltaChunk, DeltaChunkCpu, GatedNorm };
 
 // The kernel `name` of `family` built with `options` (e.g. "-DGDN_ACT_BF16") for q's device.
-// The first request compiles the family's source (seconds; the SYCL runtime's persistent cache,
+// The first request compiles the family's source file (seconds; the SYCL runtime's persistent cache,
 // switched on at library load, makes later processes fast); later requests are a lookup.
 // Throws Failure{GDN_ERROR_COMPILE | GDN_ERROR_UNSUPPORTED} with the compiler log.
 sycl::kernel get_kernel(const sycl::queue &q, Family family, const std::string &options, const char *name);

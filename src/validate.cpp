@@ -304,6 +304,66 @@ void check_contents(const Checked &c) {
   own_rows(m.s_tok, b.spec_token_count, "spec_token_indx", 2);
 }
 
+// The batch stores block checkpoints (the checkpoint fields are read only then).
+bool checkpoints(const Checked &c) { return c.batch.checkpoint_interval > 0 && c.num_non_spec_seqs > 0; }
+
+// Issue 15 in two steps: the header and validation know read slots and checkpoints, the kernels not yet.
+void kernels_support(const Checked &c) {
+  const gdn_batch_t &b = c.batch;
+  require(!b.non_spec_read_state_indices && !b.spec_read_state_indices && !checkpoints(c), GDN_ERROR_UNSUPPORTED,
+          "batch: read slots (*_read_state_indices) and checkpoints (checkpoint_interval > 0) are not implemented by "
+          "this build's kernels yet");
+}
+
+// Every array given is USM of the queue's context.
+void check_pointers(const Checked &c) {
+  const gdn_batch_t &b = c.batch;
+  const gdn_tensors_t &t = c.t;
+  const sycl::queue &q = c.q;
+  const std::pair<const void *, const char *> pointers[] = {
+      {b.non_spec_query_start_loc, "batch->non_spec_query_start_loc"}, {b.non_spec_state_indices, "batch->non_spec_state_indices"},
+      {b.has_initial_state, "batch->has_initial_state"}, {b.non_spec_token_indx, "batch->non_spec_token_indx"},
+      {b.spec_query_start_loc, "batch->spec_query_start_loc"}, {b.spec_state_indices, "batch->spec_state_indices"},
+      {b.num_accepted_tokens, "batch->num_accepted_tokens"}, {b.spec_token_indx, "batch->spec_token_indx"},
+      {b.non_spec_read_state_indices, "batch->non_spec_read_state_indices"},
+      {b.spec_read_state_indices, "batch->spec_read_state_indices"}, {b.non_spec_start_pos, "batch->non_spec_start_pos"},
+      {checkpoints(c) ? b.checkpoint_state_indices : nullptr, "batch->checkpoint_state_indices"},
+      {t.mixed_qkv, "tensors->mixed_qkv"}, {t.conv_weight, "tensors->conv_weight"}, {t.conv_bias, "tensors->conv_bias"},
+      {t.conv_state, "tensors->conv_state"}, {t.conv_out, "tensors->conv_out"}, {t.a, "tensors->a"}, {t.b, "tensors->b"},
+      {t.A_log, "tensors->A_log"}, {t.dt_bias, "tensors->dt_bias"}, {t.g, "tensors->g"}, {t.beta, "tensors->beta"},
+      {t.ssm_state, "tensors->ssm_state"}, {t.core_attn_out, "tensors->core_attn_out"}, {t.z, "tensors->z"},
+      {t.norm_weight, "tensors->norm_weight"}, {t.workspace, "tensors->workspace"}};
+  for (const auto &[p, field] : pointers) check_usm(q, p, field);
+}
+
+// Host copies of the metadata arrays (waits for the work already on the queue).
+void read_metadata(Checked &c) {
+  const gdn_batch_t &b = c.batch;
+  std::vector<sycl::event> evs;
+  HostMeta &m = c.meta;
+  const int32_t nns = c.num_non_spec_seqs;
+  if (nns > 0) {
+    read_back(c.q, m.ns_qsl, b.non_spec_query_start_loc, (int64_t)nns + 1, evs);
+    read_back(c.q, m.ns_slots, b.non_spec_state_indices, nns, evs);
+    if (b.non_spec_token_indx) read_back(c.q, m.ns_tok, b.non_spec_token_indx, b.non_spec_token_count, evs);
+    if (b.non_spec_read_state_indices) {  // has_initial_state == 0 means the read slot is not read
+      read_back(c.q, m.ns_read, b.non_spec_read_state_indices, nns, evs);
+      if (b.has_initial_state) read_back(c.q, m.has_init, b.has_initial_state, nns, evs);
+    }
+    if (b.non_spec_start_pos) read_back(c.q, m.start_pos, b.non_spec_start_pos, nns, evs);
+    if (checkpoints(c) && b.checkpoint_cols > 0)
+      read_back(c.q, m.ckpt, b.checkpoint_state_indices, (int64_t)nns * b.checkpoint_cols, evs);
+  }
+  if (b.num_spec_decodes > 0) {
+    read_back(c.q, m.s_qsl, b.spec_query_start_loc, (int64_t)b.num_spec_decodes + 1, evs);
+    read_back(c.q, m.s_slots, b.spec_state_indices, (int64_t)b.num_spec_decodes * (b.num_spec + 1), evs);
+    read_back(c.q, m.accepted, b.num_accepted_tokens, b.num_spec_decodes, evs);
+    if (b.spec_token_indx) read_back(c.q, m.s_tok, b.spec_token_indx, b.spec_token_count, evs);
+    if (b.spec_read_state_indices) read_back(c.q, m.s_read, b.spec_read_state_indices, b.num_spec_decodes, evs);
+  }
+  for (auto &e : evs) e.wait_and_throw();
+}
+
 }  // namespace
 
 size_t dtype_bytes(int32_t dtype) {
@@ -342,7 +402,7 @@ gdn_config_t validate_config(const gdn_config_t *in) {
   if (cfg.scale == 0.0f) cfg.scale = 1.0f / std::sqrt((float)cfg.head_k_dim);
   require(cfg.l2norm_eps > 0.0f, GDN_ERROR_BAD_SHAPE, "cfg->l2norm_eps = " + fstr(cfg.l2norm_eps) + " must be > 0");
   require(cfg.norm_eps > 0.0f, GDN_ERROR_BAD_SHAPE, "cfg->norm_eps = " + fstr(cfg.norm_eps) + " must be > 0");
-  require((cfg.flags & ~15) == 0, GDN_ERROR_UNSUPPORTED, "cfg->flags has unknown bits: " + str(cfg.flags));
+  require((cfg.flags & ~GDN_FLAG_ALL) == 0, GDN_ERROR_UNSUPPORTED, "cfg->flags has unknown bits: " + str(cfg.flags));
   return cfg;
 }
 
@@ -406,8 +466,7 @@ Checked validate_call(void *queue, const gdn_config_t *cfg_in, const gdn_batch_t
     need(b.non_spec_query_start_loc, "batch->non_spec_query_start_loc", "num_prefills + num_decodes > 0");
     need(b.non_spec_state_indices, "batch->non_spec_state_indices", "num_prefills + num_decodes > 0");
   }
-  const bool checkpoints = b.checkpoint_interval > 0 && c.num_non_spec_seqs > 0;
-  if (work && checkpoints && b.checkpoint_cols > 0)
+  if (work && checkpoints(c) && b.checkpoint_cols > 0)
     need(b.checkpoint_state_indices, "batch->checkpoint_state_indices", "checkpoint_interval > 0 and checkpoint_cols > 0");
   if (work && b.num_spec_decodes > 0) {
     need(b.spec_query_start_loc, "batch->spec_query_start_loc", "num_spec_decodes > 0");
@@ -435,58 +494,25 @@ Checked validate_call(void *queue, const gdn_config_t *cfg_in, const gdn_batch_t
   }
   if (!work) return c;
 
-  const sycl::queue &q = c.q;
-  const std::pair<const void *, const char *> pointers[] = {
-      {b.non_spec_query_start_loc, "batch->non_spec_query_start_loc"}, {b.non_spec_state_indices, "batch->non_spec_state_indices"},
-      {b.has_initial_state, "batch->has_initial_state"}, {b.non_spec_token_indx, "batch->non_spec_token_indx"},
-      {b.spec_query_start_loc, "batch->spec_query_start_loc"}, {b.spec_state_indices, "batch->spec_state_indices"},
-      {b.num_accepted_tokens, "batch->num_accepted_tokens"}, {b.spec_token_indx, "batch->spec_token_indx"},
-      {b.non_spec_read_state_indices, "batch->non_spec_read_state_indices"},
-      {b.spec_read_state_indices, "batch->spec_read_state_indices"}, {b.non_spec_start_pos, "batch->non_spec_start_pos"},
-      {checkpoints ? b.checkpoint_state_indices : nullptr, "batch->checkpoint_state_indices"},
-      {t.mixed_qkv, "tensors->mixed_qkv"}, {t.conv_weight, "tensors->conv_weight"}, {t.conv_bias, "tensors->conv_bias"},
-      {t.conv_state, "tensors->conv_state"}, {t.conv_out, "tensors->conv_out"}, {t.a, "tensors->a"}, {t.b, "tensors->b"},
-      {t.A_log, "tensors->A_log"}, {t.dt_bias, "tensors->dt_bias"}, {t.g, "tensors->g"}, {t.beta, "tensors->beta"},
-      {t.ssm_state, "tensors->ssm_state"}, {t.core_attn_out, "tensors->core_attn_out"}, {t.z, "tensors->z"},
-      {t.norm_weight, "tensors->norm_weight"}, {t.workspace, "tensors->workspace"}};
-  for (const auto &[p, field] : pointers) check_usm(q, p, field);
+  check_pointers(c);
 
-  // Read the metadata back. ns_qsl is also needed to plan the chunks of prefills (a decode-only
-  // batch under GDN_VALIDATE_COUNTS reads nothing back and never waits).
-  std::vector<sycl::event> evs;
-  HostMeta &m = c.meta;
-  const bool plan_needed = delta && b.num_prefills > 0 && !(cfg.flags & GDN_FLAG_FORCE_RECURRENT);
-  if (c.num_non_spec_seqs > 0 && (plan_needed || b.validate == GDN_VALIDATE_FULL))
-    read_back(c.q, m.ns_qsl, b.non_spec_query_start_loc, (int64_t)c.num_non_spec_seqs + 1, evs);
-  if (b.validate == GDN_VALIDATE_FULL) {
-    const int32_t nns = c.num_non_spec_seqs;
-    if (nns > 0) {
-      read_back(c.q, m.ns_slots, b.non_spec_state_indices, nns, evs);
-      if (b.non_spec_token_indx) read_back(c.q, m.ns_tok, b.non_spec_token_indx, b.non_spec_token_count, evs);
-      if (b.non_spec_read_state_indices) {
-        read_back(c.q, m.ns_read, b.non_spec_read_state_indices, nns, evs);
-        if (b.has_initial_state) read_back(c.q, m.has_init, b.has_initial_state, nns, evs);
-      }
-      if (b.non_spec_start_pos) read_back(c.q, m.start_pos, b.non_spec_start_pos, nns, evs);
-      if (checkpoints && b.checkpoint_cols > 0)
-        read_back(c.q, m.ckpt, b.checkpoint_state_indices, (int64_t)nns * b.checkpoint_cols, evs);
+  // GDN_VALIDATE_FULL: read the metadata back and check its contents. GDN_VALIDATE_COUNTS trusts
+  // the contents, except the start locations of a batch with prefills for the delta rule: the
+  // chunk kernels walk whole prefills, and a decreasing or overlong start location would send them
+  // outside the token rows (a crash, not a wrong result). Decode-only batches read nothing back.
+  if (b.validate != GDN_VALIDATE_FULL) {
+    if (delta && b.num_prefills > 0 && !(cfg.flags & GDN_FLAG_FORCE_RECURRENT)) {
+      std::vector<sycl::event> evs;
+      read_back(c.q, c.meta.ns_qsl, b.non_spec_query_start_loc, (int64_t)c.num_non_spec_seqs + 1, evs);
+      for (auto &e : evs) e.wait_and_throw();
+      check_start_loc(c.meta.ns_qsl, b.non_spec_token_count, "non_spec_query_start_loc", "non_spec_token_count");
     }
-    if (b.num_spec_decodes > 0) {
-      read_back(c.q, m.s_qsl, b.spec_query_start_loc, (int64_t)b.num_spec_decodes + 1, evs);
-      read_back(c.q, m.s_slots, b.spec_state_indices, (int64_t)b.num_spec_decodes * (b.num_spec + 1), evs);
-      read_back(c.q, m.accepted, b.num_accepted_tokens, b.num_spec_decodes, evs);
-      if (b.spec_token_indx) read_back(c.q, m.s_tok, b.spec_token_indx, b.spec_token_count, evs);
-      if (b.spec_read_state_indices) read_back(c.q, m.s_read, b.spec_read_state_indices, b.num_spec_decodes, evs);
-    }
+    kernels_support(c);
+    return c;
   }
-  for (auto &e : evs) e.wait_and_throw();
-  if (!m.ns_qsl.empty())
-    check_start_loc(m.ns_qsl, b.non_spec_token_count, "non_spec_query_start_loc", "non_spec_token_count");
-  if (b.validate == GDN_VALIDATE_FULL) check_contents(c);
-  // Issue 15 in two steps: the header and validation know read slots and checkpoints, the kernels not yet.
-  require(!b.non_spec_read_state_indices && !b.spec_read_state_indices && !checkpoints, GDN_ERROR_UNSUPPORTED,
-          "batch: read slots (*_read_state_indices) and checkpoints (checkpoint_interval > 0) are not implemented by "
-          "this build's kernels yet");
+  read_metadata(c);
+  check_contents(c);
+  kernels_support(c);
   return c;
 }
 

@@ -27,7 +27,7 @@ struct Checked {
   int32_t conv_dim = 0;
   int32_t num_non_spec_seqs = 0;
   size_t act_bytes = 0;
-  HostMeta meta;      // ns_qsl is present when validating fully or when prefills need a chunk plan
+  HostMeta meta;      // read back under GDN_VALIDATE_FULL only
 };
 
 // Validates one call of `op`. Throws Failure naming the field and value on the first violation.

@@ -3,10 +3,11 @@
 # runtime wheels, build and install pygdn (libgdn_xpu.so inside), then run what was asked:
 #   tests/setup_and_run.sh demo  [args]   -> python -m pygdn demo   (the main job)
 #   tests/setup_and_run.sh test  [args]   -> pytest                 (the test suite)
-#   tests/setup_and_run.sh bench [args]   -> python -m pygdn bench  (the benchmark)
+#   tests/setup_and_run.sh bench [args]   -> python benchmarks/bench.py (the benchmark)
 # GDN_VENV picks the environment's folder (default .venv in the repository).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+repo=$PWD
 what=${1:-test}
 shift || true
 venv=${GDN_VENV:-.venv}
@@ -33,7 +34,8 @@ export OCL_ICD_FILENAMES="${OCL_ICD_FILENAMES:-$venv/lib/libintelocl.so}"
 if "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then safe=(-P); else safe=(); cd "$venv"; fi
 case "$what" in
   demo) exec "$py" "${safe[@]}" -m pygdn demo "$@" ;;
-  bench) exec "$py" "${safe[@]}" -m pygdn bench "$@" ;;
+  # (a script's own folder goes first on sys.path, not the repository: the installed pygdn is used)
+  bench) exec "$py" "$repo/benchmarks/bench.py" "$@" ;;
   test) exec "$venv/bin/pytest" -q -p no:cacheprovider tests "$@" ;;
   *) echo "usage: $0 demo|test|bench [args]" >&2; exit 2 ;;
 esac

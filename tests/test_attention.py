@@ -6,94 +6,14 @@ import pytest
 
 import pygdn
 from pygdn import reference as ref
-from pygdn.batch import make_batch, to_device
-from conftest import (assert_close, conv_from_canonical, conv_to_canonical, dequantize, quantize, ssm_from_canonical,
-                      ssm_to_canonical, usm)
-
-
-class Layer:
-    """Weights and caches of one GDN layer on the device, with float64 copies for the reference."""
-
-    def __init__(self, queue, rng, cfg, with_z=False):
-        self.queue, self.cfg = queue, cfg
-        C, W, HV, V, dt = cfg.conv_dim, cfg.conv_width, cfg.num_v_heads, cfg.head_v_dim, cfg.act_dtype
-        self.w_s, self.w = quantize(rng.standard_normal((C, W)) * 0.5, dt)
-        self.bias_s, self.bias = quantize(rng.standard_normal(C) * 0.1, dt)
-        self.A_log = np.log(rng.uniform(0.5, 8.0, HV)).astype(np.float32)
-        self.dt_bias = rng.uniform(-1, 1, HV).astype(np.float32)
-        self.norm_w_s, self.norm_w = quantize(rng.uniform(0.5, 1.5, V), dt) if with_z else (None, None)
-        self.conv0 = quantize(rng.standard_normal((cfg.num_slots, C, cfg.state_len)), dt)
-        self.ssm0 = (rng.standard_normal(cfg.ssm_state_shape[:2] + (cfg.head_k_dim, V)) * 0.5).astype(np.float32)
-        self.d_conv = usm(queue, conv_from_canonical(self.conv0[0], cfg.conv_layout))
-        self.d_ssm = usm(queue, ssm_from_canonical(self.ssm0, cfg.ssm_layout))
-        self.d_w, self.d_bias = usm(queue, self.w_s), usm(queue, self.bias_s)
-        self.d_A, self.d_dt = usm(queue, self.A_log), usm(queue, self.dt_bias)
-        self.d_norm_w = usm(queue, self.norm_w_s) if with_z else None
-
-    def conv_state(self):
-        return dequantize(conv_to_canonical(self.d_conv.to_numpy(), self.cfg.conv_layout), self.cfg.act_dtype)
-
-    def ssm_state(self):
-        return ssm_to_canonical(self.d_ssm.to_numpy(), self.cfg.ssm_layout).astype(np.float64)
-
-    def step(self, meta, x_s, a_s, b_s, z_s=None, out_fill=5.0):
-        """Runs gdn_attention; returns the output rows (plus one canary row) as float64."""
-        cfg, T = self.cfg, meta["num_actual_tokens"]
-        d_out = usm(self.queue, quantize(np.full((T + 1, cfg.num_v_heads, cfg.head_v_dim), out_fill), cfg.act_dtype)[0])
-        pygdn.attention(self.queue, cfg, to_device(meta, self.queue), mixed_qkv=usm(self.queue, x_s),
-                        a=usm(self.queue, a_s), b=usm(self.queue, b_s), conv_weight=self.d_w, conv_bias=self.d_bias,
-                        A_log=self.d_A, dt_bias=self.d_dt, conv_state=self.d_conv, ssm_state=self.d_ssm,
-                        core_attn_out=d_out, z=None if z_s is None else usm(self.queue, z_s),
-                        norm_weight=self.d_norm_w if z_s is not None else None)
-        return dequantize(d_out.to_numpy(), cfg.act_dtype)
-
-
-def random_case(seed):
-    rng = np.random.default_rng(1000 + seed)
-    num_spec = int(rng.integers(0, 4))
-    n_pre, n_dec = int(rng.integers(0, 4)), int(rng.integers(0, 4))
-    n_spec = int(rng.integers(0, 5)) if num_spec else 0
-    if n_pre + n_dec + n_spec == 0:
-        n_dec = 1
-    kw = dict(prefill_lens=list(rng.integers(2, 150, n_pre)), num_decodes=n_dec,
-              spec_lens=list(rng.integers(1, num_spec + 2, n_spec)), num_spec=num_spec,
-              order=["random", "blocks", "grouped"][seed % 3],
-              pad_non_spec=int(seed % 5 == 1), pad_spec=int(seed % 7 == 2 and num_spec > 0),
-              pad_len=int(seed % 2))
-    layout = dict(ssm_layout=["kv", "vk"][seed % 2], conv_layout=["dim_major", "time_major"][(seed // 2) % 2],
-                  conv_spec_layout=["snapshot", "rolled"][(seed // 4) % 2],
-                  act_dtype="bf16" if seed % 10 == 9 else "f32")
-    dims = [(1, 1, 8, 8), (2, 4, 16, 8), (1, 3, 8, 16), (2, 2, 32, 32)][seed % 4]
-    return rng, kw, layout, dims, seed % 3 == 0
+from pygdn.batch import make_batch
+from helpers import assert_close, quantize
+from op_checks import Layer, random_case, run_mixed_batch
 
 
 @pytest.mark.parametrize("seed", range(32))
 def test_mixed_batch_matches_reference(queue, seed):
-    rng, kw, layout, (H, HV, K, V), with_z = random_case(seed)
-    num_slots = 64
-    meta = make_batch(rng, num_slots=num_slots, **kw)
-    W = 4
-    cfg = pygdn.Config(num_k_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V, num_slots=num_slots, conv_width=W,
-                       conv_state_len=W - 1 + meta["num_spec"], **layout)
-    layer = Layer(queue, rng, cfg, with_z=with_z)
-    T = meta["num_actual_tokens"]
-    x_s, x = quantize(rng.standard_normal((T, cfg.conv_dim)), cfg.act_dtype)
-    a_s, a = quantize(rng.standard_normal((T, HV)), cfg.act_dtype)
-    b_s, b = quantize(rng.standard_normal((T, HV)), cfg.act_dtype)
-    z_s, z = quantize(rng.standard_normal((T, HV, V)), cfg.act_dtype) if with_z else (None, None)
-    got = layer.step(meta, x_s, a_s, b_s, z_s)
-    want_o, want_conv, want_ssm = ref.gdn_attention(
-        x, a, b, layer.w, layer.bias, layer.A_log, layer.dt_bias, layer.conv0[1], layer.ssm0.astype(np.float64), meta,
-        H, HV, K, V, spec_layout=cfg.conv_spec_layout, z=z, norm_weight=layer.norm_w)
-    tol = 2e-4 if cfg.act_dtype == "f32" else 5e-2
-    assert_close(got[:T], want_o, tol, "core_attn_out")
-    assert np.all(got[T] == 5.0), "canary row past num_actual_tokens was written"
-    if cfg.act_dtype == "f32":
-        assert np.array_equal(layer.conv_state(), want_conv), "conv_state"
-    assert_close(layer.ssm_state(), want_ssm, tol, "ssm_state")  # unaddressed slots: exact by construction
-    untouched = [s for s in range(num_slots) if np.array_equal(want_ssm[s], layer.ssm0[s])]
-    for s in untouched:
-        assert np.array_equal(layer.ssm_state()[s], layer.ssm0[s].astype(np.float64)), f"slot {s} changed"
+    run_mixed_batch(queue, seed)
 
 
 def single_sequence(layer, x, a, b):

@@ -15,7 +15,7 @@ import pytest
 import dpctl
 import pygdn
 from pygdn.batch import make_batch, to_device
-from conftest import usm
+from helpers import default_queue, usm
 
 STEPS = 20
 H, HV, K, V, W = 1, 2, 8, 8, 4
@@ -99,11 +99,6 @@ def assert_same(serial, concurrent, what):
         assert np.array_equal(a, b), f"{what}: step {i} core_attn_out differs from the serial run"
     assert np.array_equal(c1, c2), f"{what}: conv_state differs from the serial run"
     assert np.array_equal(s1, s2), f"{what}: ssm_state differs from the serial run"
-
-
-def default_queue():
-    device = os.environ.get("GDN_TEST_DEVICE")  # as conftest.queue
-    return dpctl.SyclQueue(device, property="in_order") if device else dpctl.SyclQueue(property="in_order")
 
 
 def rounds(mode, count):

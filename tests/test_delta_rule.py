@@ -3,71 +3,9 @@ float64 reference recurrence. fp32 inputs: <= 2e-5 relative; f16/bf16 inputs: se
 import numpy as np
 import pytest
 
-import pygdn
-from pygdn.batch import make_batch, to_device
-from pygdn import reference as ref
-from conftest import assert_close, dequantize, quantize, ssm_from_canonical, ssm_to_canonical, usm
-
-RTOL_F32 = 2e-5
-RTOL_LOW = {"f16": 5e-3, "bf16": 3e-2}  # outputs rounded to the activation dtype
-
-
-def written_slots(meta):
-    """Slots a call may write: non-spec slots, spec slots of tokens t < L (when the read slot is valid)."""
-    pad, out = meta.get("pad_slot_id", -1), set()
-    for s in meta["non_spec_state_indices"] if meta.get("non_spec_state_indices") is not None else []:
-        if s != pad:
-            out.add(int(s))
-    if meta.get("num_spec_decodes", 0):
-        qsl, cols, acc = meta["spec_query_start_loc"], meta["spec_state_indices"], meta["num_accepted_tokens"]
-        for n in range(meta["num_spec_decodes"]):
-            if cols[n][acc[n] - 1] == pad:
-                continue
-            for t in range(qsl[n + 1] - qsl[n]):
-                if cols[n][t] != pad:
-                    out.add(int(cols[n][t]))
-    return out
-
-
-def run_delta(queue, rng, meta, *, H=2, HV=4, K=16, V=16, num_slots=32, dtype="f32", ssm_layout="kv",
-              force_recurrent=False, gates="ab", l2norm=True, l2_mode="rsqrt", rtol=None, check=True):
-    cfg = pygdn.Config(num_k_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V, num_slots=num_slots,
-                       act_dtype=dtype, ssm_layout=ssm_layout, force_recurrent=force_recurrent,
-                       no_qk_l2norm=not l2norm, l2norm_div=l2_mode == "div")
-    T, C = meta["num_actual_tokens"], cfg.conv_dim
-    x = rng.standard_normal((T, C))
-    if not l2norm:  # caller-normalized q/k
-        x[:, : 2 * H * K] /= np.sqrt(K)
-    qkv_s, qkv = quantize(x, dtype)
-    a_s, a = quantize(rng.standard_normal((T, HV)), dtype)
-    b_s, b = quantize(rng.standard_normal((T, HV)), dtype)
-    A_log = np.log(rng.uniform(0.5, 8.0, HV)).astype(np.float32)
-    dt_bias = rng.uniform(-1.0, 1.0, HV).astype(np.float32)
-    s0 = (rng.standard_normal((num_slots, HV, K, V)) * 0.5).astype(np.float32)
-    g, beta = ref.gates(a, b, A_log, dt_bias)
-    d_ssm = usm(queue, ssm_from_canonical(s0, ssm_layout))
-    d_out = usm(queue, quantize(np.full((T + 1, HV, V), 3.0), dtype)[0])
-    kw = dict(a=usm(queue, a_s), b=usm(queue, b_s), A_log=usm(queue, A_log), dt_bias=usm(queue, dt_bias))
-    if gates == "g_beta":
-        kw = dict(g=usm(queue, g.astype(np.float32)), beta=usm(queue, beta.astype(np.float32)))
-        g, beta = g.astype(np.float32).astype(np.float64), beta.astype(np.float32).astype(np.float64)
-    pygdn.gated_delta_rule(queue, cfg, to_device(meta, queue), conv_out=usm(queue, qkv_s), ssm_state=d_ssm,
-                           core_attn_out=d_out, **kw)
-    want_o, want_s = ref.gated_delta_rule(qkv, g, beta, s0.astype(np.float64), meta, H, HV, K, V,
-                                          l2norm_qk=l2norm, l2_mode=l2_mode)
-    got_o = dequantize(d_out.to_numpy(), dtype)
-    got_s = ssm_to_canonical(d_ssm.to_numpy(), ssm_layout)
-    if check:
-        tol = rtol or (RTOL_F32 if dtype == "f32" else RTOL_LOW[dtype])
-        assert_close(got_o[:T], want_o, tol, "core_attn_out")
-        assert np.all(got_o[T:] == 3.0), "row past num_actual_tokens written"
-        written = written_slots(meta)
-        for s in range(num_slots):
-            if s in written:
-                assert_close(got_s[s], want_s[s], tol if dtype == "f32" else 1e-2, f"ssm_state[{s}]")
-            else:
-                assert np.array_equal(got_s[s], s0[s]), f"slot {s} not addressed but changed"
-    return got_o[:T], got_s, want_o, want_s
+from pygdn.batch import make_batch
+from helpers import assert_close
+from op_checks import RTOL_F32, run_delta
 
 
 @pytest.mark.parametrize("ssm_layout", ["kv", "vk"])

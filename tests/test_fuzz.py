@@ -35,7 +35,8 @@ from hypothesis import strategies as st
 
 import pygdn
 from pygdn import reference as ref
-from conftest import assert_close, conv_from_canonical, conv_to_canonical, ssm_from_canonical, ssm_to_canonical, usm
+from pygdn.ops import BATCH_ARRAYS, BATCH_COUNTS
+from helpers import assert_close, conv_from_canonical, conv_to_canonical, ssm_from_canonical, ssm_to_canonical, usm
 
 H, HV, K, V, W = 1, 2, 4, 4, 4
 C = 2 * H * K + HV * V
@@ -44,20 +45,13 @@ I32_MAX = 2**31 - 1
 OUT_CANARY, CONV_OUT_CANARY = 7.0, 5.0
 
 
-BATCH_KEYS = ("non_spec_query_start_loc", "non_spec_state_indices", "has_initial_state", "non_spec_token_indx",
-              "spec_query_start_loc", "spec_state_indices", "num_accepted_tokens", "spec_token_indx")
-COUNT_KEYS = ("num_prefills", "num_decodes", "num_spec_decodes", "num_spec", "num_actual_tokens",
-              "non_spec_token_count", "spec_token_count")
+BATCH_KEYS, COUNT_KEYS = tuple(BATCH_ARRAYS), BATCH_COUNTS  # gdn_batch_t's arrays and counts
 REQUIRED = ("non_spec_query_start_loc", "non_spec_state_indices", "spec_query_start_loc", "spec_state_indices",
             "num_accepted_tokens")
 
 
 def required_len(c, key):
-    nns = c["num_prefills"] + c["num_decodes"]
-    return {"non_spec_query_start_loc": nns + 1, "non_spec_state_indices": nns, "has_initial_state": nns,
-            "non_spec_token_indx": c["non_spec_token_count"], "spec_query_start_loc": c["num_spec_decodes"] + 1,
-            "spec_state_indices": c["num_spec_decodes"] * (c["num_spec"] + 1),
-            "num_accepted_tokens": c["num_spec_decodes"], "spec_token_indx": c["spec_token_count"]}[key]
+    return BATCH_ARRAYS[key].length(c)
 
 
 # ----------------------------------------------------------------------------- generation
@@ -311,18 +305,21 @@ def sequences(c):
     if nns:
         qsl, sl, tok, his = (prefix(c, k) for k in ("non_spec_query_start_loc", "non_spec_state_indices",
                                                      "non_spec_token_indx", "has_initial_state"))
-        for i in range(nns):
-            rows = [int(tok[j]) if tok is not None else j for j in range(qsl[i], qsl[i + 1])]
-            if rows:
-                ns.append((int(sl[i]), rows, True if his is None else bool(his[i])))
+        ns = [(int(sl[i]), rows, True if his is None else bool(his[i])) for i, rows in sequence_rows(qsl, tok, nns)]
     if nsd:
         qsl, sl, acc, tok = (prefix(c, k) for k in ("spec_query_start_loc", "spec_state_indices",
                                                      "num_accepted_tokens", "spec_token_indx"))
-        for n in range(nsd):
-            rows = [int(tok[j]) if tok is not None else j for j in range(qsl[n], qsl[n + 1])]
-            if rows:
-                sp.append(([int(s) for s in sl[n * cols:(n + 1) * cols]], int(acc[n]), rows))
+        sp = [([int(s) for s in sl[n * cols:(n + 1) * cols]], int(acc[n]), rows)
+              for n, rows in sequence_rows(qsl, tok, nsd)]
     return ns, sp
+
+
+def sequence_rows(qsl, tok, count):
+    """(i, global rows) of each non-empty sequence i of a group (tok None: the NULL index, row = j)."""
+    for i in range(count):
+        rows = [int(tok[j]) if tok is not None else j for j in range(qsl[i], qsl[i + 1])]
+        if rows:
+            yield i, rows
 
 
 def reference_meta(c):
@@ -419,6 +416,20 @@ def check_success(c, host, dev, before):
     assert not changed, f"ssm_state slots {changed} are not addressed by the call but changed"
 
 
+def check_workspace_size(queue, cfg, batch, dev, before):
+    """gdn_attention_workspace_size is exactly what the call uses: one byte less is refused
+    (nothing written), and the call below then runs in a caller workspace of exactly that size."""
+    n = pygdn.workspace_size(cfg, batch)
+    short = pygdn.UsmArray((max(n - 1, 1),), np.uint8, queue, usm_type="device")
+    with pytest.raises(pygdn.GdnError, match=f"< {n} needed") as e:
+        pygdn.attention(queue, cfg, batch, workspace=short, **dev)
+    assert e.value.status_name == "GDN_ERROR_OUT_OF_MEMORY"
+    after = snapshot(dev)
+    for k in before:
+        assert np.array_equal(before[k], after[k]), f"a call refused for its workspace changed {k}"
+    dev["workspace"] = pygdn.UsmArray((n,), np.uint8, queue, usm_type="device")
+
+
 def run_case(queue, c):
     verdict, statuses = predict(c)
     if verdict != "ok":
@@ -429,6 +440,8 @@ def run_case(queue, c):
     event(f"prediction: {verdict} {sorted(statuses) if statuses else ''}")
     cfg, batch, host, dev = build(queue, c)
     before = snapshot(dev)
+    if verdict == "ok" and not c["conv_out"] and c["num_actual_tokens"] > 0 and c["seed"] % 2 == 0:
+        check_workspace_size(queue, cfg, batch, dev, before)
     try:
         pygdn.attention(queue, cfg, batch, **dev)
     except (pygdn.GdnError, ValueError, TypeError) as e:

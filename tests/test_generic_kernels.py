@@ -5,9 +5,7 @@ import numpy as np
 import pytest
 
 from pygdn.batch import make_batch
-import test_attention
-import test_conv
-import test_delta_rule
+from op_checks import run_conv, run_delta, run_mixed_batch
 
 
 @pytest.fixture(autouse=True)
@@ -20,15 +18,15 @@ def test_generic_chunked_prefill_and_spec(queue, ssm_layout):
     rng = np.random.default_rng(90)
     meta = make_batch(rng, num_slots=24, prefill_lens=[1, 63, 64, 65, 200], num_decodes=2, spec_lens=[3, 1, 2],
                       num_spec=2, order="random")
-    test_delta_rule.run_delta(queue, rng, meta, H=1, HV=2, K=32, V=32, num_slots=24, ssm_layout=ssm_layout)
+    run_delta(queue, rng, meta, H=1, HV=2, K=32, V=32, num_slots=24, ssm_layout=ssm_layout)
 
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 def test_generic_conv(queue, dtype):
-    test_conv.run_conv(queue, np.random.default_rng(91), dtype, 4, "time_major", "rolled", "mixed_padded")
-    test_conv.run_conv(queue, np.random.default_rng(92), dtype, 3, "dim_major", "snapshot", "time_tiles")
+    run_conv(queue, np.random.default_rng(91), dtype, 4, "time_major", "rolled", "mixed_padded")
+    run_conv(queue, np.random.default_rng(92), dtype, 3, "dim_major", "snapshot", "time_tiles")
 
 
 @pytest.mark.parametrize("seed", [1, 3, 6, 9])
 def test_generic_mixed_batches(queue, seed):
-    test_attention.test_mixed_batch_matches_reference(queue, seed)
+    run_mixed_batch(queue, seed)

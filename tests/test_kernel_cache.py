@@ -11,7 +11,7 @@ import numpy as np
 
 import pygdn
 from pygdn.batch import make_batch, to_device
-from conftest import usm
+from helpers import usm
 
 CHILD = r"""
 import json, sys, time

@@ -7,7 +7,8 @@ import pytest
 import pygdn
 from pygdn import reference as ref
 from pygdn.batch import make_batch, to_device
-from conftest import assert_close, conv_from_canonical, conv_to_canonical, ssm_from_canonical, ssm_to_canonical, usm
+from pygdn.ops import BATCH_ARRAYS
+from helpers import assert_close, conv_from_canonical, conv_to_canonical, ssm_from_canonical, ssm_to_canonical, usm
 
 H, HV, K, V, W, S, SLOTS = 1, 2, 16, 16, 4, 2, 32
 
@@ -50,8 +51,7 @@ class Loop:
 
     def write_step(self, rng, meta):
         """This step's metadata and activations, written into the arrays the prepared call holds."""
-        for field in ("non_spec_query_start_loc", "non_spec_state_indices", "has_initial_state", "non_spec_token_indx",
-                      "spec_query_start_loc", "spec_state_indices", "num_accepted_tokens", "spec_token_indx"):
+        for field in BATCH_ARRAYS:
             getattr(self.batch, field).copy_from(meta[field])
         x = rng.standard_normal((self.T, self.cfg.conv_dim)).astype(np.float32)
         a = rng.standard_normal((self.T, HV)).astype(np.float32)

@@ -21,7 +21,7 @@ import pytest
 import pygdn
 from pygdn import reference as ref
 from pygdn.batch import make_batch, to_device
-from conftest import (assert_close, conv_from_canonical, conv_to_canonical, dequantize, quantize, ssm_from_canonical,
+from helpers import (assert_close, conv_from_canonical, conv_to_canonical, dequantize, quantize, ssm_from_canonical,
                       ssm_to_canonical, usm)
 
 H, HV, K, V, W = 1, 2, 16, 16, 4

@@ -15,7 +15,9 @@ import dpctl
 import pygdn
 from pygdn import ffi, lib
 from pygdn import reference as ref
-from conftest import assert_close, conv_from_canonical, conv_to_canonical, ssm_from_canonical, ssm_to_canonical, usm
+from pygdn._usm import NUMPY_DTYPES
+from pygdn.ops import BATCH_ARRAYS, BATCH_COUNTS
+from helpers import assert_close, conv_from_canonical, conv_to_canonical, ssm_from_canonical, ssm_to_canonical, usm
 
 H, HV, K, V, W = 1, 2, 4, 4, 4
 C = 2 * H * K + HV * V  # 16
@@ -23,12 +25,10 @@ NUM_SLOTS, NUM_SPEC = 16, 2
 CANARY = 7.0
 I32_MAX = 2**31 - 1
 
-INT_KEYS = ("non_spec_query_start_loc", "non_spec_state_indices", "non_spec_token_indx", "spec_query_start_loc",
-            "spec_state_indices", "num_accepted_tokens", "spec_token_indx")
-COUNT_KEYS = ("num_prefills", "num_decodes", "num_spec_decodes", "num_spec", "num_actual_tokens",
-              "non_spec_token_count", "spec_token_count", "pad_slot_id", "checkpoint_interval", "checkpoint_cols")
 # gdn_batch_t version 2 (state caches): NULL in the base batch
 STATE_KEYS = ("non_spec_read_state_indices", "spec_read_state_indices", "non_spec_start_pos", "checkpoint_state_indices")
+INT_KEYS = tuple(k for k, a in BATCH_ARRAYS.items() if a.dtype == "i32" and k not in STATE_KEYS)  # the base batch's
+COUNT_KEYS = BATCH_COUNTS + ("pad_slot_id",)
 
 
 def base_meta():
@@ -82,10 +82,10 @@ class Setup:
         m = dict(self.meta)
         m.update(over)
         arrays = {}
-        for k in INT_KEYS + STATE_KEYS + ("has_initial_state",):
+        for k, a in BATCH_ARRAYS.items():
             v = m[k]
             if v is not None and not hasattr(v, "__sycl_usm_array_interface__"):
-                v = usm(self.q, np.asarray(v, np.uint8 if k == "has_initial_state" else np.int32).reshape(-1))
+                v = usm(self.q, np.asarray(v, NUMPY_DTYPES[a.dtype]).reshape(-1))
             arrays[k] = v
         return pygdn.Batch(validate=m["validate"], **{k: m[k] for k in COUNT_KEYS}, **arrays)
 
@@ -656,8 +656,8 @@ def test_counts_mode_skips_content_checks(s):
 
 
 def test_counts_mode_still_checks_non_spec_start_loc(s):
-    # The chunk plan of the prefills is built from non_spec_query_start_loc: with a prefill in the
-    # batch it is read back, and checked, in COUNTS mode too.
+    # The chunk kernels walk whole prefills: with a prefill in the batch non_spec_query_start_loc
+    # is read back, and checked, in COUNTS mode too (validate.cpp says why).
     fails(s, "GDN_ERROR_BAD_START_LOC", ["non_spec_query_start_loc decreases at [2]: 5 -> 4"],
           lambda: s.attention(s.batch(validate="counts", non_spec_query_start_loc=[0, 5, 4])))
 

@@ -1,7 +1,12 @@
 // common.hpp — device-side helpers shared by every kernel family (compiled at run time).
 // The activation type is chosen per build with -DGDN_ACT_F32 / -DGDN_ACT_F16 / -DGDN_ACT_BF16.
 #pragma once
-#include <sycl/sycl.hpp>
+// Only the SYCL headers the kernels use: <sycl/sycl.hpp> costs ~2 s of front end per build.
+#include <sycl/bit_cast.hpp>
+#include <sycl/builtins.hpp>
+#include <sycl/ext/oneapi/free_function_queries.hpp>
+#include <sycl/ext/oneapi/kernel_properties/properties.hpp>
+#include <sycl/vector.hpp>
 #include <stdint.h>
 #include "params.hpp"
 
@@ -10,7 +15,7 @@ namespace syclexp = sycl::ext::oneapi::experimental;
 
 #if defined(GDN_ACT_BF16)
 // bf16 by bit operations: sycl::ext::oneapi::bfloat16 pulls in a device library that crashes the
-// runtime's persistent cache (TOOLCHAIN.md fact 6).
+// runtime's persistent cache (2026.1/2026.2: a segfault in PersistentDeviceCodeCache, cold or warm).
 typedef uint16_t act_t;
 static inline float act_to_float(act_t h) { return sycl::bit_cast<float>((uint32_t)h << 16); }
 static inline act_t float_to_act(float f) {
@@ -32,24 +37,17 @@ static inline act_t float_to_act(float f) { return f; }
 static inline float load_act(const void *p, int64_t i) { return act_to_float(((const act_t *)p)[i]); }
 static inline void store_act(void *p, int64_t i, float f) { ((act_t *)p)[i] = float_to_act(f); }
 
-// Work-items on the CPU device hold 16 lanes (channels, state columns) in one vector; see delta_rule.cpp.
+// Work-items of the CPU-device kernels (*_cpu.cpp) hold 16 lanes (channels, state columns) in one vector.
 typedef sycl::vec<float, 16> vf16;
-// Keeping the CPU runtime's work-group vectorizer out of the *_cpu kernels. The CPU device's
-// compiler vectorizes every kernel across work-items (16 work-items per SIMD instruction) and
-// runs that form even for work-groups of one work-item. A *_cpu kernel's work-item already
-// computes on 16-wide vectors, and re-vectorizing it turns each vector access into lane-by-lane
-// gathers and scatters (the spec conv ran 2x slower). The vectorizer gives up on a kernel that
-// calls a function returning a struct by value (its diagnostics: "unsupported struct type return
-// in callee"), and no attribute the SYCL front end passes on turns it off per kernel, so the
-// kernels where this measured faster (spec conv 2x; recurrent) run their body as a
-// GDN_CPU_WORK_ITEM function (the chunk kernels measured the same either way):
-//   GDN_CPU_WORK_ITEM body(const Params &p) { ...; return {}; }
-//   GDN_KERNEL(2) void gdn_x_cpu(Params p) { body(p); }
-struct WorkItemDone {  // two members of different types: a one-int struct is returned as an int,
-  int32_t unused_i;      // and the vectorizer then makes 16-wide variants of the body
-  float unused_f;
-};
-#define GDN_CPU_WORK_ITEM static __attribute__((noinline)) WorkItemDone
+// CPU-device kernels (*_cpu): a work-item computes on 16-wide vectors itself, so the CPU
+// runtime's compiler must not also vectorize the kernel ACROSS work-items (16 x vf16 = 256-lane
+// code: seconds to tens of seconds of register allocation per kernel at build time, and lane-by-lane
+// gathers at run time). Its back end leaves a kernel scalar when the kernel never asks for a
+// work-item id (no get_global_id / get_local_id / sub-group or group functions: no work-group
+// loop to vectorize), so every *_cpu kernel runs in work-groups of ONE work-item and takes its
+// coordinates from GROUP ids only (get_group(d) == get_global_id(d) with local size 1, so the
+// meaning is the same on any device). Measured here (README "Kernel design"): the back-end time
+// of the demo's CPU kernels went from 44-54 s to ~3.5 s.
 
 // The compiler's own vector type, for its builtins (shuffles, non-temporal stores); bit_cast to/from vf16.
 typedef float native_vf16 __attribute__((ext_vector_type(16)));
@@ -103,6 +101,65 @@ static inline vf16 exp16(vf16 x) {
   const sycl::vec<int32_t, 16> bits = (n.convert<int32_t, sycl::rounding_mode::rtz>() + 127) << 23;
   return e * sycl::bit_cast<vf16>(bits);
 }
+static inline vf16 vload(const float *p) {
+  vf16 r;
+  for (int i = 0; i < 16; ++i) r[i] = p[i];
+  return r;
+}
+static inline void vstore(float *p, const vf16 &x) {
+  for (int i = 0; i < 16; ++i) p[i] = x[i];
+}
+// A store of data nothing reads in this call (speculative decoding's per-token states): a streaming
+// (non-temporal) store skips the read-for-ownership of each line, which cost the CPU device a
+// second pass over the written bytes (recurrent kernel ~5.9 -> ~4.8 ms at spec S=3, B=8 here).
+// It needs the 64-byte alignment of the vector; other addresses take the plain store.
+static inline void vstore_stream(float *p, const vf16 &x) {
+  if (((uintptr_t)p & 63u) == 0) __builtin_nontemporal_store(sycl::bit_cast<native_vf16>(x), (native_vf16 *)p);
+  else vstore(p, x);
+}
+// Horizontal sum as a tree (4 dependent adds, not 16: sums sit on the token's critical path).
+static inline float hsum(const vf16 &x) {
+  typedef float n8 __attribute__((ext_vector_type(8)));
+  typedef float n4 __attribute__((ext_vector_type(4)));
+  const native_vf16 a = sycl::bit_cast<native_vf16>(x);
+  const n8 b = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7) +
+               __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
+  const n4 c = __builtin_shufflevector(b, b, 0, 1, 2, 3) + __builtin_shufflevector(b, b, 4, 5, 6, 7);
+  return (c[0] + c[2]) + (c[1] + c[3]);
+}
+
+// N consecutive channels / state columns of a work-item: one float (generic kernels, GPUs) or
+// one vf16 (the CPU device's variants). One algorithm body serves both through these members:
+//   load/store       N floats at p (contiguous)
+//   load_act(p,i,s)  activations i, i+s, ... (s = 1: contiguous) widened to float
+//   store_act(p,i,v,s) N activations at i, i+s, ..., rounded
+//   at(x,l)          lane l
+template <int N> struct Lanes;
+template <> struct Lanes<1> {
+  typedef float T;
+  static T load(const float *p) { return *p; }
+  static void store(float *p, const T &x) { *p = x; }
+  static T load_act(const void *p, int64_t i, int64_t = 1) { return ::load_act(p, i); }
+  static void store_act(void *p, int64_t i, const T &v, int64_t = 1) { ::store_act(p, i, v); }
+  static float &at(T &x, int) { return x; }
+};
+template <> struct Lanes<16> {
+  typedef vf16 T;
+  static T load(const float *p) { return vload(p); }
+  static void store(float *p, const T &x) { vstore(p, x); }
+  static T load_act(const void *p, int64_t i, int64_t step = 1) {
+    if (step == 1) return load_act16(p, i);
+    vf16 r;
+    for (int l = 0; l < 16; ++l) r[l] = ::load_act(p, i + l * step);
+    return r;
+  }
+  static void store_act(void *p, int64_t i, const T &v, int64_t step = 1) {
+    if (step == 1) return store_act16(p, i, v);
+    for (int l = 0; l < 16; ++l) ::store_act(p, i + l * step, v[l]);
+  }
+  static float &at(T &x, int l) { return x[l]; }
+};
+
 static inline float silu(float x) { return x / (1.0f + sycl::exp(-x)); }
 static inline vf16 silu(vf16 x) { return x / (1.0f + exp16(-x)); }
 static inline float sigmoid(float x) { return 1.0f / (1.0f + sycl::exp(-x)); }

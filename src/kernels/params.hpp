@@ -2,8 +2,30 @@
 // and the device sources compiled at run time (handed to the kernel compiler as an include file).
 // One definition means host and device can never disagree on a field's offset.
 // Only fixed-width scalars and raw pointers: the struct is passed to kernels by value.
+// Every number both sides must agree on (a table's row width, a variant's block size) is defined
+// here or in gdn_xpu.h (GDN_CHUNK_SIZE), never written twice.
 #pragma once
 #include <stdint.h>
+#include "gdn_xpu.h"
+
+// Chunk plan, built on the device by gdn_chunk_plan (delta_prep.cpp) from non_spec_query_start_loc:
+// rows of GDN_TABLE_INTS int32 each.
+//   chunk table [chunk_capacity]: seq, first compact token, length (0 = unused row), 0
+//   seq table   [seq_capacity]:   seq, first chunk, number of chunks (0 = unused row), 0
+//   chunked     [num non-spec sequences]: 1 when the sequence takes the chunk kernels, else 0
+enum { GDN_TABLE_INTS = 4 };
+
+// Which token group a state-carrying kernel walks (GdnDeltaParams.group).
+enum { GDN_GROUP_NON_SPEC = 0, GDN_GROUP_SPEC = 1 };
+
+// Shapes of the CPU-device kernel variants, used by the host for launch ranges and by the kernels.
+enum {
+  GDN_CPU_LANES = 16,        // channels / state columns per vector (vf16)
+  GDN_CONV_SPEC_BLOCKS = 8,  // gdn_conv_spec_cpu: 16-channel blocks per work-item
+  GDN_VK_ROWS = 8,           // gdn_recurrent_vk_cpu: state rows per work-item
+  GDN_CONV_TILE_CPU = 64,    // gdn_conv_non_spec_cpu: tokens per time tile
+  GDN_CONV_TILE = 16         // gdn_conv_non_spec (GPUs): shorter tiles, more work-items (untuned)
+};
 
 // How a kernel finds a conv-state element: slot*slot_stride + channel*chan_stride + col*col_stride.
 struct GdnConvStateView {
@@ -45,7 +67,7 @@ struct GdnPrepParams {
 };
 
 // State-carrying kernels. ssm element (slot, head, k, v) at slot*slot_stride + head*K*V + (k*V + v | v*K + k),
-// the layout being a compile-time variant of the kernels (GDN_SSM_VK).
+// the layout being a compile-time variant of the kernels (GDN_VK_LAYOUT).
 struct GdnDeltaParams {
   const void *qkv;          // conv output rows (v is read from here), act
   const float *qn, *kn, *g, *beta;  // from the prep kernel, by global row
@@ -53,12 +75,13 @@ struct GdnDeltaParams {
   void *out;                // [rows, HV, V] act
   const int32_t *query_start_loc, *state_indices, *token_indx, *num_accepted;
   const uint8_t *has_initial_state;
-  const int32_t *chunk_table;      // chunk kernels: [num_chunks][4] = seq, first compact token, len, 0
-  const int32_t *seq_table;        // chunk scan: [num_chunk_seqs][4] = seq, first chunk, num chunks, 0
-  float *chunk_w, *chunk_u, *chunk_aqk, *chunk_g;  // chunk workspace
+  int32_t *chunk_table, *seq_table, *chunked;  // the chunk plan (see GDN_TABLE_INTS); null: no chunking
+  float *chunk_w, *chunk_u, *chunk_aqk, *chunk_g;  // chunk workspace, rows by chunk: [HV][chunk_capacity][GDN_CHUNK_SIZE]
   int64_t qkv_stride, out_stride, slot_stride;
   int32_t num_seqs, H, HV, K, V, v_offset;  // v_offset = 2*H*K: first v column in qkv
-  int32_t slot_cols, pad_slot_id, mode, num_chunks;  // mode: 0 non-spec (length-1 only), 1 non-spec all, 2 spec
+  int32_t slot_cols, pad_slot_id, group;    // group: GDN_GROUP_*
+  int32_t chunk_capacity, seq_capacity;     // rows of the chunk and seq tables
+  int32_t pad0;
 };
 
 struct GdnNormParams {

@@ -1,12 +1,12 @@
-"""What a user on this machine would run instead of pygdn, for the benchmark (pygdn.bench).
+"""What a user on this machine would run instead of pygdn, for the benchmark (bench.py).
 
 Two peers, each doing the same work as one pygdn.attention step (conv update, gates, q/k
 l2norm, gated delta rule, outputs, and the state write-back to the slots the metadata names):
 
   NumpyPeer  a vectorized float32 numpy implementation written here: batched over sequences and
              heads with matmul (decode / spec decode: one state update per token for all
-             sequences at once; prefill: the chunked WY/UT form, 64-token chunks, all heads at
-             once). It keeps its caches in pygdn's layouts (conv time-major, ssm [slots, HV, V, K]).
+             sequences at once; prefill: the chunked WY/UT form in chunks of CHUNK tokens, the
+             library's chunk length, all heads at once). It keeps its caches in pygdn's layouts (conv time-major, ssm [slots, HV, V, K]).
   TorchPeer  HF transformers' torch fallbacks of Qwen3-Next (modeling_qwen3_next):
              causal_conv1d_update, causal_conv1d_fn, torch_recurrent_gated_delta_rule and
              torch_chunk_gated_delta_rule, on torch CPU with 2 threads. It keeps its caches in
@@ -16,7 +16,7 @@ l2norm, gated delta rule, outputs, and the state write-back to the slots the met
 torch / transformers are imported lazily, only by TorchPeer: they are never a dependency of
 pygdn. `torch_status()` says whether they can be used and why not.
 
-Both peers take a `Case` (see bench.py): host float arrays holding exactly the values pygdn gets
+Both peers take a `Case` (see cases.py): host float arrays holding exactly the values pygdn gets
 (bf16-rounded when the activations are bf16), the initial caches in pygdn's layouts and the
 batch metadata from pygdn.batch.make_batch(order="grouped"), so every sequence's tokens are
 contiguous rows (decode / spec / prefill batches are of one kind each).
@@ -28,7 +28,11 @@ from __future__ import annotations
 
 import numpy as np
 
-CHUNK = 64
+from pygdn import lib
+
+# The library's chunk length: the numpy peer chunks as the library does, and cases.chunked_flops
+# counts the library's work with it.
+CHUNK = lib.GDN_CHUNK_SIZE  # the library's chunk length (include/gdn_xpu.h)
 
 
 # ----------------------------------------------------------------------------- helpers

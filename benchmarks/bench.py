@@ -1,0 +1,318 @@
+"""`python benchmarks/bench.py`: pygdn.attention against what a user would otherwise run here.
+
+One run measures, on Qwen3-Next TP=1 shapes (H=16, HV=32, K=V=128, W=4; bf16 activations unless
+--dtype f32; fp32 ssm state in the "vk" layout [slots, HV, V, K]; conv state "time_major";
+"rolled" spec conv with conv_state_len = W-1+num_spec):
+
+  - decode (1 token per sequence) and spec decode (num_spec 1..3: 1+num_spec tokens per
+    sequence, num_accepted random in [1, 1+num_spec]) at batch 1, 8, 32, and prefill (512..8192
+    tokens in one or a few sequences);
+  - our time per step (median of repeats of pygdn.attention(..., wait=True) on warm caches,
+    kernels compiled before timing), and the same work by the peers of benchmarks/peers.py: a
+    vectorized float32 numpy implementation and HF transformers' torch fallbacks; the ratio
+    peer time / our time; an agreement check of every peer's outputs and states against ours;
+  - achieved bytes/s of state + activation traffic against memory bandwidth measured in the
+    same run (numpy copy of 256 MiB, USM device-to-device queue.memcpy), and for prefill FLOP/s
+    of the chunked algorithm against a numpy float32 2048^3 matmul;
+  - host overhead: time per call of a tiny, fully padded batch (pygdn, and the C ABI through
+    benchmarks/host_overhead.c);
+  - the targets, PASS or SHORT with their numbers.
+Writes a JSON record (--json) and a PNG plot (--plot, needs matplotlib). --quick: fewer sizes
+and repeats (< 5 min on 2 cores).
+
+Run it from a source checkout with the environment pygdn is installed in (the script's folder,
+not the checkout, goes on sys.path, so the installed pygdn is imported):
+    python benchmarks/bench.py --quick      (or tests/setup_and_run.sh bench --quick)
+The other modules here: cases.py (the work, one case measured), peers.py, timing.py,
+machine.py (bandwidth, peak, host overhead), report.py (rows, targets, plot).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+
+import pygdn  # first: it points OpenCL at the wheel's CPU runtime before dpctl starts it
+import dpctl
+
+import peers as P
+from cases import H, HV, K, V, W, chunked_flops, make_case, run_case, traffic_bytes
+from machine import c_host_overhead, cpu_model, host_overhead, measure_bandwidth, measure_peak
+from report import HEADER, plot, row_line, targets
+from timing import FOREIGN_FLAG, CpuWatch, wait_quiet
+
+QUICK_PLAN = dict(batches=(1, 8), prefills=[(512,), (2048,)], deadline_s=210.0, host_calls=300,
+                  reps_ours={"decode": 9, "spec": 9, "prefill": 3}, reps_peer={"decode": 5, "spec": 5, "prefill": 2},
+                  budget_s=5.0, retry_left_s=30.0, quiet_left_s=30.0)
+FULL_PLAN = dict(batches=(1, 8, 32), prefills=[(512,), (1024,), (2048,), (4096,), (8192,), (1024,) * 4],
+                 deadline_s=3600.0, host_calls=2000,
+                 reps_ours={"decode": 15, "spec": 15, "prefill": 5}, reps_peer={"decode": 5, "spec": 5, "prefill": 3},
+                 budget_s=20.0, retry_left_s=300.0, quiet_left_s=300.0)
+
+
+def log(msg=""):
+    print(msg, flush=True)
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(prog="python benchmarks/bench.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer sizes and repeats (< 5 min on 2 cores)")
+    ap.add_argument("--dtype", choices=("bf16", "f32"), default="bf16", help="activation dtype (default bf16)")
+    ap.add_argument("--json", default=os.path.join("bench_results", "bench.json"), help="JSON record path")
+    ap.add_argument("--plot", default=os.path.join("bench_results", "bench.png"), help="PNG plot path")
+    ap.add_argument("--device", default=None, help="dpctl filter string (default: the default SYCL device)")
+    ap.add_argument("--peers", default="numpy,torch", help="comma list of peers to run (numpy, torch, or none)")
+    return ap.parse_args(argv)
+
+
+def describe_run(queue, args):
+    """Logs what runs where; returns the facts the JSON record keeps."""
+    dev = queue.sycl_device
+    is_cpu = bool(dev.is_cpu)
+    log(f"pygdn {pygdn.__version__} benchmark{' (--quick)' if args.quick else ''}: Gated DeltaNet attention, "
+        f"Qwen3-Next TP=1 shapes H={H} HV={HV} K={K} V={V} W={W}, {args.dtype} activations, fp32 ssm state "
+        f"(layout vk), conv time_major, spec conv rolled")
+    log(f"device: {dev.name} [{dev.backend.name}, {dev.device_type.name}, {dev.max_compute_units} compute units, "
+        f"driver {dev.driver_version}]")
+    if is_cpu:
+        log(f"  This is the SYCL CPU device (OpenCL CPU runtime on the host CPU, {cpu_model()}, "
+            f"{os.cpu_count()} cores): no GPU is involved; the numbers say nothing about Intel GPUs.")
+    else:
+        log("  This is NOT the SYCL CPU device; the peers still run on the host CPU.")
+    load = os.getloadavg()
+    log(f"host: {cpu_model()}, {os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
+        f"numpy {np.__version__}; python {platform.python_version()}")
+    return {"device": {"name": dev.name, "backend": dev.backend.name, "type": dev.device_type.name,
+                       "is_sycl_cpu_device": is_cpu, "compute_units": dev.max_compute_units,
+                       "driver": dev.driver_version},
+            "host": {"cpu": cpu_model(), "cores": os.cpu_count(), "loadavg_at_start": list(load),
+                     "python": platform.python_version(), "numpy": np.__version__}}
+
+
+def load_peers(names):
+    """(peer classes, torch status message, [(peer, why it is missing)]) for --peers."""
+    want = [p.strip() for p in names.split(",") if p.strip() and p.strip() != "none"]
+    peers, torch_msg, missing = [], "not requested (--peers)", []
+    if "numpy" in want:
+        peers.append(P.NumpyPeer)
+    if "torch" in want:
+        t = time.perf_counter()
+        ok, torch_msg = P.torch_status()
+        if ok:
+            import torch
+            peers.append(P.TorchPeer)
+            log(f"peer torch: {torch_msg} (imported in {time.perf_counter() - t:.1f} s), "
+                f"torch.set_num_threads(2) -> {torch.get_num_threads()} threads; HF transformers' torch "
+                f"fallbacks from transformers.models.qwen3_next.modeling_qwen3_next")
+        else:
+            missing.append(("torch", torch_msg))
+            log(f"peer torch: not installed -> its cells say so. {torch_msg}")
+    log("peer numpy: vectorized float32 numpy (benchmarks/peers.py NumpyPeer)" if "numpy" in want
+        else "peer numpy: not run")
+    return peers, torch_msg, missing
+
+
+def compile_kernels(queue, dtype):
+    """Compiles every kernel the run uses before any timing; returns the seconds it took."""
+    t = time.perf_counter()
+    for label, shape, layout in ((f"act={dtype} K={K} ssm vk (benchmark shapes)", (H, HV, K, V), "vk"),
+                                 (f"act={dtype} K={K} ssm kv (layout diagnostic)", (H, HV, K, V), "kv"),
+                                 (f"act={dtype} K=16 (host-overhead probe)", (1, 1, 16, 16), "vk")):
+        t1 = time.perf_counter()
+        log(f"compiling kernels: {label} ...")
+        cfg = pygdn.Config(num_k_heads=shape[0], num_v_heads=shape[1], head_k_dim=shape[2], head_v_dim=shape[3],
+                           num_slots=1, act_dtype=dtype, ssm_layout=layout)
+        pygdn.warmup(queue, cfg)
+        log(f"  done in {time.perf_counter() - t1:.1f} s (run-time SYCL compile, or the on-disk cache)")
+    return time.perf_counter() - t
+
+
+def measure_machine(queue, torch_ok):
+    """The references of the report: memory bandwidth and matmul peak, measured now."""
+    log("measuring memory bandwidth and matmul peak ...")
+    wait_quiet({"quiet_left_s": 10.0})
+    w = CpuWatch()
+    bw = measure_bandwidth(queue)
+    peak = measure_peak(torch_ok)
+    bw["foreign_cpu_start"] = peak["foreign_cpu"] = w.foreign()
+    log(f"  bandwidth: numpy copy of 256 MiB {bw['numpy_copy_GBps']:.2f} GB/s, USM device->device queue.memcpy "
+        + (f"{bw['usm_memcpy_GBps']:.2f} GB/s" if "usm_memcpy_GBps" in bw else f"failed ({bw.get('usm_memcpy_error')})")
+        + f" (read+write bytes, best of 5); reference = the larger, {bw['reference_GBps']:.2f} GB/s")
+    log(f"  peak: numpy float32 matmul 2048^3 {peak['numpy_matmul_GFLOPs']:.1f} GFLOP/s (best of 3)"
+        + (f"; torch matmul {peak['torch_matmul_GFLOPs']:.1f} GFLOP/s (info)" if "torch_matmul_GFLOPs" in peak else "")
+        + (f"; note OPENBLAS_CORETYPE={peak['OPENBLAS_CORETYPE']} is set in this environment"
+           if peak["OPENBLAS_CORETYPE"] else ""))
+    return bw, peak
+
+
+def make_plan(quick, bw, peak, t_start):
+    """(plan, case list): repeats, time budgets and the soft deadline of the run, and its cases as
+    (kind, batch, num_spec, prefill lengths)."""
+    sizes = QUICK_PLAN if quick else FULL_PLAN
+    plan = {k: sizes[k] for k in ("reps_ours", "reps_peer", "budget_s", "retry_left_s", "quiet_left_s")}
+    plan.update(bw=bw, peak=peak, deadline=t_start + sizes["deadline_s"])
+    batches = sizes["batches"]
+    specs = [("decode", b, 0, ()) for b in batches] + [("spec", b, s, ()) for s in (1, 2, 3) for b in batches] \
+        + [("prefill", 0, 0, lens) for lens in sizes["prefills"]]
+    return plan, specs
+
+
+def run_cases(queue, specs, dtype, peers, plan, missing):
+    log("")
+    log(f"per step, median of repeats; ratio = peer time / our time ('!' = peer disagrees with ours beyond "
+        f"{'5e-2' if dtype == 'bf16' else '2e-3'} relative)")
+    log(HEADER)
+    records = []
+    for i, (kind, b, s, lens) in enumerate(specs):
+        case = make_case(kind, dtype, batch=b, num_spec=s, lens=lens, seed=100 + i)
+        try:
+            records.append(run_case(queue, case, peers, plan, log, missing))
+        except Exception as e:  # noqa: BLE001
+            log(f"{case.label:<18s} FAILED: {type(e).__name__}: {e}")
+            records.append({"kind": kind, "label": case.label, "error": f"{type(e).__name__}: {e}"})
+        del case
+    return records
+
+
+def measure_host_overhead(queue, dtype, calls):
+    log("")
+    log("host overhead: a tiny, fully padded batch through pygdn (Python), kernels cached ...")
+    ho = host_overhead(queue, dtype, calls)
+    log(f"  {ho['config']}: {ho['wait_full_us']:.0f} us/call (wait=True, validate=full), "
+        f"{ho['wait_counts_us']:.0f} us/call (wait=True, validate=counts), "
+        f"{ho['nowait_counts_us']:.0f} us/call (wait=False loop + one queue.wait, validate=counts); "
+        f"Python marshalling alone {ho['python_marshal_us']:.0f} us.")
+    log(f"  prepared once (pygdn.prepare, the serving-loop form): {ho['prepared_wait_counts_us']:.0f} us/call "
+        f"(wait=True), {ho['prepared_nowait_counts_us']:.0f} us/call (wait=False), validate=counts; "
+        f"{ho['prepared_wait_full_us']:.0f} us/call with validate=full.")
+    ho["c_abi"] = c_host_overhead(calls)
+    for line in ho["c_abi"]:
+        log(f"  C ABI: {line}")
+    return ho
+
+
+def remeasure_bandwidth(queue, bw):
+    """Bandwidth once more at the end (another process may have shared the memory bus at the
+    start): the reference becomes the best of both, so the % of bandwidth is not flattered."""
+    w = CpuWatch()
+    bw_end = measure_bandwidth(queue)
+    bw["end"] = {k: v for k, v in bw_end.items() if k.endswith("GBps")}
+    bw["end"]["foreign_cpu"] = w.foreign()
+    if bw_end["reference_GBps"] > bw["reference_GBps"] * 1.05:
+        log(f"note: bandwidth measured again at the end is {bw_end['reference_GBps']:.2f} GB/s (start "
+            f"{bw['reference_GBps']:.2f}); the rows above used the start value; the "
+            f"tables and targets below use the larger.")
+    bw["reference_GBps"] = max(bw["reference_GBps"], bw_end["reference_GBps"])
+
+
+def log_results(title, records, plan):
+    """The final tables: every case again (against the final bandwidth), failures, agreement."""
+    bw, peak = plan["bw"], plan["peak"]
+    ok_records = [r for r in records if "ours" in r]
+    log("")
+    log("=" * 118)
+    log(f"RESULTS on {title}")
+    log(f"reference bandwidth {bw['reference_GBps']:.2f} GB/s (best of numpy copy / USM memcpy, start and end of the "
+        f"run); reference peak {peak['numpy_matmul_GFLOPs']:.1f} GFLOP/s (numpy f32 matmul 2048^3)")
+    log(HEADER)
+    for r in ok_records:
+        log(row_line(r, plan))
+    for r in records:
+        if "error" in r:
+            log(f"{r['label']:<18s} FAILED: {r['error']}")
+    errs = {}
+    for r in ok_records:
+        for name in ("numpy", "torch"):
+            if "error" in r.get(name, {}):
+                errs.setdefault(name, r[name]["error"])
+    for name, e in errs.items():
+        log(f"  {name} did not run: {e}")
+    log("")
+    log("agreement with ours (max |diff| / max |ours|, out and ssm state), and our step broken down:")
+    for r in ok_records:
+        ag = []
+        for name in ("numpy", "torch"):
+            a = r.get(name, {}).get("agreement_vs_ours")
+            if a:
+                ag.append(f"{name} {a['out']:.1e}/{a['ssm']:.1e}{'' if a['ok'] else ' MISMATCH'}")
+        kv = r.get("ours_kv_layout")
+        kv_s = f", kv-layout step {kv['median_s'] * 1e3:.2f} ms" if kv else ""
+        log(f"  {r['label']:<18s} {'; '.join(ag) or 'no peers':<44s} conv {r['ours_conv']['median_s'] * 1e3:8.2f} ms, "
+            f"delta rule {r['ours_delta']['median_s'] * 1e3:8.2f} ms{kv_s}")
+
+
+def log_targets(tg):
+    log("")
+    log("targets:")
+    for t in tg:
+        log(f"  {t['verdict']:<5s} {t['target']}: {t['detail']}")
+
+
+def log_contention(foreign):
+    log("")
+    if foreign > FOREIGN_FLAG:
+        log(f"WARNING: other processes used {100 * foreign:.0f}% of this machine's CPU time during the run; every "
+            f"timing above shares the {os.cpu_count()} cores with them (rows marked [other processes ..]). "
+            f"Rerun on an idle machine for clean numbers.")
+    else:
+        log(f"other processes used {100 * foreign:.1f}% of the CPU during the run (machine quiet enough).")
+
+
+def write_json(path, result):
+    d = os.path.dirname(path)
+    if d:
+        os.makedirs(d, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1, default=float)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    t_start = time.perf_counter()
+    watch_all = CpuWatch()
+    queue = dpctl.SyclQueue(args.device, property="in_order") if args.device else dpctl.SyclQueue(property="in_order")
+    facts = describe_run(queue, args)
+    peers, torch_msg, missing = load_peers(args.peers)
+    facts["host"]["peers"] = torch_msg
+    compile_s = compile_kernels(queue, args.dtype)
+    bw, peak = measure_machine(queue, P.TorchPeer in peers)
+    plan, specs = make_plan(args.quick, bw, peak, t_start)
+    records = run_cases(queue, specs, args.dtype, peers, plan, missing)
+    ho = measure_host_overhead(queue, args.dtype, (QUICK_PLAN if args.quick else FULL_PLAN)["host_calls"])
+    remeasure_bandwidth(queue, bw)
+
+    dev = facts["device"]
+    on = dev["name"] + (" (the SYCL CPU device)" if dev["is_sycl_cpu_device"] else "")
+    log_results(f"{on}, {args.dtype} activations", records, plan)
+    ok_records = [r for r in records if "ours" in r]
+    tg = targets(ok_records, plan, torch_msg, ho)
+    log_targets(tg)
+    foreign = watch_all.foreign()
+    log_contention(foreign)
+
+    total = time.perf_counter() - t_start
+    write_json(args.json, {
+        "pygdn_version": pygdn.__version__, "quick": args.quick, "act_dtype": args.dtype,
+        "shapes": {"H": H, "HV": HV, "K": K, "V": V, "W": W, "ssm_layout": "vk", "conv_layout": "time_major",
+                   "conv_spec_layout": "rolled", "state_dtype": "f32"},
+        **facts, "compile_s": compile_s, "bandwidth": bw, "peak": peak, "cases": records, "host_overhead": ho,
+        "targets": tg, "total_s": total, "foreign_cpu_share": foreign,
+        "notes": {"time": "median of repeats of one step with wait=True (synchronous), warm caches",
+                  "bytes": traffic_bytes.__doc__.strip(), "flops": chunked_flops.__doc__.strip(),
+                  "ratio": "peer median time / our median time"}})
+    msg = plot(ok_records, args.plot, f"pygdn {pygdn.__version__} on {dev['name']}"
+               + (" (SYCL CPU device)" if dev["is_sycl_cpu_device"] else "") + f", Qwen3-Next TP=1, {args.dtype}",
+               bw["reference_GBps"])
+    log("")
+    log(f"wrote {args.json}" + (f" and {args.plot}" if msg is None else f"; {msg}"))
+    log(f"total run time {total:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

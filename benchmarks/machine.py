@@ -1,0 +1,147 @@
+"""What the machine offers and what a call costs on it: memory bandwidth and matmul peak measured
+in the same run (the references of the report), and the host overhead of a call through pygdn
+and through the C ABI (benchmarks/host_overhead.c)."""
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+import pygdn
+from pygdn.batch import make_batch, to_device
+
+from timing import best_seconds, us_per_call
+
+
+def measure_bandwidth(queue):
+    nbytes = 256 << 20
+    src = np.ones(nbytes // 4, np.float32)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    ts = []
+    for _ in range(5):
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        ts.append(time.perf_counter() - t)
+    res = {"numpy_copy_bytes": nbytes, "numpy_copy_GBps": 2 * nbytes / min(ts) / 1e9,
+           "note": "copy bandwidth = (read + write) bytes / best time of 5"}
+    del dst
+    try:
+        import dpctl.memory as dpmem
+        a = dpmem.MemoryUSMDevice(nbytes, queue=queue)
+        b = dpmem.MemoryUSMDevice(nbytes, queue=queue)
+        # Fill the source with data: untouched pages all map to the kernel's zero page, which
+        # would make the copy read from cache and overstate the bandwidth (by ~1.6x here).
+        a.copy_from_host(src.view(np.uint8))
+        del src
+        queue.memcpy(b, a, nbytes)   # first touch of the destination
+        queue.wait()
+        ts = []
+        for _ in range(5):
+            t = time.perf_counter()
+            queue.memcpy(b, a, nbytes)
+            queue.wait()
+            ts.append(time.perf_counter() - t)
+        res["usm_memcpy_GBps"] = 2 * nbytes / min(ts) / 1e9
+        del a, b
+    except Exception as e:  # noqa: BLE001
+        res["usm_memcpy_error"] = f"{type(e).__name__}: {e}"
+    res["reference_GBps"] = max(res["numpy_copy_GBps"], res.get("usm_memcpy_GBps", 0.0))
+    return res
+
+
+def measure_peak(torch_ok):
+    n = 2048
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((n, n), np.float32)
+    b = rng.standard_normal((n, n), np.float32)
+    res = {"numpy_matmul_GFLOPs": 2 * n ** 3 / best_seconds(lambda: a @ b) / 1e9, "n": n,
+           "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE")}
+    if torch_ok:
+        try:
+            import torch
+            ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+            res["torch_matmul_GFLOPs"] = 2 * n ** 3 / best_seconds(lambda: ta @ tb) / 1e9
+        except Exception as e:  # noqa: BLE001
+            res["torch_matmul_error"] = str(e)
+    return res
+
+
+def host_overhead(queue, act, calls):
+    """µs per pygdn.attention call of a tiny batch whose 8 decode sequences are all PAD_SLOT_ID."""
+    cfg = pygdn.Config(num_k_heads=1, num_v_heads=1, head_k_dim=16, head_v_dim=16, num_slots=8, act_dtype=act,
+                       ssm_layout="vk", conv_layout="time_major", conv_spec_layout="rolled")
+    meta = make_batch(np.random.default_rng(0), num_slots=8, pad_non_spec=8, pad_len=1, order="grouped",
+                      identity_indices=True)
+    T, C = meta["num_actual_tokens"], cfg.conv_dim
+    dt = np.uint16 if act == "bf16" else np.float32
+    U = lambda shape, d=dt: pygdn.UsmArray.from_numpy(np.zeros(shape, d), queue)  # noqa: E731
+    arrays = dict(mixed_qkv=U((T, C)), a=U((T, 1)), b=U((T, 1)), conv_weight=U((C, cfg.conv_width)),
+                  A_log=U((1,), np.float32), dt_bias=U((1,), np.float32), conv_state=U(cfg.conv_state_shape),
+                  ssm_state=U(cfg.ssm_state_shape, np.float32), core_attn_out=U((T, 1, 16)))
+    res = {"config": "H=HV=1, K=V=16, num_decodes=8 all PAD_SLOT_ID", "calls": calls}
+    for validate in ("full", "counts"):
+        batch = to_device(meta, queue, validate=validate)
+        # The plain call, and the serving-loop form: arguments marshalled once by pygdn.prepare().
+        step = pygdn.prepare(pygdn.attention, queue, cfg, batch, **arrays)
+        plain = lambda wait, batch=batch: pygdn.attention(queue, cfg, batch, wait=wait, **arrays)  # noqa: E731
+        for prefix, run in (("", plain), ("prepared_", step)):
+            for _ in range(20):
+                run(wait=True)
+            res[f"{prefix}wait_{validate}_us"] = us_per_call(lambda: run(wait=True), calls)
+            res[f"{prefix}nowait_{validate}_us"] = us_per_call(lambda: run(wait=False), calls, queue.wait)
+    # The same call's pure Python marshalling cost (no C call): cffi structs + SUAI views.
+    batch = to_device(meta, queue, validate="counts")
+    res["python_marshal_us"] = us_per_call(lambda: pygdn.ops._marshal(queue, cfg, batch, arrays), calls)
+    return res
+
+
+def c_host_overhead(calls):
+    """The same measurement through the C ABI: benchmarks/host_overhead.c, built here against the
+    installed library and header (or the gdn_host_overhead program installed next to them)."""
+    installed = os.path.join(os.path.dirname(pygdn._lib.LIBRARY_PATH), "gdn_host_overhead")
+    with tempfile.TemporaryDirectory(prefix="gdn_host_overhead") as tmp:
+        exe, why = (installed, None) if os.path.exists(installed) else _build_host_overhead(tmp)
+        if exe is None:
+            return [f"not measured: {why}"]
+        run = subprocess.run([exe, str(calls)], capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    if run.returncode != 0:
+        return [f"not measured: gdn_host_overhead failed: {run.stderr.strip()[:200]}"]
+    return [line.replace("host_overhead ", "") for line in run.stdout.splitlines() if line.startswith("host_overhead")]
+
+
+def _build_host_overhead(out_dir):
+    """Compiles host_overhead.c with the system C compiler (cc, or $CC): (path, None), or
+    (None, why not)."""
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "host_overhead.c")
+    lib = pygdn._lib.LIBRARY_PATH
+    exe = os.path.join(out_dir, "gdn_host_overhead")
+    # libgdn_xpu finds libsycl through its own RUNPATH; the linker is pointed at the environment's
+    # lib/ for the same libraries.
+    cmd = [os.environ.get("CC", "cc"), "-O2", f"-I{os.path.dirname(pygdn._lib.HEADER_PATH)}", src, lib,
+           f"-Wl,-rpath,{os.path.dirname(lib)}", f"-Wl,-rpath-link,{os.path.join(sys.prefix, 'lib')}", "-o", exe]
+    try:
+        built = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    except OSError as e:
+        return None, f"no C compiler to build {src} ({e})"
+    if built.returncode != 0:
+        return None, f"building {src} failed: {built.stderr.strip()[:300]}"
+    return exe, None
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+

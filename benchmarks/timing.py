@@ -1,0 +1,118 @@
+"""How the benchmark times things on a shared 2-core machine: other processes' share of the CPU
+(CpuWatch), waiting for a quiet machine, and the timing loops."""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+FOREIGN_FLAG = 0.05   # flag rows during which other processes used more than this share of the CPU
+RETRY_SHARE = 0.15    # ... and measure a case again (once, within a time budget) above this share
+LATE_BUDGET_S = 0.5    # repeat budget per implementation once past the run's soft deadline
+SWITCH_PAUSE_S = 0.15  # pause between implementations (see timed_blocks)
+QUIET_SHARE = 0.05    # before a case, wait (within a time budget) for other processes to drop below this
+
+
+class CpuWatch:
+    """How much of the machine's CPU time went to OTHER processes over an interval (from
+    /proc/stat minus this process's own rusage): a benchmark sharing 2 cores with other work
+    measures that work too, so rows with a high share are flagged."""
+
+    def __init__(self):
+        self.t, self.busy, self.own = time.perf_counter(), self._busy(), self._own()
+
+    @staticmethod
+    def _busy():
+        try:
+            with open("/proc/stat") as f:
+                v = [int(x) for x in f.readline().split()[1:9]]
+            return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError):
+            return float("nan")
+
+    @staticmethod
+    def _own():
+        import resource
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    def foreign(self):
+        wall = time.perf_counter() - self.t
+        other = (self._busy() - self.busy) - (self._own() - self.own)
+        return max(0.0, other / (wall * (os.cpu_count() or 1))) if wall > 0 else 0.0
+
+
+def wait_quiet(plan):
+    """Before a case: wait (within plan["quiet_left_s"] for the whole run) until other processes
+    leave the CPU mostly idle. Returns the seconds waited."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < plan["quiet_left_s"]:
+        w = CpuWatch()
+        time.sleep(0.3)
+        if w.foreign() < QUIET_SHARE:
+            break
+    waited = time.perf_counter() - t0
+    plan["quiet_left_s"] = max(0.0, plan["quiet_left_s"] - waited)
+    return waited
+
+
+def settle():
+    # Let other runtimes' worker threads (OpenBLAS, OpenMP, TBB) stop spinning before a timing.
+    time.sleep(0.05)
+
+
+def timed_blocks(impls, budget_s):
+    """Each implementation in turn: a pause (other libraries' idle worker threads stop spinning:
+    OpenBLAS's spin up to ~0.1 s after a threaded call), one untimed step (wakes its own threads
+    and caches), then its repeats back to back, as a serving loop would run it. impls: name ->
+    (fn, reps, first_s); each gets at most budget_s of repeats. Returns (name -> stats, share
+    of the CPU other processes used meanwhile)."""
+    stats = {}
+    watch = CpuWatch()
+    for n, (fn, reps, first) in impls.items():
+        if first >= budget_s:
+            # One step takes longer than the whole budget (a loaded machine, or a slow peer):
+            # the first (warm-up / check) call is the measurement.
+            stats[n] = {"median_s": first, "min_s": first, "reps": 1, "first_call_only": True}
+            continue
+        want = max(1, min(reps, int(budget_s / first))) if first > 0 else reps
+        time.sleep(SWITCH_PAUSE_S)
+        if first * (want + 1) <= budget_s:
+            fn()
+        ts = call_times(fn, want)
+        stats[n] = {"median_s": statistics.median(ts), "min_s": min(ts), "reps": len(ts)}
+    return stats, watch.foreign()
+
+
+def first_call_s(fn):
+    """Seconds of one fn() call."""
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def call_times(fn, n):
+    """Wall seconds of each of n back-to-back fn() calls."""
+    ts = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return ts
+
+
+def best_seconds(fn, repeat=3):
+    """fn() once to warm up, then the best wall time of `repeat` calls."""
+    fn()
+    return min(call_times(fn, repeat))
+
+
+def us_per_call(fn, calls, finish=None):
+    """µs per fn() over calls back-to-back calls (finish(), e.g. one queue.wait, inside the timing)."""
+    settle()
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    if finish:
+        finish()
+    return (time.perf_counter() - t) / calls * 1e6

@@ -1,0 +1,149 @@
+// conv1d.hpp — depthwise causal conv1d over time (+ SiLU) for GDN: the algorithm, shared by the
+// generic kernels (conv1d.cpp, one channel per work-item: GPUs) and the CPU device's variants
+// (conv1d_cpu.cpp, 16 channels per work-item as one vector), through Lanes<N> (common.hpp).
+// Speculative sequences: one work-item per (sequence, channel) walks the sequence's few tokens
+// in order with the W-1 input window in registers. Non-spec sequences (prefills can be thousands
+// of tokens long) are tiled over time as well, see conv_non_spec_tile. Either way a slot's state
+// is read and written by one work-item only, and a slot belongs to one sequence of a call
+// (validated), so no temporary state buffer is needed.
+#pragma once
+#include "common.hpp"
+
+#define GDN_MAX_WIDTH 8
+
+static inline int64_t state_off(const GdnConvStateView &s, int32_t slot, int32_t c, int32_t col) {
+  return (int64_t)slot * s.slot_stride + (int64_t)c * s.chan_stride + (int64_t)col * s.col_stride;
+}
+
+// Shift x into the W-1 input history (oldest first).
+template <class T>
+static inline void push_history(T *hist, int32_t width, T x) {
+  for (int32_t i = 0; i + 1 < width - 1; ++i) hist[i] = hist[i + 1];
+  if (width > 1) hist[width - 2] = x;
+}
+
+// One token: y = bias + sum_i w[i] * window_i, window = [hist(W-1) ..., x]; shifts x into hist.
+// T is float (one channel) or vf16 (16 channels, the CPU variant).
+template <class T>
+static inline T conv_token(const T *w, T bias, T *hist, int32_t width, T x, bool act) {
+  T y = bias;
+  for (int32_t i = 0; i < width - 1; ++i) y += w[i] * hist[i];
+  y += w[width - 1] * x;
+  push_history(hist, width, x);
+  return act ? silu(y) : y;
+}
+
+// The weights ([C, W], row-major) of channels c..c+N-1: w[i] = tap i of each channel.
+template <int N>
+static inline void load_weights(const void *weight, int32_t c, int32_t width, typename Lanes<N>::T *w) {
+  for (int32_t i = 0; i < width; ++i) w[i] = Lanes<N>::load_act(weight, (int64_t)c * width + i, width);
+}
+
+// The sequence comes from the group id of dimension 0 (local range 1 there), so the CPU device's
+// vectorizer sees it, the token loop bounds and the slot as uniform across the work-group.
+static inline bool seq_and_channel(const GdnConvParams &p, int32_t *seq, int32_t *c) {
+  const auto it = item2();
+  *seq = (int32_t)it.get_group(0);
+  *c = (int32_t)it.get_global_id(1);
+  return *seq < p.num_seqs && *c < p.conv_dim;
+}
+
+// Speculative sequences, both conv-state layouts (see gdn_conv_spec_layout_t in gdn_xpu.h):
+// channels c..c+N-1 of sequence seq. WIDTH is the conv width when known at compile time (0:
+// p.width): a fixed width keeps the input history in registers (with a run-time width the CPU
+// device's compiler moved it through memory, a memmove per token).
+template <int N, int WIDTH>
+static inline void conv_spec_channels(const GdnConvParams &p, int32_t seq, int32_t c) {
+  typedef Lanes<N> L;
+  typedef typename L::T T;
+  const int32_t width = WIDTH ? WIDTH : p.width, w1 = width - 1;
+  const int32_t j0 = p.query_start_loc[seq], len = p.query_start_loc[seq + 1] - j0;
+  if (len == 0) return;  // graph padding: no rows, no state change (ROLLED would otherwise shift the line)
+  const int32_t *cols = p.state_indices + (int64_t)seq * p.slot_cols;
+  const int32_t accepted = p.num_accepted[seq];
+  const int64_t cs = p.state.chan_stride;
+  // ROLLED keeps one line (cols[0]) and offsets into it; SNAPSHOT reads the slot of the last accepted token.
+  const int32_t read_slot = p.rolled ? cols[0] : cols[accepted - 1];
+  const int32_t read_col0 = p.rolled ? accepted - 1 : 0;
+  if (p.rolled && read_slot == p.pad_slot_id) {
+    for (int32_t t = 0; t < len; ++t)
+      L::store_act(p.out, global_row(p.token_indx, j0 + t) * p.out_stride + c, T(0.0f));
+    return;
+  }
+  T w[GDN_MAX_WIDTH], hist[GDN_MAX_WIDTH];
+  load_weights<N>(p.weight, c, width, w);
+  const T bias = p.bias ? L::load_act(p.bias, c, 1) : T(0.0f);
+  for (int32_t i = 0; i < w1; ++i)
+    hist[i] = read_slot == p.pad_slot_id ? T(0.0f)
+                                         : L::load_act(p.state.base, state_off(p.state, read_slot, c, read_col0 + i), cs);
+  if (p.rolled) {
+    // Columns 0..W-3 := the W-2 inputs just before token 0 (hist[1..W-2]); the tokens follow below.
+    for (int32_t i = 0; i + 1 < w1; ++i) L::store_act(p.state.base, state_off(p.state, read_slot, c, i), hist[i + 1], cs);
+  }
+  for (int32_t t = 0; t < len; ++t) {
+    const int64_t row = global_row(p.token_indx, j0 + t);
+    const T x = L::load_act(p.x, row * p.x_stride + c, 1);
+    L::store_act(p.out, row * p.out_stride + c, conv_token(w, bias, hist, width, x, p.silu));
+    if (p.rolled) {
+      L::store_act(p.state.base, state_off(p.state, read_slot, c, w1 - 1 + t), x, cs);
+    } else if (cols[t] != p.pad_slot_id) {
+      for (int32_t i = 0; i < w1; ++i) L::store_act(p.state.base, state_off(p.state, cols[t], c, i), hist[i], cs);
+    }
+  }
+}
+
+// Prefill and plain decode sequences, tiled over time: the work-item of (tile, channel block)
+// convolves the compact tokens [tile*tile_len, +tile_len) of every sequence overlapping the tile.
+// (One work-item per whole sequence strode a long prefill's rows one page apart and ran 5-10x
+// slower on the CPU device; tiles also give a single long prefill parallelism.)
+// A tile re-reads the W-1 inputs before its first token from x, so tiles are independent. The
+// state is touched only by the owner, the tile holding the sequence's first token: it reads the
+// slot, takes the sequence's first W-1 tokens even past its tile end (so later tiles never need
+// the old state) and writes the new state, the last W-1 inputs of [old state, x of the sequence].
+template <int N, int WIDTH>
+static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int32_t c) {
+  typedef Lanes<N> L;
+  typedef typename L::T T;
+  const int32_t *qsl = p.query_start_loc;
+  const int32_t t0 = tile * p.tile_len, t1 = sycl::min(t0 + p.tile_len, p.num_tokens);
+  const int32_t width = WIDTH ? WIDTH : p.width, w1 = width - 1;
+  T w[GDN_MAX_WIDTH], hist[GDN_MAX_WIDTH];
+  load_weights<N>(p.weight, c, width, w);
+  const T bias = p.bias ? L::load_act(p.bias, c, 1) : T(0.0f);
+  int32_t lo = 0, hi = p.num_seqs;  // the last sequence starting at or before t0 holds token t0
+  while (hi - lo > 1) {
+    const int32_t mid = (lo + hi) / 2;
+    if (qsl[mid] <= t0) lo = mid; else hi = mid;
+  }
+  for (int32_t seq = lo; seq < p.num_seqs && qsl[seq] < t1; ++seq) {
+    const int32_t j0 = qsl[seq], j1 = qsl[seq + 1];
+    if (j0 == j1) continue;  // a zero-length sequence touches nothing, its state included
+    const bool owner = j0 >= t0;
+    const int32_t first = owner ? j0 : sycl::max(t0, j0 + w1);
+    const int32_t end = owner ? sycl::max(sycl::min(t1, j1), sycl::min(j1, j0 + w1)) : sycl::min(t1, j1);
+    if (first >= end) continue;
+    const int32_t slot = p.state_indices[seq];
+    if (slot == p.pad_slot_id) {  // graph padding: zero outputs, no state access
+      for (int32_t j = first; j < end; ++j)
+        L::store_act(p.out, global_row(p.token_indx, j) * p.out_stride + c, T(0.0f));
+      continue;
+    }
+    const bool has_init = !p.has_initial_state || p.has_initial_state[seq];
+    for (int32_t i = 0; i < w1; ++i) {
+      if (owner)
+        hist[i] = has_init ? L::load_act(p.state.base, state_off(p.state, slot, c, i), p.state.chan_stride) : T(0.0f);
+      else  // first >= j0 + W-1: the window lies inside the sequence
+        hist[i] = L::load_act(p.x, global_row(p.token_indx, first - w1 + i) * p.x_stride + c, 1);
+    }
+    for (int32_t j = first; j < end; ++j) {
+      const int64_t row = global_row(p.token_indx, j);
+      const T x = L::load_act(p.x, row * p.x_stride + c, 1);
+      L::store_act(p.out, row * p.out_stride + c, conv_token(w, bias, hist, width, x, p.silu));
+    }
+    if (!owner) continue;
+    for (int32_t j = sycl::max(end, j1 - w1); j < j1; ++j)  // the inputs other tiles convolve
+      push_history(hist, width, L::load_act(p.x, global_row(p.token_indx, j) * p.x_stride + c, 1));
+    for (int32_t i = 0; i < w1; ++i)
+      L::store_act(p.state.base, state_off(p.state, slot, c, i), hist[i], p.state.chan_stride);
+  }
+}

@@ -1,0 +1,106 @@
+// delta_chunk.hpp — the chunked (WY/UT) prefill form, shared by the generic kernels
+// (delta_chunk.cpp, GPUs) and the CPU device's variants (delta_chunk_cpu.cpp). Per chunk of
+// GDN_CHUNK_SIZE tokens and v-head, with G the cumulative log-decay inside the chunk:
+//   chunk prep  (all chunks in parallel)  A = tril(beta_i e^(Gi-Gj) k_i.k_j, -1), T = (I + A)^-1,
+//               W = T (beta e^G K), U = T (beta V), Aqk = tril(e^(Gi-Gj) q_i.k_j), G
+//   chunk scan  (per sequence, chunk after chunk, S[:, v] carried in registers)
+//               u = U - W S,  o = e^G (q S) + Aqk u,  S = e^Glast S + K^T (e^(Glast-G) u)
+// Chunks come from the device-built plan (gdn_chunk_plan, delta_prep.cpp); the workspace holds
+// row i of chunk c of v-head hv at (hv * chunk_capacity + c) * GDN_CHUNK_SIZE + i.
+#pragma once
+#include "delta.hpp"
+
+#define SCAN_RB 4  // chunk_scan register blocking: rows of W / q per pass
+#define SCAN_KB 8  // and state rows per pass of the state update
+
+static inline int64_t chunk_pos(const GdnDeltaParams &p, int32_t hv, int32_t c) {
+  return ((int64_t)hv * p.chunk_capacity + c) * GDN_CHUNK_SIZE;
+}
+
+// The chunk scan over NL state columns per work-item (Lanes<NL>, common.hpp): one body, so the
+// generic (NL = 1) and CPU (NL = 16) kernels carry the same algorithm.
+template <int NL>
+static inline void chunk_scan_body(const GdnDeltaParams &p, int32_t e, int32_t hv, int32_t v) {
+  typedef Lanes<NL> L;
+  typedef typename L::T lane_t;
+  const int32_t *st = p.seq_table + (int64_t)e * GDN_TABLE_INTS;
+  const int32_t seq = st[0], c0 = st[1], nc = st[2];
+  if (nc == 0) return;  // an unused row of the table
+  const int32_t slot = p.state_indices[seq];
+  if (slot == p.pad_slot_id) {
+    const int32_t j0 = p.query_start_loc[seq], len = p.query_start_loc[seq + 1] - j0;
+    for (int32_t l = 0; l < NL; ++l) zero_outputs(p, j0, len, hv, v + l);
+    return;
+  }
+  const int32_t h = hv / (p.HV / p.H);
+  const bool init = !p.has_initial_state || p.has_initial_state[seq];
+  lane_t s[KD];  // s[k] = S[k, v .. v+NL-1]
+  for (int32_t l = 0; l < NL; ++l) {
+    const float *S = state_column(p, slot, hv, v + l);
+    for (int k = 0; k < KD; ++k) L::at(s[k], l) = init ? S[k * K_STRIDE] : 0.0f;
+  }
+  // Every product below is blocked so that SCAN_RB (rows) or SCAN_KB (state rows) independent
+  // accumulators are in flight: one accumulator per dot product left the CPU device waiting on
+  // the FMA latency, and each s[k] / up[j] load now feeds several FMAs.
+  lane_t up[GDN_CHUNK_SIZE], qs[GDN_CHUNK_SIZE];
+  int64_t qk_off[GDN_CHUNK_SIZE];  // offset of row i's q and k (qn and kn share the layout)
+  for (int32_t c = c0; c < c0 + nc; ++c) {
+    const int32_t jfirst = p.chunk_table[(int64_t)c * GDN_TABLE_INTS + 1], len = p.chunk_table[(int64_t)c * GDN_TABLE_INTS + 2];
+    const int64_t pos = chunk_pos(p, hv, c);
+    const float *G = p.chunk_g + pos;
+    for (int32_t i = 0; i < len; ++i) qk_off[i] = (global_row(p.token_indx, jfirst + i) * p.H + h) * KD;
+    for (int32_t i0 = 0; i0 < len; i0 += SCAN_RB) {  // u = U - W S and q S, SCAN_RB rows at a time
+      const float *w[SCAN_RB], *qi[SCAN_RB];
+      for (int r = 0; r < SCAN_RB; ++r) {  // rows past len repeat row i0: computed, not stored
+        const int32_t i = i0 + r < len ? i0 + r : i0;
+        w[r] = p.chunk_w + (pos + i) * KD;
+        qi[r] = p.qn + qk_off[i];
+      }
+      lane_t ws[SCAN_RB], q_s[SCAN_RB];
+      for (int r = 0; r < SCAN_RB; ++r) ws[r] = q_s[r] = lane_t(0.0f);
+      for (int k = 0; k < KD; ++k) {
+        const lane_t sk = s[k];
+        for (int r = 0; r < SCAN_RB; ++r) {
+          ws[r] += sk * w[r][k];
+          q_s[r] += sk * qi[r][k];
+        }
+      }
+      for (int r = 0; r < SCAN_RB && i0 + r < len; ++r) {
+        up[i0 + r] = L::load(p.chunk_u + (pos + i0 + r) * p.V + v) - ws[r];
+        qs[i0 + r] = q_s[r];
+      }
+    }
+    for (int32_t i0 = 0; i0 < len; i0 += SCAN_RB) {  // o = e^G (q S) + Aqk u (Aqk is 0 above the diagonal)
+      const int32_t nr = sycl::min(SCAN_RB, len - i0);
+      lane_t o[SCAN_RB];
+      const float *aqk[SCAN_RB];
+      for (int r = 0; r < SCAN_RB; ++r) {
+        const int32_t i = r < nr ? i0 + r : i0;
+        o[r] = sycl::exp(G[i]) * qs[i];
+        aqk[r] = p.chunk_aqk + (pos + i) * GDN_CHUNK_SIZE;
+      }
+      for (int32_t j = 0; j < i0 + nr; ++j) {
+        const lane_t uj = up[j];
+        for (int r = 0; r < SCAN_RB; ++r) o[r] += aqk[r][j] * uj;
+      }
+      for (int r = 0; r < nr; ++r)
+        L::store_act(p.out, global_row(p.token_indx, jfirst + i0 + r) * p.out_stride + (int64_t)hv * p.V + v, o[r]);
+    }
+    const float glast = G[len - 1], dlast = sycl::exp(glast);  // S = e^Glast S + K^T (e^(Glast-G) u)
+    for (int32_t j = 0; j < len; ++j) up[j] *= sycl::exp(glast - G[j]);
+    for (int k0 = 0; k0 < KD; k0 += SCAN_KB) {
+      lane_t acc[SCAN_KB];
+      for (int kk = 0; kk < SCAN_KB; ++kk) acc[kk] = k0 + kk < KD ? s[k0 + kk] * dlast : lane_t(0.0f);
+      for (int32_t j = 0; j < len; ++j) {
+        const lane_t uj = up[j];
+        const float *kj = p.kn + qk_off[j] + k0;
+        for (int kk = 0; kk < SCAN_KB && k0 + kk < KD; ++kk) acc[kk] += uj * kj[kk];
+      }
+      for (int kk = 0; kk < SCAN_KB && k0 + kk < KD; ++kk) s[k0 + kk] = acc[kk];
+    }
+  }
+  for (int32_t l = 0; l < NL; ++l) {
+    float *S = state_column(p, slot, hv, v + l);
+    for (int k = 0; k < KD; ++k) S[k * K_STRIDE] = L::at(s[k], l);
+  }
+}

@@ -1,0 +1,116 @@
+// delta_chunk_cpu.cpp — the CPU device's chunk kernels (the host picks them when K % 16 == 0 and
+// V % 16 == 0). Same algorithm and workspace as the generic ones (delta_chunk.hpp); every inner loop
+// runs over 16-wide vectors inside one work-item, so nothing depends on the runtime's
+// cross-work-item vectorizer (work-groups of one work-item, coordinates from GROUP ids only:
+// common.hpp, "CPU-device kernels").
+#include "delta_chunk.hpp"
+
+#define KV16 (KD / 16)
+#define PREP_VB 8  // 16-wide column blocks of U per pass (V = 128 in one)
+
+// Global: chunk_capacity*H work-items, local 1: one work-item builds one chunk for one k-head and all
+// the v-heads that share it (GVA): the q.k and k.k products depend on the k-head only, so they are
+// computed once; the gates (and everything after them) are per v-head.
+GDN_KERNEL(1) void gdn_chunk_prep_cpu(GdnDeltaParams p) {
+  const int64_t gid = item1().get_group(0);
+  if (gid >= (int64_t)p.chunk_capacity * p.H) return;
+  const int32_t c = (int32_t)(gid / p.H), h = (int32_t)(gid % p.H);
+  const int32_t jfirst = p.chunk_table[(int64_t)c * GDN_TABLE_INTS + 1], len = p.chunk_table[(int64_t)c * GDN_TABLE_INTS + 2];
+  if (len == 0) return;  // an unused row of the table
+  int64_t rows[GDN_CHUNK_SIZE];
+  for (int32_t i = 0; i < len; ++i) rows[i] = global_row(p.token_indx, jfirst + i);
+  float KK[GDN_CHUNK_SIZE][GDN_CHUNK_SIZE], QK[GDN_CHUNK_SIZE][GDN_CHUNK_SIZE];  // k_i.k_j (j < i) and q_i.k_j (j <= i)
+  for (int32_t i = 0; i < len; ++i) {
+    const float *ki = p.kn + (rows[i] * p.H + h) * KD, *qi = p.qn + (rows[i] * p.H + h) * KD;
+    vf16 kv[KV16], qv[KV16];
+    for (int cc = 0; cc < KV16; ++cc) {
+      kv[cc] = vload(ki + 16 * cc);
+      qv[cc] = vload(qi + 16 * cc);
+    }
+    for (int32_t j = 0; j <= i; ++j) {
+      const float *kj = p.kn + (rows[j] * p.H + h) * KD;
+      vf16 dk(0.0f), dq(0.0f);
+      for (int cc = 0; cc < KV16; ++cc) {
+        const vf16 x = vload(kj + 16 * cc);
+        dk += kv[cc] * x;
+        dq += qv[cc] * x;
+      }
+      KK[i][j] = hsum(dk);
+      QK[i][j] = hsum(dq);
+    }
+  }
+  const int32_t ratio = p.HV / p.H;
+  const int64_t vcol0 = p.v_offset;
+  for (int32_t r = 0; r < ratio; ++r) {
+    const int32_t hv = h * ratio + r;
+    const int64_t pos = chunk_pos(p, hv, c);
+    float G[GDN_CHUNK_SIZE], B[GDN_CHUNK_SIZE], cu[GDN_CHUNK_SIZE];
+    float acc = 0.0f;
+    for (int32_t i = 0; i < len; ++i) {
+      acc += p.g[rows[i] * p.HV + hv];
+      G[i] = acc;
+      B[i] = p.beta[rows[i] * p.HV + hv];
+      p.chunk_g[pos + i] = acc;
+    }
+    // A = beta_i e^(Gi-Gj) k_i.k_j (strictly lower); Aqk = e^(Gi-Gj) q_i.k_j (lower with diagonal).
+    float A[GDN_CHUNK_SIZE][GDN_CHUNK_SIZE];
+    for (int32_t i = 0; i < len; ++i) {
+      float *aqk = p.chunk_aqk + (pos + i) * GDN_CHUNK_SIZE;
+      for (int32_t j = 0; j <= i; ++j) {
+        const float decay = sycl::exp(G[i] - G[j]);
+        A[i][j] = B[i] * decay * KK[i][j];
+        aqk[j] = decay * QK[i][j];
+      }
+      for (int32_t j = i + 1; j < GDN_CHUNK_SIZE; ++j) aqk[j] = 0.0f;  // chunk_scan reads row blocks past the diagonal
+    }
+    // T = (I + A)^-1 row by row: T[r] = e_r - sum_{l<r} A[r][l] T[l], rows as 64-wide vectors.
+    vf16 T[GDN_CHUNK_SIZE][GDN_CHUNK_SIZE / 16];
+    for (int32_t rr = 0; rr < len; ++rr) {
+      vf16 t[GDN_CHUNK_SIZE / 16];
+      for (int q = 0; q < GDN_CHUNK_SIZE / 16; ++q) t[q] = vf16(0.0f);
+      t[rr / 16][rr % 16] = 1.0f;
+      for (int32_t l = 0; l < rr; ++l) {
+        const float a = A[rr][l];
+        for (int q = 0; q < GDN_CHUNK_SIZE / 16; ++q) t[q] -= a * T[l][q];
+      }
+      for (int q = 0; q < GDN_CHUNK_SIZE / 16; ++q) T[rr][q] = t[q];
+    }
+    // W = T (beta e^G K), U = T (beta V), row by row; the j loops carry KV16 (W) and up to
+    // PREP_VB (U) independent vector accumulators.
+    const int64_t vcol = vcol0 + (int64_t)hv * p.V;
+    float eG[GDN_CHUNK_SIZE];
+    for (int32_t j = 0; j < len; ++j) eG[j] = sycl::exp(G[j]);
+    for (int32_t i = 0; i < len; ++i) {
+      vf16 w[KV16];
+      for (int cc = 0; cc < KV16; ++cc) w[cc] = vf16(0.0f);
+      for (int32_t j = 0; j <= i; ++j) {
+        cu[j] = T[i][j / 16][j % 16] * B[j];
+        const float cw = cu[j] * eG[j];
+        const float *kj = p.kn + (rows[j] * p.H + h) * KD;
+        for (int cc = 0; cc < KV16; ++cc) w[cc] += cw * vload(kj + 16 * cc);
+      }
+      float *wout = p.chunk_w + (pos + i) * KD;
+      for (int cc = 0; cc < KV16; ++cc) vstore(wout + 16 * cc, w[cc]);
+      float *uout = p.chunk_u + (pos + i) * p.V;
+      for (int32_t vb0 = 0; vb0 < p.V; vb0 += 16 * PREP_VB) {
+        const int32_t nb = sycl::min(PREP_VB, (p.V - vb0) / 16);
+        vf16 u[PREP_VB];
+        for (int q = 0; q < PREP_VB; ++q) u[q] = vf16(0.0f);
+        for (int32_t j = 0; j <= i; ++j) {
+          const int64_t at = rows[j] * p.qkv_stride + vcol + vb0;
+          for (int q = 0; q < PREP_VB; ++q)
+            if (q < nb) u[q] += cu[j] * load_act16(p.qkv, at + 16 * q);
+        }
+        for (int q = 0; q < nb; ++q) vstore(uout + vb0 + 16 * q, u[q]);
+      }
+    }
+  }
+}
+
+// Global: (seq_capacity*HV, V/16), local (1, 1): a work-item carries 16 state columns.
+GDN_KERNEL(2) void gdn_chunk_scan_cpu(GdnDeltaParams p) {
+  const auto it = item2();
+  const int32_t e = (int32_t)(it.get_group(0) / p.HV), hv = (int32_t)(it.get_group(0) % p.HV);
+  const int32_t v = (int32_t)it.get_group(1) * 16;
+  if (e < p.seq_capacity && v < p.V) chunk_scan_body<16>(p, e, hv, v);
+}

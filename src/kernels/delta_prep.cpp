@@ -1,0 +1,70 @@
+// delta_prep.cpp — the per-row preprocessing of the gated delta rule and the chunk plan.
+#include "delta.hpp"
+
+// Global (rows rounded up, H), local (16, 1): one work-item per (row, k-head) writes the
+// l2-normalized, scaled q and k of its row (f32) and the gates of the v-heads sharing the k-head.
+GDN_KERNEL(2) void gdn_prep(GdnPrepParams p) {
+  const auto it = item2();
+  const int64_t row = it.get_global_id(0);
+  const int32_t h = (int32_t)it.get_global_id(1);
+  if (row >= p.rows || h >= p.H) return;
+  const int64_t qbase = row * p.qkv_stride + (int64_t)h * KD, kbase = qbase + (int64_t)p.H * KD;
+  float sq = 0.0f, sk = 0.0f;
+  for (int k = 0; k < KD; ++k) {
+    const float q = load_act(p.qkv, qbase + k), kk = load_act(p.qkv, kbase + k);
+    sq += q * q;
+    sk += kk * kk;
+  }
+  float rq = 1.0f, rk = 1.0f;
+  if (p.l2norm) {
+    rq = p.l2_div ? 1.0f / (sycl::sqrt(sq) + p.eps) : sycl::rsqrt(sq + p.eps);
+    rk = p.l2_div ? 1.0f / (sycl::sqrt(sk) + p.eps) : sycl::rsqrt(sk + p.eps);
+  }
+  rq *= p.scale;
+  float *qn = p.qn + (row * p.H + h) * KD, *kn = p.kn + (row * p.H + h) * KD;
+  for (int k = 0; k < KD; ++k) {
+    qn[k] = load_act(p.qkv, qbase + k) * rq;
+    kn[k] = load_act(p.qkv, kbase + k) * rk;
+  }
+  const int32_t ratio = p.HV / p.H;
+  for (int32_t r = 0; r < ratio; ++r) {
+    const int32_t hv = h * ratio + r;
+    const int64_t gi = row * p.HV + hv;
+    if (p.g_in) {
+      p.g[gi] = p.g_in[gi];
+      p.beta[gi] = p.beta_in[gi];
+    } else {
+      const float a = load_act(p.a, row * p.ab_stride + hv), b = load_act(p.b, row * p.ab_stride + hv);
+      p.g[gi] = -sycl::exp(p.A_log[hv]) * softplus(a + p.dt_bias[hv]);
+      p.beta[gi] = sigmoid(b);
+    }
+  }
+}
+
+// The chunk plan of the non-spec sequences, built on the device from non_spec_query_start_loc
+// (so the host neither reads metadata back nor waits inside the kernel chain). Sequences of two or
+// more tokens take the chunk kernels, split into GDN_CHUNK_SIZE-token chunks, while the tables
+// (capacities from the counts: GDN_CHUNK_SIZE-token chunks of the non-spec tokens plus one partial
+// chunk per prefill) have room; every other sequence, and any overflow of a batch whose
+// "decodes" are longer than one token, takes the recurrence. Unused table rows get length 0.
+// Global 1, local 1: one serial pass, O(sequences + chunks).
+GDN_KERNEL(1) void gdn_chunk_plan(GdnDeltaParams p) {
+  int32_t chunks = 0, seqs = 0;
+  for (int32_t i = 0; i < p.num_seqs; ++i) {
+    const int32_t j0 = p.query_start_loc[i], len = p.query_start_loc[i + 1] - j0;
+    const int32_t nc = (len + GDN_CHUNK_SIZE - 1) / GDN_CHUNK_SIZE;
+    const bool take = len >= 2 && seqs < p.seq_capacity && nc <= p.chunk_capacity - chunks;
+    p.chunked[i] = take ? 1 : 0;
+    if (!take) continue;
+    int32_t *st = p.seq_table + (int64_t)seqs++ * GDN_TABLE_INTS;
+    st[0] = i, st[1] = chunks, st[2] = nc, st[3] = 0;
+    for (int32_t s = 0; s < len; s += GDN_CHUNK_SIZE) {
+      int32_t *ct = p.chunk_table + (int64_t)chunks++ * GDN_TABLE_INTS;
+      ct[0] = i, ct[1] = j0 + s, ct[2] = sycl::min(GDN_CHUNK_SIZE, len - s), ct[3] = 0;
+    }
+  }
+  for (; chunks < p.chunk_capacity; ++chunks)
+    for (int f = 0; f < GDN_TABLE_INTS; ++f) p.chunk_table[(int64_t)chunks * GDN_TABLE_INTS + f] = 0;
+  for (; seqs < p.seq_capacity; ++seqs)
+    for (int f = 0; f < GDN_TABLE_INTS; ++f) p.seq_table[(int64_t)seqs * GDN_TABLE_INTS + f] = 0;
+}

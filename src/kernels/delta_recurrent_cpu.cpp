@@ -1,0 +1,100 @@
+// delta_recurrent_cpu.cpp — the CPU device's recurrent kernels, one per ssm layout (the host picks
+// them when the dims allow; GDN_XPU_GENERIC_KERNELS=1 runs the generic delta_recurrent.cpp instead).
+// The CPU runtime's work-group vectorizer turns uniform loads into gathers when it cannot prove
+// uniformity; explicit 16-wide vectors inside a work-item make every load contiguous or a
+// broadcast. Work-groups of one work-item, coordinates from GROUP ids only (common.hpp, "CPU-device
+// kernels").
+#include "delta_recurrent.hpp"
+
+#if !GDN_VK_LAYOUT
+// kv layout [.., K, V], V % 16 == 0: 16 consecutive state columns per work-item (K vectors of
+// 16), the same recurrence as the generic kernel. Global (num_seqs*HV, V/16), local (1, 1).
+GDN_KERNEL(2) void gdn_recurrent_kv_cpu(GdnDeltaParams p) {
+  const auto it = item2();
+  const int32_t seq = (int32_t)(it.get_group(0) / p.HV), hv = (int32_t)(it.get_group(0) % p.HV);
+  const int32_t v = (int32_t)it.get_group(1) * 16;
+  if (seq < p.num_seqs && v < p.V) recurrent_columns<16>(p, seq, hv, v);
+}
+
+#else
+// vk layout [.., V, K], K % 16 == 0: state ROWS S[v, :] (K/16 vectors each), GDN_VK_ILV rows
+// at once. Per token and row, with d = e^g:  u = beta (v - d S.k),  S' = d S + u k,
+// o = S'.q = d S.q + u (k.q), so one read pass over the row gives both dot products (k.q is
+// shared by every row) and one pass updates it. A row's step is a chain of dependent operations
+// (dot products, horizontal sums); GDN_VK_ILV independent rows let the core overlap the chains
+// (one row at a time was latency-bound: recurrent ~6 -> ~4 ms at spec S=3 B=8 on the 2-core
+// test host).
+#define GDN_VK_ILV 8
+#define KC (KD / 16)
+static inline void recurrent_rows_vk(const GdnDeltaParams &p, int32_t seq, int32_t hv, int32_t v0) {
+  RecurrentSeq rs;
+  if (!recurrent_seq(p, seq, &rs)) return;
+  const int32_t j0 = rs.j0, len = rs.len, *cols = rs.cols, read_slot = rs.read_slot;
+  const bool spec = rs.spec, init = rs.init;
+  const int32_t nr = sycl::min(GDN_VK_ILV, p.V - v0);  // rows of this block (the last may be short)
+  if (read_slot == p.pad_slot_id) {
+    for (int32_t r = 0; r < nr; ++r) zero_outputs(p, j0, len, hv, v0 + r);
+    return;
+  }
+  const int32_t h = hv / (p.HV / p.H);
+  const int64_t rows0 = (int64_t)hv * KD * p.V + (int64_t)v0 * KD;  // S[v0, 0] within a slot
+  vf16 s[GDN_VK_ILV][KC];  // s[r][c] = S[v0 + r, 16c .. 16c+15]
+  {
+    const float *S = p.ssm + (int64_t)read_slot * p.slot_stride + rows0;
+    for (int32_t r = 0; r < GDN_VK_ILV; ++r)
+      for (int c = 0; c < KC; ++c) s[r][c] = init && r < nr ? vload(S + r * KD + 16 * c) : vf16(0.0f);
+  }
+  for (int32_t t = 0; t < len; ++t) {
+    // The same token setup as recurrent_columns'. Shared through a helper returning a struct it
+    // measured 1.5x slower here (the CPU device's compiler), so it is written out twice.
+    const int64_t row = global_row(p.token_indx, j0 + t);
+    const float *kn = p.kn + (row * p.H + h) * KD, *qn = p.qn + (row * p.H + h) * KD;
+    const float decay = sycl::exp(p.g[row * p.HV + hv]), beta = p.beta[row * p.HV + hv];
+    const int64_t vrow = row * p.qkv_stride + p.v_offset + (int64_t)hv * p.V + v0;
+    const int64_t orow = row * p.out_stride + (int64_t)hv * p.V + v0;
+    vf16 k[KC], q[KC], kq(0.0f);
+    for (int c = 0; c < KC; ++c) {
+      k[c] = vload(kn + 16 * c);
+      q[c] = vload(qn + 16 * c);
+      kq += k[c] * q[c];
+    }
+    const float kdotq = hsum(kq);
+    float u[GDN_VK_ILV];
+    for (int32_t r = 0; r < GDN_VK_ILV; ++r) {
+      vf16 ak(0.0f), aq(0.0f);
+      for (int c = 0; c < KC; ++c) {
+        ak += s[r][c] * k[c];
+        aq += s[r][c] * q[c];
+      }
+      u[r] = r < nr ? beta * (load_act(p.qkv, vrow + r) - decay * hsum(ak)) : 0.0f;
+      if (r < nr) store_act(p.out, orow + r, decay * hsum(aq) + u[r] * kdotq);
+    }
+    for (int32_t r = 0; r < GDN_VK_ILV; ++r)
+      for (int c = 0; c < KC; ++c) s[r][c] = s[r][c] * decay + k[c] * u[r];
+    if (spec && cols[t] != p.pad_slot_id) {
+      float *S = p.ssm + (int64_t)cols[t] * p.slot_stride + rows0;
+      for (int32_t r = 0; r < nr; ++r)
+        for (int c = 0; c < KC; ++c) vstore_stream(S + r * KD + 16 * c, s[r][c]);
+    }
+  }
+  if (!spec) {
+    float *S = p.ssm + (int64_t)read_slot * p.slot_stride + rows0;
+    for (int32_t r = 0; r < nr; ++r)
+      for (int c = 0; c < KC; ++c) vstore(S + r * KD + 16 * c, s[r][c]);
+  }
+}
+#undef KC
+
+// Global (num_seqs*HV, V / GDN_VK_ROWS rounded up), local (1, 1): GDN_VK_ROWS rows per work-item
+// (blocks of GDN_VK_ILV rows, run in turn; fewer, larger work-items keep the CPU runtime's
+// per-work-group cost small), alone in its group.
+GDN_KERNEL(2) void gdn_recurrent_vk_cpu(GdnDeltaParams p) {
+  static_assert(GDN_VK_ROWS % GDN_VK_ILV == 0, "a work-item's rows are whole blocks");
+  const auto it = item2();
+  const int32_t seq = (int32_t)(it.get_group(0) / p.HV), hv = (int32_t)(it.get_group(0) % p.HV);
+  for (int32_t r = 0; r < GDN_VK_ROWS && seq < p.num_seqs; r += GDN_VK_ILV) {
+    const int32_t v = (int32_t)it.get_group(1) * GDN_VK_ROWS + r;
+    if (v < p.V) recurrent_rows_vk(p, seq, hv, v);
+  }
+}
+#endif

@@ -1,0 +1,188 @@
+// plan.cpp — see plan.hpp. Kernel variants, build options, launch shapes, workspace layout.
+#include "plan.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "kernels/params.hpp"
+
+namespace gdn {
+namespace {
+
+constexpr int64_t kWorkGroup = 16;
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+std::string act_option(const gdn_config_t &cfg) {
+  switch (cfg.act_dtype) {
+    case GDN_DTYPE_F16: return "-DGDN_ACT_F16";
+    case GDN_DTYPE_BF16: return "-DGDN_ACT_BF16";
+    default: return "-DGDN_ACT_F32";
+  }
+}
+// The delta-rule builds: per (activation dtype, head_k_dim[, ssm layout]) (kernels/delta.hpp).
+std::string head_option(const gdn_config_t &cfg) {
+  return act_option(cfg) + " -DGDN_HEAD_K=" + std::to_string(cfg.head_k_dim);
+}
+std::string state_option(const gdn_config_t &cfg) {
+  return head_option(cfg) + " -DGDN_VK_LAYOUT=" + (cfg.ssm_layout == GDN_SSM_VK ? "1" : "0");
+}
+
+Launch kernel(Family family, std::string options, const char *name) {
+  Launch l;
+  l.on = true;
+  l.family = family;
+  l.options = std::move(options);
+  l.name = name;
+  return l;
+}
+// groups x n work-items: global (groups, n rounded up to wg), local (1, wg).
+void shape2(Launch &l, int64_t groups, int64_t n, int64_t wg) {
+  l.dims = 2;
+  l.global[0] = (size_t)groups, l.global[1] = (size_t)std::max(round_up(n, wg), wg);
+  l.local[0] = 1, l.local[1] = (size_t)wg;
+}
+void shape1(Launch &l, int64_t n, int64_t wg) {
+  l.dims = 1;
+  l.global[0] = (size_t)std::max(round_up(n, wg), wg), l.local[0] = (size_t)wg;
+}
+
+void plan_conv(Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b, const Target &t) {
+  const int64_t conv_dim = 2LL * cfg.num_k_heads * cfg.head_k_dim + (int64_t)cfg.num_v_heads * cfg.head_v_dim;
+  const bool cpu = t.cpu_variants && conv_dim % GDN_CPU_LANES == 0;
+  const Family family = cpu ? Family::Conv1dCpu : Family::Conv1d;
+  const int64_t non_spec_seqs = (int64_t)b.num_prefills + b.num_decodes;
+  if (non_spec_seqs > 0 && b.non_spec_token_count > 0) {
+    // Time tiles (conv1d.hpp): long enough to amortize re-reading the W-1 window and a binary
+    // search, short enough that one prefill spreads over many work-groups.
+    p.conv_tile = cpu ? GDN_CONV_TILE_CPU : GDN_CONV_TILE;
+    const int64_t tiles = (b.non_spec_token_count + p.conv_tile - 1) / p.conv_tile;
+    p.conv_non_spec = kernel(family, act_option(cfg), cpu ? "gdn_conv_non_spec_cpu" : "gdn_conv_non_spec");
+    if (cpu) shape2(p.conv_non_spec, tiles, conv_dim / GDN_CPU_LANES, 1);  // *_cpu: one work-item per group
+    else shape2(p.conv_non_spec, tiles, conv_dim, 64);
+  }
+  if (b.num_spec_decodes > 0 && b.spec_token_count > 0) {
+    p.conv_spec = kernel(family, act_option(cfg), cpu ? "gdn_conv_spec_cpu" : "gdn_conv_spec");
+    const int64_t per_item = GDN_CPU_LANES * GDN_CONV_SPEC_BLOCKS;  // alone in its work-group
+    if (cpu) shape2(p.conv_spec, b.num_spec_decodes, (conv_dim + per_item - 1) / per_item, 1);
+    else shape2(p.conv_spec, b.num_spec_decodes, conv_dim, 64);
+  }
+}
+
+// The recurrent kernel's variant: on the CPU device explicit 16-wide vectors when the dims allow
+// (kv layout: 16 state columns, needs V % 16 == 0; vk: state rows, needs K % 16 == 0).
+Launch recurrent(const gdn_config_t &cfg, const Target &t, int64_t num_seqs) {
+  const int64_t groups = num_seqs * cfg.num_v_heads, V = cfg.head_v_dim;
+  const bool vk = cfg.ssm_layout == GDN_SSM_VK;
+  Launch l;
+  if (t.cpu_variants && vk && cfg.head_k_dim % GDN_CPU_LANES == 0) {
+    l = kernel(Family::DeltaRecurrentCpu, state_option(cfg), "gdn_recurrent_vk_cpu");
+    shape2(l, groups, (V + GDN_VK_ROWS - 1) / GDN_VK_ROWS, 1);  // alone in its work-group
+  } else if (t.cpu_variants && !vk && V % GDN_CPU_LANES == 0) {
+    l = kernel(Family::DeltaRecurrentCpu, state_option(cfg), "gdn_recurrent_kv_cpu");
+    shape2(l, groups, V / GDN_CPU_LANES, 1);
+  } else {
+    l = kernel(Family::DeltaRecurrent, state_option(cfg), "gdn_recurrent");
+    shape2(l, groups, V, kWorkGroup);
+  }
+  return l;
+}
+
+void plan_delta(Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b, const Target &t) {
+  const int64_t HV = cfg.num_v_heads, V = cfg.head_v_dim, rows = b.num_actual_tokens;
+  const int64_t non_spec_seqs = (int64_t)b.num_prefills + b.num_decodes;
+  p.prep = kernel(Family::DeltaPrep, head_option(cfg), "gdn_prep");
+  p.prep.dims = 2;
+  p.prep.global[0] = (size_t)round_up(rows, kWorkGroup), p.prep.global[1] = (size_t)cfg.num_k_heads;
+  p.prep.local[0] = (size_t)kWorkGroup, p.prep.local[1] = 1;
+  if (non_spec_seqs > 0 && b.non_spec_token_count > 0) {
+    p.recurrent_non_spec = recurrent(cfg, t, non_spec_seqs);
+    // Capacities from the counts: a chunked sequence has >= 2 tokens, and its chunks are its
+    // whole GDN_CHUNK_SIZE blocks plus one partial one. Only num_prefills sequences are expected
+    // to be longer than one token; gdn_chunk_plan sends any others through the recurrence.
+    if (b.num_prefills > 0 && !(cfg.flags & GDN_FLAG_FORCE_RECURRENT)) {
+      p.seq_capacity = std::min<int32_t>(b.num_prefills, b.non_spec_token_count / 2);
+      p.chunk_capacity = b.non_spec_token_count / GDN_CHUNK_SIZE + p.seq_capacity;
+    }
+  }
+  if (p.seq_capacity > 0) {
+    p.chunk_plan = kernel(Family::DeltaPrep, head_option(cfg), "gdn_chunk_plan");
+    shape1(p.chunk_plan, 1, 1);
+    const bool cpu = t.cpu_variants && cfg.head_k_dim % GDN_CPU_LANES == 0 && V % GDN_CPU_LANES == 0;
+    const Family family = cpu ? Family::DeltaChunkCpu : Family::DeltaChunk;
+    p.chunk_prep = kernel(family, state_option(cfg), cpu ? "gdn_chunk_prep_cpu" : "gdn_chunk_prep");
+    p.chunk_scan = kernel(family, state_option(cfg), cpu ? "gdn_chunk_scan_cpu" : "gdn_chunk_scan");
+    if (cpu) {
+      shape1(p.chunk_prep, (int64_t)p.chunk_capacity * cfg.num_k_heads, 1);  // per (chunk, k-head)
+      shape2(p.chunk_scan, p.seq_capacity * HV, V / GDN_CPU_LANES, 1);
+    } else {
+      shape2(p.chunk_prep, p.chunk_capacity * HV, GDN_CHUNK_SIZE, GDN_CHUNK_SIZE);
+      shape2(p.chunk_scan, p.seq_capacity * HV, V, kWorkGroup);
+    }
+  }
+  if (b.num_spec_decodes > 0 && b.spec_token_count > 0) p.recurrent_spec = recurrent(cfg, t, b.num_spec_decodes);
+}
+
+Layout plan_layout(const Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b, bool delta) {
+  Layout l;
+  size_t at = 0;
+  auto take = [&](size_t bytes) {
+    const size_t off = at;
+    at += (bytes + 255) / 256 * 256;
+    return off;
+  };
+  const size_t rows = (size_t)b.num_actual_tokens, H = (size_t)cfg.num_k_heads, HV = (size_t)cfg.num_v_heads;
+  const size_t K = (size_t)cfg.head_k_dim, V = (size_t)cfg.head_v_dim;
+  const size_t act = cfg.act_dtype == GDN_DTYPE_F32 ? 4 : 2;
+  if (p.conv_out_in_workspace) l.conv_out = take(rows * (2 * H * K + HV * V) * act);
+  if (delta) {
+    l.qn = take(rows * H * K * 4);
+    l.kn = take(rows * H * K * 4);
+    l.g = take(rows * HV * 4);
+    l.beta = take(rows * HV * 4);
+  }
+  if (p.seq_capacity > 0) {
+    const size_t chunk_rows = HV * (size_t)p.chunk_capacity * GDN_CHUNK_SIZE;
+    l.chunk_table = take((size_t)p.chunk_capacity * GDN_TABLE_INTS * 4);
+    l.seq_table = take((size_t)p.seq_capacity * GDN_TABLE_INTS * 4);
+    l.chunked = take(((size_t)b.num_prefills + (size_t)b.num_decodes) * 4);
+    l.cw = take(chunk_rows * K * 4);
+    l.cu = take(chunk_rows * V * 4);
+    l.caqk = take(chunk_rows * GDN_CHUNK_SIZE * 4);
+    l.cg = take(chunk_rows * 4);
+  }
+  l.total = std::max<size_t>(at, 256);
+  return l;
+}
+
+}  // namespace
+
+Target target_of(const sycl::queue &q) {
+  const char *generic = std::getenv("GDN_XPU_GENERIC_KERNELS");  // read per call: tests compare both
+  return Target{q.get_device().is_cpu() && !(generic && generic[0] == '1')};
+}
+
+Plan make_plan(const gdn_config_t &cfg, const gdn_batch_t &b, const PlanInputs &in, const Target &t) {
+  Plan p;
+  if (b.num_actual_tokens == 0) return p;
+  const bool conv = in.op != Op::Delta, delta = in.op != Op::Conv;
+  if (conv) plan_conv(p, cfg, b, t);
+  if (delta) plan_delta(p, cfg, b, t);
+  if (in.op == Op::Attention && in.z_given) {
+    p.norm = kernel(Family::GatedNorm, act_option(cfg), "gdn_gated_rmsnorm");
+    shape1(p.norm, (int64_t)b.num_actual_tokens * cfg.num_v_heads, kWorkGroup);
+  }
+  p.conv_out_in_workspace = in.op == Op::Attention && !in.conv_out_given;
+  p.layout = plan_layout(p, cfg, b, delta);
+  return p;
+}
+
+std::vector<const Launch *> Plan::launches() const {
+  std::vector<const Launch *> all;
+  for (const Launch *l : {&conv_non_spec, &conv_spec, &prep, &chunk_plan, &recurrent_non_spec, &chunk_prep, &chunk_scan,
+                          &recurrent_spec, &norm})
+    if (l->on) all.push_back(l);
+  return all;
+}
+
+}  // namespace gdn

@@ -1,0 +1,65 @@
+// plan.hpp — what a call will do, decided from the checked config and the batch COUNTS alone:
+// which kernels run (variant, build options, launch shape) and where everything lives in the
+// workspace. Pure: no device access, no metadata contents (the chunk tables of prefills are
+// built on the device by gdn_chunk_plan), so gdn_attention, gdn_gated_delta_rule,
+// gdn_causal_conv1d, gdn_attention_workspace_size and gdn_warmup all use the same plan.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernel_cache.hpp"
+#include "validate.hpp"  // Op
+
+namespace gdn {
+
+// The device facts a plan depends on. CPU-device kernel variants (explicit 16-wide vectors) are
+// used on CPU devices unless GDN_XPU_GENERIC_KERNELS=1 asks for the generic kernels Intel GPUs get
+// (tests use it to check those kernels on the CPU device).
+struct Target {
+  bool cpu_variants = false;
+};
+Target target_of(const sycl::queue &q);
+
+// One kernel launch: which kernel of which build, and its nd_range (dims 1 or 2).
+struct Launch {
+  bool on = false;
+  Family family{};
+  std::string options;
+  const char *name = "";
+  int dims = 2;
+  size_t global[2] = {1, 1}, local[2] = {1, 1};
+};
+
+// Byte offsets of everything a call keeps in workspace (256-byte aligned), and the total.
+struct Layout {
+  size_t conv_out = 0, qn = 0, kn = 0, g = 0, beta = 0;         // conv output, prep outputs
+  size_t chunk_table = 0, seq_table = 0, chunked = 0;            // the chunk plan (int32)
+  size_t cw = 0, cu = 0, caqk = 0, cg = 0;                       // chunk matrices (f32)
+  size_t total = 0;
+};
+
+struct Plan {
+  Launch conv_non_spec, conv_spec;                                // causal conv1d
+  Launch prep, chunk_plan, recurrent_non_spec, chunk_prep, chunk_scan, recurrent_spec;  // delta rule
+  Launch norm;                                                    // fused gated RMSNorm
+  int32_t conv_tile = 0;          // tokens per time tile of the non-spec conv
+  int32_t chunk_capacity = 0;     // rows of the device-built chunk table (0: no chunked path)
+  int32_t seq_capacity = 0;       // rows of its sequence table
+  bool conv_out_in_workspace = false;
+  Layout layout;
+
+  // Every launch the call makes, in order (the kernels to compile before anything runs).
+  std::vector<const Launch *> launches() const;
+};
+
+struct PlanInputs {
+  Op op = Op::Attention;
+  bool conv_out_given = false;  // gdn_attention: else the conv output lives in workspace
+  bool z_given = false;         // gdn_attention: the fused gated RMSNorm runs
+};
+
+// cfg: validated (normalized); batch: counts validated.
+Plan make_plan(const gdn_config_t &cfg, const gdn_batch_t &batch, const PlanInputs &in, const Target &target);
+
+}  // namespace gdn

@@ -1,0 +1,71 @@
+// workspace.cpp — see workspace.hpp.
+#include "workspace.hpp"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "errors.hpp"
+
+namespace gdn {
+namespace {
+
+struct Workspace {
+  sycl::queue q;
+  std::mutex m;
+  void *ptr = nullptr;
+  size_t bytes = 0;
+  ~Workspace() {
+    if (ptr) {
+      try { q.wait(); sycl::free(ptr, q); } catch (...) {}
+    }
+  }
+};
+// Never destroyed at exit (see kernel_cache.cpp); gdn_release_caches() frees them explicitly.
+std::mutex &workspaces_mutex = *new std::mutex;
+std::vector<std::unique_ptr<Workspace>> &workspaces = *new std::vector<std::unique_ptr<Workspace>>;
+
+Workspace &workspace_for(const sycl::queue &q) {
+  std::lock_guard<std::mutex> lock(workspaces_mutex);
+  for (auto &w : workspaces)
+    if (w->q == q) return *w;
+  workspaces.push_back(std::make_unique<Workspace>());
+  workspaces.back()->q = q;
+  return *workspaces.back();
+}
+
+void grow(Workspace &w, size_t bytes) {
+  if (w.bytes >= bytes) return;
+  w.q.wait();  // kernels of earlier calls may still use the old buffer
+  if (w.ptr) sycl::free(w.ptr, w.q);
+  w.ptr = nullptr;
+  w.bytes = 0;
+  w.ptr = sycl::malloc_device(bytes, w.q);
+  if (!w.ptr) fail(GDN_ERROR_OUT_OF_MEMORY, "cannot allocate " + std::to_string(bytes) + " bytes of workspace");
+  w.bytes = bytes;
+}
+
+}  // namespace
+
+Scratch acquire_workspace(const sycl::queue &q, const gdn_tensors_t &t, size_t bytes) {
+  Scratch s;
+  if (t.workspace) {
+    if (t.workspace_bytes < bytes)
+      fail(GDN_ERROR_OUT_OF_MEMORY, "tensors->workspace_bytes = " + std::to_string(t.workspace_bytes) + " < " +
+                                        std::to_string(bytes) + " needed by this batch");
+    s.ptr = static_cast<char *>(t.workspace);
+    return s;
+  }
+  Workspace &w = workspace_for(q);
+  s.lock = std::unique_lock<std::mutex>(w.m);
+  grow(w, bytes);
+  s.ptr = static_cast<char *>(w.ptr);
+  return s;
+}
+
+void release_workspaces() {
+  std::lock_guard<std::mutex> lock(workspaces_mutex);
+  workspaces.clear();
+}
+
+}  // namespace gdn

@@ -1,0 +1,24 @@
+// workspace.hpp — device scratch memory of a call: the caller's (tensors->workspace), or a buffer
+// the library keeps per queue and grows on demand.
+#pragma once
+#include <cstddef>
+#include <mutex>
+#include <sycl/sycl.hpp>
+
+#include "gdn_xpu.h"
+
+namespace gdn {
+
+// The scratch memory of one call, at least `bytes` long. With the library's buffer the returned
+// lock is held: concurrent callers of one queue do not resize it under each other while they
+// enqueue (on an in-order queue the next call's kernels run after this call's).
+struct Scratch {
+  char *ptr = nullptr;
+  std::unique_lock<std::mutex> lock;
+};
+Scratch acquire_workspace(const sycl::queue &q, const gdn_tensors_t &t, size_t bytes);
+
+// Frees the library's buffers (gdn_release_caches).
+void release_workspaces();
+
+}  // namespace gdn
