@@ -128,13 +128,15 @@ def cases(draw):
              conv_layout=draw(st.sampled_from(["dim_major", "time_major"])),
              conv_spec_layout=draw(st.sampled_from(["snapshot", "rolled"])),
              force_recurrent=draw(st.integers(0, 4)) == 0, z=draw(st.booleans()), bias=draw(st.booleans()),
-             conv_out=draw(st.booleans()), counts_mode=draw(st.integers(0, 4)) == 0, corruptions=[])
+             conv_out=draw(st.booleans()), counts_mode=draw(st.integers(0, 4)) == 0, corruptions=[],
+             checkpoint_interval=0, checkpoint_cols=0)
     c["conv_width"] = draw(st.sampled_from([4, 4, 3, 2]))
     c["conv_state_len"] = c["conv_width"] - 1 + num_spec  # what "rolled" needs; "snapshot" ignores the rest
     c["arrays"] = dict(non_spec_query_start_loc=ns_qsl, non_spec_state_indices=ns_slots, has_initial_state=his,
                        non_spec_token_indx=ns_tok, spec_query_start_loc=s_qsl,
                        spec_state_indices=s_slots.reshape(-1), num_accepted_tokens=np.array(s_acc, np.int32),
                        spec_token_indx=s_tok)
+    c["arrays"].update({k: None for k in BATCH_KEYS if k not in c["arrays"]})  # state-cache fields: defaults
     for _ in range(draw(st.sampled_from([0, 0, 0, 1, 1, 2]))):
         corrupt(draw, rng, c)
     if draw(st.integers(0, 3)) == 0:  # graph padding: arrays longer than the counts need, garbage tail
@@ -239,7 +241,8 @@ def predict(c):
         return "gdn", {"GDN_ERROR_BAD_LAYOUT"}
     # Counts.
     counts_ok = (all(0 <= c[k] <= I32_MAX for k in COUNT_KEYS) and S <= 64 and t_ns + t_s == T
-                 and (nns > 0 or t_ns == 0) and (nsd > 0 or t_s == 0) and t_s <= nsd * cols)
+                 and (nns > 0 or t_ns == 0) and (nsd > 0 or t_s == 0) and t_s <= nsd * cols
+                 and c["checkpoint_interval"] % 64 == 0)
     if not counts_ok:
         return "gdn", {"GDN_ERROR_BAD_COUNT"}
     if c["conv_spec_layout"] == "rolled" and nsd > 0 and state_len < c["conv_width"] - 1 + S:
@@ -476,7 +479,7 @@ def _case(**kw):
     c = dict(seed=1, num_slots=8, pad_slot_id=-1, num_prefills=0, num_decodes=0, num_spec_decodes=0, num_spec=0,
              num_actual_tokens=0, non_spec_token_count=0, spec_token_count=0, ssm_layout="kv", conv_layout="dim_major",
              conv_spec_layout="snapshot", force_recurrent=False, z=False, bias=True, conv_out=True, counts_mode=False,
-             corruptions=[], conv_width=W, conv_state_len=W - 1)
+             corruptions=[], conv_width=W, conv_state_len=W - 1, checkpoint_interval=0, checkpoint_cols=0)
     c.update(kw)
     c["rows_alloc"] = c["num_actual_tokens"] + 1
     arrays = {k: None for k in BATCH_KEYS}
