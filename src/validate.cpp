@@ -307,14 +307,6 @@ void check_contents(const Checked &c) {
 // The batch stores block checkpoints (the checkpoint fields are read only then).
 bool checkpoints(const Checked &c) { return c.batch.checkpoint_interval > 0 && c.num_non_spec_seqs > 0; }
 
-// Issue 15 in two steps: the header and validation know read slots and checkpoints, the kernels not yet.
-void kernels_support(const Checked &c) {
-  const gdn_batch_t &b = c.batch;
-  require(!b.non_spec_read_state_indices && !b.spec_read_state_indices && !checkpoints(c), GDN_ERROR_UNSUPPORTED,
-          "batch: read slots (*_read_state_indices) and checkpoints (checkpoint_interval > 0) are not implemented by "
-          "this build's kernels yet");
-}
-
 // Every array given is USM of the queue's context.
 void check_pointers(const Checked &c) {
   const gdn_batch_t &b = c.batch;
@@ -387,9 +379,6 @@ gdn_config_t validate_config(const gdn_config_t *in) {
   require(dtype_bytes(cfg.act_dtype) != 0, GDN_ERROR_BAD_DTYPE, "cfg->act_dtype = " + str(cfg.act_dtype) + " is not a gdn_dtype_t");
   require(dtype_bytes(cfg.state_dtype) != 0, GDN_ERROR_BAD_DTYPE,
           "cfg->state_dtype = " + str(cfg.state_dtype) + " is not a gdn_dtype_t");
-  // Issue 15 in two steps: the header and validation know bf16/f16 states, the kernels not yet.
-  require(cfg.state_dtype == GDN_DTYPE_F32, GDN_ERROR_UNSUPPORTED,
-          "cfg->state_dtype = " + str(cfg.state_dtype) + ": bf16/f16 states are not implemented by this build's kernels yet");
   check_range(cfg.ssm_layout, 0, 1, GDN_ERROR_BAD_LAYOUT, "cfg->ssm_layout");
   check_range(cfg.conv_layout, 0, 1, GDN_ERROR_BAD_LAYOUT, "cfg->conv_layout");
   check_range(cfg.conv_spec_layout, 0, 1, GDN_ERROR_BAD_LAYOUT, "cfg->conv_spec_layout");
@@ -507,12 +496,10 @@ Checked validate_call(void *queue, const gdn_config_t *cfg_in, const gdn_batch_t
       for (auto &e : evs) e.wait_and_throw();
       check_start_loc(c.meta.ns_qsl, b.non_spec_token_count, "non_spec_query_start_loc", "non_spec_token_count");
     }
-    kernels_support(c);
     return c;
   }
   read_metadata(c);
   check_contents(c);
-  kernels_support(c);
   return c;
 }
 
