@@ -111,7 +111,7 @@ def _non_spec_sequences(batch):
         # [num_prefills]) is taken to cover the leading entries, the rest have state.
         hs = True if his is None or i >= len(his) else bool(his[i])
         checkpoints = []
-        if interval:
+        if interval and int(slots[i]) != _pad(batch):  # graph padding stores no checkpoints
             p = 0 if start is None else int(start[i])
             assert p >= 0, "non_spec_start_pos must be >= 0"
             bounds = [j for j in range(len(rows)) if (p + j + 1) % interval == 0]
