@@ -135,6 +135,15 @@ static inline void vstore_stream(float *p, const vf16 &x) {
   if (((uintptr_t)p & 63u) == 0) __builtin_nontemporal_store(sycl::bit_cast<native_vf16>(x), (native_vf16 *)p);
   else vstore(p, x);
 }
+// 16 two-byte values h to p as vstore_stream does (a streaming store when p is 32-byte aligned).
+static inline void stream_16x2(void *p, const void *h) {
+  typedef uint16_t native_vu16 __attribute__((ext_vector_type(16)));
+  native_vu16 v;
+  __builtin_memcpy(&v, h, sizeof(v));
+  if (((uintptr_t)p & 31u) == 0) __builtin_nontemporal_store(v, (native_vu16 *)p);
+  else __builtin_memcpy(p, &v, sizeof(v));
+}
+
 // The SSM state cache (gdn_config_t.state_dtype; README "State caches as engines keep them"): a
 // state is widened when loaded and rounded once when stored, by these helpers only.
 #if defined(GDN_STATE_BF16)
@@ -143,14 +152,22 @@ static inline float load_state(const state_t *p) { return bf16_to_float(*p); }
 static inline void store_state(state_t *p, float f) { *p = float_to_bf16(f); }
 static inline vf16 vload_state(const state_t *p) { return load_bf16x16(p); }
 static inline void vstore_state(state_t *p, const vf16 &x) { store_bf16x16(p, x); }
-static inline void vstore_state_stream(state_t *p, const vf16 &x) { store_bf16x16(p, x); }
+static inline void vstore_state_stream(state_t *p, const vf16 &x) {
+  uint16_t h[16];
+  store_bf16x16(h, x);
+  stream_16x2(p, h);
+}
 #elif defined(GDN_STATE_F16)
 typedef sycl::half state_t;
 static inline float load_state(const state_t *p) { return (float)*p; }
 static inline void store_state(state_t *p, float f) { *p = (sycl::half)f; }
 static inline vf16 vload_state(const state_t *p) { return load_f16x16(p); }
 static inline void vstore_state(state_t *p, const vf16 &x) { store_f16x16(p, x); }
-static inline void vstore_state_stream(state_t *p, const vf16 &x) { store_f16x16(p, x); }
+static inline void vstore_state_stream(state_t *p, const vf16 &x) {
+  sycl::half h[16];
+  store_f16x16(h, x);
+  stream_16x2(p, h);
+}
 #else
 typedef float state_t;
 static inline float load_state(const state_t *p) { return *p; }
