@@ -40,10 +40,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#if defined(_WIN32)
-#define GDN_API __declspec(dllexport)
+/* GDN_BUILDING is defined only while the library itself is compiled (meson.build): it exports
+ * the entry points; a consumer imports them (Windows) or needs no attribute (ELF). */
+#if defined(_WIN32) || defined(__CYGWIN__)
+#  if defined(GDN_BUILDING)
+#    define GDN_API __declspec(dllexport)
+#  else
+#    define GDN_API __declspec(dllimport)
+#  endif
+#elif defined(GDN_BUILDING)
+#  define GDN_API __attribute__((visibility("default")))
 #else
-#define GDN_API __attribute__((visibility("default")))
+#  define GDN_API
 #endif
 
 #ifdef __cplusplus
