@@ -11,6 +11,8 @@ One run measures, on Qwen3-Next TP=1 shapes (H=16, HV=32, K=V=128, W=4; bf16 act
     kernels compiled before timing), and the same work by the peers of benchmarks/peers.py: a
     vectorized float32 numpy implementation and HF transformers' torch fallbacks; the ratio
     peer time / our time; an agreement check of every peer's outputs and states against ours;
+  - the same decode/spec steps with a bf16 ssm state (its time, traffic rate, % of bandwidth),
+    and each prefill again storing a block checkpoint every 256 tokens (its cost against none);
   - achieved bytes/s of state + activation traffic against memory bandwidth measured in the
     same run (numpy copy of 256 MiB, USM device-to-device queue.memcpy), and for prefill FLOP/s
     of the chunked algorithm against a numpy float32 2048^3 matmul;
@@ -120,13 +122,14 @@ def load_peers(names):
 def compile_kernels(queue, dtype):
     """Compiles every kernel the run uses before any timing; returns the seconds it took."""
     t = time.perf_counter()
-    for label, shape, layout in ((f"act={dtype} K={K} ssm vk (benchmark shapes)", (H, HV, K, V), "vk"),
-                                 (f"act={dtype} K={K} ssm kv (layout diagnostic)", (H, HV, K, V), "kv"),
-                                 (f"act={dtype} K=16 (host-overhead probe)", (1, 1, 16, 16), "vk")):
+    for label, shape, layout, state in ((f"act={dtype} K={K} ssm vk (benchmark shapes)", (H, HV, K, V), "vk", "f32"),
+                                        (f"act={dtype} K={K} ssm kv (layout diagnostic)", (H, HV, K, V), "kv", "f32"),
+                                        (f"act={dtype} K={K} ssm vk bf16 state", (H, HV, K, V), "vk", "bf16"),
+                                        (f"act={dtype} K=16 (host-overhead probe)", (1, 1, 16, 16), "vk", "f32")):
         t1 = time.perf_counter()
         log(f"compiling kernels: {label} ...")
         cfg = pygdn.Config(num_k_heads=shape[0], num_v_heads=shape[1], head_k_dim=shape[2], head_v_dim=shape[3],
-                           num_slots=1, act_dtype=dtype, ssm_layout=layout)
+                           num_slots=1, act_dtype=dtype, ssm_layout=layout, state_dtype=state)
         pygdn.warmup(queue, cfg)
         log(f"  done in {time.perf_counter() - t1:.1f} s (run-time SYCL compile, or the on-disk cache)")
     return time.perf_counter() - t
@@ -242,6 +245,10 @@ def log_results(title, records, plan):
                 ag.append(f"{name} {a['out']:.1e}/{a['ssm']:.1e}{'' if a['ok'] else ' MISMATCH'}")
         kv = r.get("ours_kv_layout")
         kv_s = f", kv-layout step {kv['median_s'] * 1e3:.2f} ms" if kv else ""
+        for name, what in (("ours_bf16_state", "bf16-state step"), ("ours_ckpt256", "with checkpoints/256")):
+            a = r.get(name + "_agreement")
+            if a:
+                kv_s += f", {what} vs f32 {a['out']:.1e}/{a['ssm']:.1e}"
         log(f"  {r['label']:<18s} {'; '.join(ag) or 'no peers':<44s} conv {r['ours_conv']['median_s'] * 1e3:8.2f} ms, "
             f"delta rule {r['ours_delta']['median_s'] * 1e3:8.2f} ms{kv_s}")
 

@@ -99,13 +99,14 @@ def make_case(kind, act, batch=1, num_spec=0, lens=(), seed=0):
                 ssm0=rng.standard_normal((slots, HV, V, K), f32) * f32(0.05))
 
 
-def traffic_bytes(case):
+def traffic_bytes(case, state_bytes=4):
     """Useful memory traffic of one step: ssm state read once per sequence and written once per
     token written back (decode/prefill: once), conv state read + written, mixed_qkv and a/b in,
-    core_attn_out out, conv weight. Workspace intermediates are not counted."""
+    core_attn_out out, conv weight. Workspace intermediates are not counted. state_bytes: 4 (f32
+    ssm state) or 2 (bf16)."""
     act = 2 if case.act == "bf16" else 4
     C, T, n = case.C, case.rows, case.batch
-    sb = case.HV * case.K * case.V * 4
+    sb = case.HV * case.K * case.V * state_bytes
     acts = T * C * act + T * case.HV * case.V * act + 2 * T * case.HV * act + C * case.W * act
     if case.kind == "spec":
         L = case.num_spec + 1
@@ -138,22 +139,34 @@ class Ours:
 
     name = "ours"
 
-    def __init__(self, queue, case, ssm_layout="vk"):
-        self.q, self.case, self.layout = queue, case, ssm_layout
+    def __init__(self, queue, case, ssm_layout="vk", state_dtype="f32", checkpoint_every=0):
+        """state_dtype: of the ssm cache ("bf16": the case's state rounded); checkpoint_every > 0:
+        prefills store a block checkpoint every that many tokens, into extra slots of the caches."""
+        self.q, self.case, self.layout, self.state_dtype = queue, case, ssm_layout, state_dtype
+        meta, conv0, ssm0 = case.meta, case.conv0, case.ssm0
+        if checkpoint_every:
+            cols = max(case.lens) // checkpoint_every + 1
+            n = len(case.lens)
+            extra = np.arange(case.num_slots, case.num_slots + n * cols, dtype=np.int32).reshape(n, cols)
+            meta = dict(meta, checkpoint_interval=checkpoint_every, checkpoint_cols=cols, checkpoint_state_indices=extra,
+                        non_spec_start_pos=np.zeros(n, np.int32))
+            conv0 = np.concatenate([conv0, np.zeros((extra.size,) + conv0.shape[1:], conv0.dtype)])
+            ssm0 = np.concatenate([ssm0, np.zeros((extra.size,) + ssm0.shape[1:], ssm0.dtype)])
         self.cfg = pygdn.Config(num_k_heads=case.H, num_v_heads=case.HV, head_k_dim=case.K, head_v_dim=case.V,
-                                num_slots=case.num_slots, conv_width=case.W, act_dtype=case.act,
+                                num_slots=ssm0.shape[0], conv_width=case.W, act_dtype=case.act, state_dtype=state_dtype,
                                 ssm_layout=ssm_layout, conv_layout="time_major", conv_spec_layout="rolled",
                                 conv_state_len=case.state_len)
         enc = pygdn.to_bf16_bits if case.act == "bf16" else (lambda v: np.ascontiguousarray(v, np.float32))
         U = lambda v: pygdn.UsmArray.from_numpy(v, queue)  # noqa: E731
-        ssm = case.ssm0 if ssm_layout == "vk" else np.ascontiguousarray(np.swapaxes(case.ssm0, 2, 3))
+        ssm = ssm0 if ssm_layout == "vk" else np.ascontiguousarray(np.swapaxes(ssm0, 2, 3))
+        ssm = pygdn.to_bf16_bits(ssm) if state_dtype == "bf16" else ssm
         act_np = np.uint16 if case.act == "bf16" else np.float32
         self.arrays = dict(mixed_qkv=U(enc(case.x)), a=U(enc(case.a)), b=U(enc(case.b)),
                            conv_weight=U(enc(case.conv_w)), A_log=U(case.A_log), dt_bias=U(case.dt_bias),
-                           conv_state=U(enc(case.conv0)), ssm_state=U(ssm),
+                           conv_state=U(enc(conv0)), ssm_state=U(ssm),
                            core_attn_out=pygdn.UsmArray((case.rows, case.HV, case.V), act_np, queue))
         self.conv_out = pygdn.UsmArray((case.rows, case.C), act_np, queue)
-        self.batch = to_device(case.meta, queue)
+        self.batch = to_device(meta, queue)
 
     def step(self):
         pygdn.attention(self.q, self.cfg, self.batch, **self.arrays)
@@ -172,7 +185,8 @@ class Ours:
     def result(self):
         out = self.arrays["core_attn_out"].to_numpy()
         out = pygdn.from_bf16_bits(out) if self.case.act == "bf16" else out
-        ssm = self.arrays["ssm_state"].to_numpy()
+        ssm = self.arrays["ssm_state"].to_numpy()[:self.case.num_slots]
+        ssm = pygdn.from_bf16_bits(ssm) if self.state_dtype == "bf16" else ssm
         return out.astype(np.float32), (ssm if self.layout == "vk" else np.swapaxes(ssm, 2, 3))
 
 
@@ -208,10 +222,21 @@ def run_case(queue, case, peers, plan, log, missing=()):
     first = first_call_s(ours.step)
     ref_out, ref_ssm = ours.result()
     impls = {"ours": (ours.step, reps_ours, first)}
+    variants = {}  # name -> the same step run differently, with its agreement vs ours
     if case.kind != "prefill":
         # Diagnostic: the same step with the ssm cache in the "kv" layout [slots, HV, K, V].
         kv = Ours(queue, case, ssm_layout="kv")
         impls["ours_kv_layout"] = (kv.step, reps_ours, first_call_s(kv.step))
+        # The ssm cache in bf16 (vLLM's default for Qwen3-Next): half the state bytes of a step.
+        variants["ours_bf16_state"] = Ours(queue, case, state_dtype="bf16")
+    else:
+        # Block checkpoints every 256 tokens (prefix caching, mamba_cache_mode="all") against none.
+        variants["ours_ckpt256"] = Ours(queue, case, checkpoint_every=256)
+    for name, o in variants.items():
+        impls[name] = (o.step, reps_ours, first_call_s(o.step))
+        out, ssm = o.result()
+        rec[name + "_agreement"] = {"out": rel_err(out, ref_out), "ssm": rel_err(ssm, ref_ssm)}
+        del out, ssm
     # Breakdown of our step: the conv alone and the delta rule alone (two calls instead of one).
     reps_part = max(1, reps_ours // 2)
     impls["ours_conv"] = (ours.conv_only, reps_part, first_call_s(ours.conv_only))
@@ -255,6 +280,11 @@ def run_case(queue, case, peers, plan, log, missing=()):
         rec[name]["agreement_vs_ours"] = a
     t_ours = rec["ours"]["median_s"]
     rec["ours"]["GBps"] = rec["bytes"] / t_ours / 1e9
+    if "ours_bf16_state" in rec:
+        rec["bytes_bf16_state"] = traffic_bytes(case, state_bytes=2)
+        rec["ours_bf16_state"]["GBps"] = rec["bytes_bf16_state"] / rec["ours_bf16_state"]["median_s"] / 1e9
+    if "ours_ckpt256" in rec:
+        rec["ours_ckpt256"]["ratio"] = rec["ours_ckpt256"]["median_s"] / t_ours
     if "flops" in rec:
         rec["ours"]["GFLOPs"] = rec["flops"] / t_ours / 1e9
     log(row_line(rec, plan))

@@ -29,6 +29,12 @@ def row_line(rec, plan):
     extra = f"{o['GBps']:6.2f} GB/s {100 * o['GBps'] / bw:5.1f}%"
     if "GFLOPs" in o:
         extra += f" {o['GFLOPs']:6.1f} GF/s {100 * o['GFLOPs'] / plan['peak']['numpy_matmul_GFLOPs']:5.1f}%"
+    b16 = rec.get("ours_bf16_state")
+    if b16:
+        extra += f"  bf16 state: {_fmt_ms(b16['median_s']).strip()} ms {b16['GBps']:6.2f} GB/s {100 * b16['GBps'] / bw:5.1f}%"
+    ck = rec.get("ours_ckpt256")
+    if ck:
+        extra += f"  checkpoints/256: {_fmt_ms(ck['median_s']).strip()} ms ({100 * (ck['ratio'] - 1):+.0f}%)"
     busy = rec.get("foreign_cpu", 0.0)
     extra += f"  [other processes {100 * busy:.0f}% CPU]" if busy > FOREIGN_FLAG else ""
     single = [n for n in ("ours", "numpy", "torch") if rec.get(n, {}).get("first_call_only")]
@@ -38,7 +44,8 @@ def row_line(rec, plan):
 
 
 HEADER = (f"{'case':<18s} {'tokens':>6s} {'ours ms':>9s} {'numpy ms':>9s} {'ratio':>7s}  {'torch ms':>9s} "
-          f"{'ratio':>7s}  {'ours: traffic rate, % of BW':<27s} [prefill: FLOP rate, % of peak]")
+          f"{'ratio':>7s}  {'ours: traffic rate, % of BW':<27s} [prefill: FLOP rate, % of peak]  "
+          f"[decode/spec: with a bf16 ssm state: time, rate, % of BW] [prefill: with checkpoints every 256 tokens]")
 
 
 # ----------------------------------------------------------------------------- targets and plot

@@ -15,6 +15,8 @@ enum class Op { Conv, Delta, Attention };
 // Host copies of the metadata arrays that were read back.
 struct HostMeta {
   std::vector<int32_t> ns_qsl, ns_slots, s_qsl, s_slots, accepted, ns_tok, s_tok;
+  std::vector<int32_t> ns_read, s_read, start_pos, ckpt;  // empty when the batch leaves them NULL / unused
+  std::vector<uint8_t> has_init;                          // read back only with non_spec_read_state_indices
 };
 
 struct Checked {

@@ -36,6 +36,16 @@ static inline float decay_between(float Pi, int32_t Ri, float Pj, int32_t j) {
 }
 static inline float decay_from_start(float Pi, int32_t Ri) { return Ri >= 0 ? 0.0f : sycl::exp(Pi); }
 
+// S[:, v .. v+NL-1] of a work-item to slot, rounded to the state dtype.
+template <int NL>
+static inline void store_state_columns(const GdnDeltaParams &p, int32_t slot, int32_t hv, int32_t v,
+                                       typename Lanes<NL>::T *s) {
+  for (int32_t l = 0; l < NL; ++l) {
+    state_t *S = state_column(p, slot, hv, v + l);
+    for (int k = 0; k < KD; ++k) store_state(S + k * K_STRIDE, Lanes<NL>::at(s[k], l));
+  }
+}
+
 // The chunk scan over NL state columns per work-item (Lanes<NL>, common.hpp): one body, so the
 // generic (NL = 1) and CPU (NL = 16) kernels carry the same algorithm.
 template <int NL>
@@ -45,18 +55,19 @@ static inline void chunk_scan_body(const GdnDeltaParams &p, int32_t e, int32_t h
   const int32_t *st = p.seq_table + (int64_t)e * GDN_TABLE_INTS;
   const int32_t seq = st[0], c0 = st[1], nc = st[2];
   if (nc == 0) return;  // an unused row of the table
-  const int32_t slot = p.state_indices[seq];
-  if (slot == p.pad_slot_id) {
-    const int32_t j0 = p.query_start_loc[seq], len = p.query_start_loc[seq + 1] - j0;
+  const SeqSlots ss = seq_slots(p, seq, false);
+  const int32_t j0 = p.query_start_loc[seq];
+  if (ss.skip) {
+    const int32_t len = p.query_start_loc[seq + 1] - j0;
     for (int32_t l = 0; l < NL; ++l) zero_outputs(p, j0, len, hv, v + l);
     return;
   }
   const int32_t h = hv / (p.HV / p.H);
-  const bool init = !p.has_initial_state || p.has_initial_state[seq];
+  Checkpoints ckpt = checkpoints(p.slots, seq, ss.start, 0, p.pad_slot_id);
   lane_t s[KD];  // s[k] = S[k, v .. v+NL-1]
   for (int32_t l = 0; l < NL; ++l) {
-    const float *S = state_column(p, slot, hv, v + l);
-    for (int k = 0; k < KD; ++k) L::at(s[k], l) = init ? S[k * K_STRIDE] : 0.0f;
+    const state_t *S = state_column(p, ss.read_slot, hv, v + l);
+    for (int k = 0; k < KD; ++k) L::at(s[k], l) = ss.init ? load_state(S + k * K_STRIDE) : 0.0f;
   }
   // Every product below is blocked so that SCAN_RB (rows) or SCAN_KB (state rows) independent
   // accumulators are in flight: one accumulator per dot product left the CPU device waiting on
@@ -117,9 +128,9 @@ static inline void chunk_scan_body(const GdnDeltaParams &p, int32_t e, int32_t h
       }
       for (int kk = 0; kk < SCAN_KB && k0 + kk < KD; ++kk) s[k0 + kk] = acc[kk];
     }
+    // A block checkpoint is always a chunk end (gdn_chunk_plan aligns the chunks to it).
+    const int32_t ck = ckpt.after(jfirst + len - 1 - j0);
+    if (ck != p.pad_slot_id) store_state_columns<NL>(p, ck, hv, v, s);
   }
-  for (int32_t l = 0; l < NL; ++l) {
-    float *S = state_column(p, slot, hv, v + l);
-    for (int k = 0; k < KD; ++k) S[k * K_STRIDE] = L::at(s[k], l);
-  }
+  store_state_columns<NL>(p, ss.cols[0], hv, v, s);
 }
