@@ -39,4 +39,12 @@ gdn_batch_t validate_batch_counts(const gdn_batch_t *batch);
 
 size_t dtype_bytes(int32_t dtype);
 
+// The batch stores block checkpoints (its checkpoint fields are read only then).
+inline bool checkpoints(const Checked &c) { return c.batch.checkpoint_interval > 0 && c.num_non_spec_seqs > 0; }
+
+// metadata.cpp: the metadata arrays' contents, read to the host and checked (GDN_VALIDATE_FULL);
+// under GDN_VALIDATE_COUNTS only the start locations of a batch with prefills.
+void check_metadata(Checked &c);
+void check_prefill_start_loc(Checked &c);
+
 }  // namespace gdn
