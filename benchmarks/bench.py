@@ -1,32 +1,42 @@
-"""`python benchmarks/bench.py`: pygdn.attention against what a user would otherwise run here.
+"""`python benchmarks/bench.py`: pygdn.attention against what a user would otherwise run here,
+and against the machine's own limits.
 
 One run measures, on Qwen3-Next TP=1 shapes (H=16, HV=32, K=V=128, W=4; bf16 activations unless
 --dtype f32; fp32 ssm state in the "vk" layout [slots, HV, V, K]; conv state "time_major";
 "rolled" spec conv with conv_state_len = W-1+num_spec):
 
-  - decode (1 token per sequence) and spec decode (num_spec 1..3: 1+num_spec tokens per
-    sequence, num_accepted random in [1, 1+num_spec]) at batch 1, 8, 32, and prefill (512..8192
-    tokens in one or a few sequences);
+  - decode (1 token per sequence) and spec decode (num_spec 1, 2, 3 and 7: 1+num_spec tokens
+    per sequence, num_accepted random in [1, 1+num_spec]) at batch 1, 8, 32, and prefill
+    (512..8192 tokens in one or a few sequences);
   - our time per step (median of repeats of pygdn.attention(..., wait=True) on warm caches,
     kernels compiled before timing), and the same work by the peers of benchmarks/peers.py: a
     vectorized float32 numpy implementation and HF transformers' torch fallbacks; the ratio
     peer time / our time; an agreement check of every peer's outputs and states against ours;
-  - the same decode/spec steps with a bf16 ssm state (its time, traffic rate, % of bandwidth),
-    and each prefill again storing a block checkpoint every 256 tokens (its cost against none);
-  - achieved bytes/s of state + activation traffic against memory bandwidth measured in the
-    same run (numpy copy of 256 MiB, USM device-to-device queue.memcpy), and for prefill FLOP/s
-    of the chunked algorithm against a numpy float32 2048^3 matmul;
+  - decode / spec decode again with the ssm cache in the "kv" layout and, when the build has
+    Config(state_dtype=...), with a bf16 state cache in both layouts (issue 15);
+  - achieved bytes/s of state + activation traffic (cases.traffic_bytes, in the state dtype's
+    bytes) against memory bandwidth measured in the same run (best of a numpy copy of 256 MiB,
+    a USM device-to-device queue.memcpy and an in-place read+write kernel on all the device's
+    threads), and for prefill FLOP/s of the chunked algorithm against a numpy float32 2048^3
+    matmul; decode / spec steps rotate over copies of their caches (>= 256 MiB together), so
+    the state comes from DRAM as in a model, not from the last-level cache;
+  - the prefill sweep (pygdn alone, µs/token): 512 .. 131072 tokens in one sequence and 16 x 8192
+    (--quick: 512 and 2048 only), and a prefill with block checkpoints every 256 tokens against
+    none (when the build has them);
   - host overhead: time per call of a tiny, fully padded batch (pygdn, and the C ABI through
     benchmarks/host_overhead.c);
-  - the targets, PASS or SHORT with their numbers.
+  - the targets of issues 6 and 17, PASS / FAIL / NOISY (met while other processes shared the
+    cores: never claimed) / n/a, with their numbers; the run says first whether it was quiet.
 Writes a JSON record (--json) and a PNG plot (--plot, needs matplotlib). --quick: fewer sizes
-and repeats (< 5 min on 2 cores).
+and repeats (~2-3 min on 2 cores when quiet); the full run takes ~30+ min (the 131072-token
+points need ~14 GiB of memory each, skipped with a message when it is not available).
 
 Run it from a source checkout with the environment pygdn is installed in (the script's folder,
 not the checkout, goes on sys.path, so the installed pygdn is imported):
     python benchmarks/bench.py --quick      (or tests/setup_and_run.sh bench --quick)
-The other modules here: cases.py (the work, one case measured), peers.py, timing.py,
-machine.py (bandwidth, peak, host overhead), report.py (rows, targets, plot).
+The other modules here: cases.py (the work, one case measured), prefill_sweep.py (the sweep and
+the checkpoint rows), peers.py, timing.py, machine.py (bandwidth, peak, host overhead),
+report.py (rows, cache-format table, targets, plot).
 """
 from __future__ import annotations
 
@@ -45,16 +55,24 @@ import dpctl
 import peers as P
 from cases import H, HV, K, V, W, chunked_flops, make_case, run_case, traffic_bytes
 from machine import c_host_overhead, cpu_model, host_overhead, measure_bandwidth, measure_peak
-from report import HEADER, plot, row_line, targets
+from prefill_sweep import CHECKPOINT_INTERVAL, checkpoint_line, run_checkpoint_case, run_sweep, sweep_line
+from report import HEADER, plot, row_line, targets, variants_lines
 from timing import FOREIGN_FLAG, CpuWatch, wait_quiet
 
-QUICK_PLAN = dict(batches=(1, 8), prefills=[(512,), (2048,)], deadline_s=210.0, host_calls=300,
+# specs: (num_spec, batches) of the spec decode cases; sweep: the prefill sweep's points (pygdn
+# alone; a tuple of sequence lengths each); checkpoints: prefills timed with and without block
+# checkpoints. --quick keeps to what runs in ~2 minutes; the sweep's long points are full-run only.
+QUICK_PLAN = dict(batches=(1, 8), specs=((1, (1, 8)), (2, (1, 8)), (3, (1, 8)), (7, (8,))),
+                  prefills=[(512,), (2048,)], sweep=[(512,), (2048,)], checkpoints=[(2048,)],
+                  deadline_s=240.0, host_calls=300,
                   reps_ours={"decode": 9, "spec": 9, "prefill": 3}, reps_peer={"decode": 5, "spec": 5, "prefill": 2},
-                  budget_s=5.0, retry_left_s=30.0, quiet_left_s=30.0)
-FULL_PLAN = dict(batches=(1, 8, 32), prefills=[(512,), (1024,), (2048,), (4096,), (8192,), (1024,) * 4],
+                  budget_s=5.0, retry_left_s=30.0, quiet_left_s=30.0, sweep_reps=3, sweep_budget_s=5.0)
+FULL_PLAN = dict(batches=(1, 8, 32), specs=tuple((s, (1, 8, 32)) for s in (1, 2, 3, 7)),
+                 prefills=[(512,), (1024,), (2048,), (4096,), (8192,), (1024,) * 4],
+                 sweep=[(512,), (2048,), (8192,), (32768,), (131072,), (8192,) * 16], checkpoints=[(2048,), (8192,)],
                  deadline_s=3600.0, host_calls=2000,
                  reps_ours={"decode": 15, "spec": 15, "prefill": 5}, reps_peer={"decode": 5, "spec": 5, "prefill": 3},
-                 budget_s=20.0, retry_left_s=300.0, quiet_left_s=300.0)
+                 budget_s=20.0, retry_left_s=300.0, quiet_left_s=300.0, sweep_reps=5, sweep_budget_s=30.0)
 
 
 def log(msg=""):
@@ -78,7 +96,8 @@ def describe_run(queue, args):
     is_cpu = bool(dev.is_cpu)
     log(f"pygdn {pygdn.__version__} benchmark{' (--quick)' if args.quick else ''}: Gated DeltaNet attention, "
         f"Qwen3-Next TP=1 shapes H={H} HV={HV} K={K} V={V} W={W}, {args.dtype} activations, fp32 ssm state "
-        f"(layout vk), conv time_major, spec conv rolled")
+        f"(layout vk; decode/spec also kv layout and bf16 state when the build has it), conv time_major, "
+        f"spec conv rolled")
     log(f"device: {dev.name} [{dev.backend.name}, {dev.device_type.name}, {dev.max_compute_units} compute units, "
         f"driver {dev.driver_version}]")
     if is_cpu:
@@ -120,17 +139,30 @@ def load_peers(names):
 
 
 def compile_kernels(queue, dtype):
-    """Compiles every kernel the run uses before any timing; returns the seconds it took."""
+    """Compiles every kernel the run uses before any timing (a first call is only a warm-up,
+    never a compile); returns the seconds it took. The bf16-state builds only where the build
+    has a state_dtype."""
     t = time.perf_counter()
-    for label, shape, layout, state in ((f"act={dtype} K={K} ssm vk (benchmark shapes)", (H, HV, K, V), "vk", "f32"),
-                                        (f"act={dtype} K={K} ssm kv (layout diagnostic)", (H, HV, K, V), "kv", "f32"),
-                                        (f"act={dtype} K={K} ssm vk bf16 state", (H, HV, K, V), "vk", "bf16"),
-                                        (f"act={dtype} K=16 (host-overhead probe)", (1, 1, 16, 16), "vk", "f32")):
+    for label, shape, layout, sd in ((f"act={dtype} K={K} ssm vk (benchmark shapes)", (H, HV, K, V), "vk", "f32"),
+                                     (f"act={dtype} K={K} ssm kv (layout column)", (H, HV, K, V), "kv", "f32"),
+                                     (f"act={dtype} K={K} ssm vk, bf16 state", (H, HV, K, V), "vk", "bf16"),
+                                     (f"act={dtype} K={K} ssm kv, bf16 state", (H, HV, K, V), "kv", "bf16"),
+                                     (f"act={dtype} K=16 (host-overhead probe)", (1, 1, 16, 16), "vk", "f32")):
         t1 = time.perf_counter()
+        kw = {} if sd == "f32" else {"state_dtype": sd}
+        try:
+            cfg = pygdn.Config(num_k_heads=shape[0], num_v_heads=shape[1], head_k_dim=shape[2], head_v_dim=shape[3],
+                               num_slots=1, act_dtype=dtype, ssm_layout=layout, **kw)
+        except TypeError:
+            log(f"compiling kernels: {label}: skipped, {sd} state: not supported by this build (pygdn.Config has no "
+                f"state_dtype)")
+            continue
         log(f"compiling kernels: {label} ...")
-        cfg = pygdn.Config(num_k_heads=shape[0], num_v_heads=shape[1], head_k_dim=shape[2], head_v_dim=shape[3],
-                           num_slots=1, act_dtype=dtype, ssm_layout=layout, state_dtype=state)
-        pygdn.warmup(queue, cfg)
+        try:
+            pygdn.warmup(queue, cfg)
+        except pygdn.GdnError as e:
+            log(f"  failed: {e} (the cases using it will say so)")
+            continue
         log(f"  done in {time.perf_counter() - t1:.1f} s (run-time SYCL compile, or the on-disk cache)")
     return time.perf_counter() - t
 
@@ -145,7 +177,9 @@ def measure_machine(queue, torch_ok):
     bw["foreign_cpu_start"] = peak["foreign_cpu"] = w.foreign()
     log(f"  bandwidth: numpy copy of 256 MiB {bw['numpy_copy_GBps']:.2f} GB/s, USM device->device queue.memcpy "
         + (f"{bw['usm_memcpy_GBps']:.2f} GB/s" if "usm_memcpy_GBps" in bw else f"failed ({bw.get('usm_memcpy_error')})")
-        + f" (read+write bytes, best of 5); reference = the larger, {bw['reference_GBps']:.2f} GB/s")
+        + (f", in-place read+write kernel (all threads) {bw['kernel_rw_GBps']:.2f} GB/s" if "kernel_rw_GBps" in bw
+           else f", stream kernel not run ({bw.get('kernel_rw_error')})")
+        + f" (read+write bytes, best of 5); reference = the largest, {bw['reference_GBps']:.2f} GB/s")
     log(f"  peak: numpy float32 matmul 2048^3 {peak['numpy_matmul_GFLOPs']:.1f} GFLOP/s (best of 3)"
         + (f"; torch matmul {peak['torch_matmul_GFLOPs']:.1f} GFLOP/s (info)" if "torch_matmul_GFLOPs" in peak else "")
         + (f"; note OPENBLAS_CORETYPE={peak['OPENBLAS_CORETYPE']} is set in this environment"
@@ -157,12 +191,26 @@ def make_plan(quick, bw, peak, t_start):
     """(plan, case list): repeats, time budgets and the soft deadline of the run, and its cases as
     (kind, batch, num_spec, prefill lengths)."""
     sizes = QUICK_PLAN if quick else FULL_PLAN
-    plan = {k: sizes[k] for k in ("reps_ours", "reps_peer", "budget_s", "retry_left_s", "quiet_left_s")}
-    plan.update(bw=bw, peak=peak, deadline=t_start + sizes["deadline_s"])
-    batches = sizes["batches"]
-    specs = [("decode", b, 0, ()) for b in batches] + [("spec", b, s, ()) for s in (1, 2, 3) for b in batches] \
+    plan = {k: sizes[k] for k in ("reps_ours", "reps_peer", "budget_s", "retry_left_s", "quiet_left_s", "sweep_reps",
+                                  "sweep_budget_s", "sweep", "checkpoints")}
+    plan.update(bw=bw, peak=peak, deadline=t_start + sizes["deadline_s"], unsupported={})
+    specs = [("decode", b, 0, ()) for b in sizes["batches"]] \
+        + [("spec", b, s, ()) for s, batches in sizes["specs"] for b in batches] \
         + [("prefill", 0, 0, lens) for lens in sizes["prefills"]]
     return plan, specs
+
+
+def run_checkpoints(queue, plan, dtype):
+    if not plan["checkpoints"]:
+        return []
+    log("")
+    log(f"block checkpoints every {CHECKPOINT_INTERVAL} tokens during a prefill, against none (pygdn alone):")
+    out = []
+    for lens in plan["checkpoints"]:
+        out.append(run_checkpoint_case(queue, lens, dtype, plan, log))
+        if "unsupported" in out[-1]:
+            break
+    return out
 
 
 def run_cases(queue, specs, dtype, peers, plan, missing):
@@ -185,6 +233,7 @@ def run_cases(queue, specs, dtype, peers, plan, missing):
 def measure_host_overhead(queue, dtype, calls):
     log("")
     log("host overhead: a tiny, fully padded batch through pygdn (Python), kernels cached ...")
+    watch = CpuWatch()
     ho = host_overhead(queue, dtype, calls)
     log(f"  {ho['config']}: {ho['wait_full_us']:.0f} us/call (wait=True, validate=full), "
         f"{ho['wait_counts_us']:.0f} us/call (wait=True, validate=counts), "
@@ -196,6 +245,9 @@ def measure_host_overhead(queue, dtype, calls):
     ho["c_abi"] = c_host_overhead(calls)
     for line in ho["c_abi"]:
         log(f"  C ABI: {line}")
+    ho["foreign_cpu"] = watch.foreign()
+    if ho["foreign_cpu"] > FOREIGN_FLAG:
+        log(f"  [other processes used {100 * ho['foreign_cpu']:.0f}% of the CPU while these were measured]")
     return ho
 
 
@@ -213,15 +265,27 @@ def remeasure_bandwidth(queue, bw):
     bw["reference_GBps"] = max(bw["reference_GBps"], bw_end["reference_GBps"])
 
 
-def log_results(title, records, plan):
-    """The final tables: every case again (against the final bandwidth), failures, agreement."""
+def quiet_line(foreign):
+    """The run's verdict on its own conditions (the first thing a reader of the results needs)."""
+    if foreign > FOREIGN_FLAG:
+        return (f"RUN NOT QUIET: other processes used {100 * foreign:.0f}% of this machine's CPU time during the run "
+                f"(quiet: < {100 * FOREIGN_FLAG:.0f}%); every timing shares the {os.cpu_count()} cores with them, rows "
+                f"are marked [other processes ..], and no target is claimed from this run (NOISY = met on these numbers, "
+                f"not claimed). Rerun on an idle machine for the record.")
+    return f"run quiet: other processes used {100 * foreign:.1f}% of the CPU during the run (< {100 * FOREIGN_FLAG:.0f}%)."
+
+
+def log_results(title, records, plan, sweep, checkpoints, foreign):
+    """The final tables: every case again (against the final bandwidth), the cache formats,
+    the prefill sweep, checkpoints, failures, agreement."""
     bw, peak = plan["bw"], plan["peak"]
     ok_records = [r for r in records if "ours" in r]
     log("")
     log("=" * 118)
     log(f"RESULTS on {title}")
-    log(f"reference bandwidth {bw['reference_GBps']:.2f} GB/s (best of numpy copy / USM memcpy, start and end of the "
-        f"run); reference peak {peak['numpy_matmul_GFLOPs']:.1f} GFLOP/s (numpy f32 matmul 2048^3)")
+    log(quiet_line(foreign))
+    log(f"reference bandwidth {bw['reference_GBps']:.2f} GB/s (best of numpy copy / USM memcpy / stream "
+        f"kernel, start and end of the run); reference peak {peak['numpy_matmul_GFLOPs']:.1f} GFLOP/s (numpy f32 matmul 2048^3)")
     log(HEADER)
     for r in ok_records:
         log(row_line(r, plan))
@@ -236,6 +300,22 @@ def log_results(title, records, plan):
     for name, e in errs.items():
         log(f"  {name} did not run: {e}")
     log("")
+    log("decode / spec decode per ssm cache format (traffic model: each state touched read once and written once per "
+        "stored state, in the state dtype's bytes, plus activations; '/vk' = time against the vk layout's; '!' = "
+        "bf16-state results disagree with the f32-state step beyond 2e-2):")
+    for line in variants_lines(ok_records, plan):
+        log(line)
+    if sweep:
+        log("")
+        log(f"prefill sweep (pygdn alone; us/token = median time / tokens; 'vs first' = against the first point):")
+        for r in sweep:
+            log(sweep_line(r, sweep, plan) if "ours" in r else f"{r['label']:<18s} SKIPPED: {r.get('skipped')}")
+    if checkpoints:
+        log("")
+        log("block checkpoints during a prefill (issue 15):")
+        for r in checkpoints:
+            log(checkpoint_line(r))
+    log("")
     log("agreement with ours (max |diff| / max |ours|, out and ssm state), and our step broken down:")
     for r in ok_records:
         ag = []
@@ -243,31 +323,15 @@ def log_results(title, records, plan):
             a = r.get(name, {}).get("agreement_vs_ours")
             if a:
                 ag.append(f"{name} {a['out']:.1e}/{a['ssm']:.1e}{'' if a['ok'] else ' MISMATCH'}")
-        kv = r.get("ours_kv_layout")
-        kv_s = f", kv-layout step {kv['median_s'] * 1e3:.2f} ms" if kv else ""
-        for name, what in (("ours_bf16_state", "bf16-state step"), ("ours_ckpt256", "with checkpoints/256")):
-            a = r.get(name + "_agreement")
-            if a:
-                kv_s += f", {what} vs f32 {a['out']:.1e}/{a['ssm']:.1e}"
         log(f"  {r['label']:<18s} {'; '.join(ag) or 'no peers':<44s} conv {r['ours_conv']['median_s'] * 1e3:8.2f} ms, "
-            f"delta rule {r['ours_delta']['median_s'] * 1e3:8.2f} ms{kv_s}")
+            f"delta rule {r['ours_delta']['median_s'] * 1e3:8.2f} ms")
 
 
-def log_targets(tg):
+def log_targets(tg, foreign):
     log("")
-    log("targets:")
+    log("targets" + ("" if foreign <= FOREIGN_FLAG else " (run not quiet: nothing below is claimed as met)") + ":")
     for t in tg:
-        log(f"  {t['verdict']:<5s} {t['target']}: {t['detail']}")
-
-
-def log_contention(foreign):
-    log("")
-    if foreign > FOREIGN_FLAG:
-        log(f"WARNING: other processes used {100 * foreign:.0f}% of this machine's CPU time during the run; every "
-            f"timing above shares the {os.cpu_count()} cores with them (rows marked [other processes ..]). "
-            f"Rerun on an idle machine for clean numbers.")
-    else:
-        log(f"other processes used {100 * foreign:.1f}% of the CPU during the run (machine quiet enough).")
+        log(f"  {t['verdict']:<5s} [issue {t['issue']}] {t['target']}: {t['detail']}")
 
 
 def write_json(path, result):
@@ -290,31 +354,36 @@ def main(argv=None) -> int:
     bw, peak = measure_machine(queue, P.TorchPeer in peers)
     plan, specs = make_plan(args.quick, bw, peak, t_start)
     records = run_cases(queue, specs, args.dtype, peers, plan, missing)
+    checkpoints = run_checkpoints(queue, plan, args.dtype)
+    sweep = run_sweep(queue, plan["sweep"], args.dtype, plan, log)
     ho = measure_host_overhead(queue, args.dtype, (QUICK_PLAN if args.quick else FULL_PLAN)["host_calls"])
     remeasure_bandwidth(queue, bw)
 
     dev = facts["device"]
     on = dev["name"] + (" (the SYCL CPU device)" if dev["is_sycl_cpu_device"] else "")
-    log_results(f"{on}, {args.dtype} activations", records, plan)
-    ok_records = [r for r in records if "ours" in r]
-    tg = targets(ok_records, plan, torch_msg, ho)
-    log_targets(tg)
     foreign = watch_all.foreign()
-    log_contention(foreign)
+    log_results(f"{on}, {args.dtype} activations", records, plan, sweep, checkpoints, foreign)
+    ok_records = [r for r in records if "ours" in r]
+    tg = targets(ok_records, plan, torch_msg, ho, sweep, foreign)
+    log_targets(tg, foreign)
+    log("")
+    log(quiet_line(foreign))
 
     total = time.perf_counter() - t_start
     write_json(args.json, {
         "pygdn_version": pygdn.__version__, "quick": args.quick, "act_dtype": args.dtype,
-        "shapes": {"H": H, "HV": HV, "K": K, "V": V, "W": W, "ssm_layout": "vk", "conv_layout": "time_major",
-                   "conv_spec_layout": "rolled", "state_dtype": "f32"},
+        "shapes": {"H": H, "HV": HV, "K": K, "V": V, "W": W, "ssm_layout": "vk (ours), kv (ours_kv_layout)",
+                   "conv_layout": "time_major", "conv_spec_layout": "rolled",
+                   "state_dtype": "f32 (ours), bf16 (ours_bf16_state*)"},
         **facts, "compile_s": compile_s, "bandwidth": bw, "peak": peak, "cases": records, "host_overhead": ho,
-        "targets": tg, "total_s": total, "foreign_cpu_share": foreign,
+        "sweep": sweep, "checkpoints": checkpoints, "unsupported": plan["unsupported"],
+        "targets": tg, "total_s": total, "foreign_cpu_share": foreign, "quiet": foreign <= FOREIGN_FLAG,
         "notes": {"time": "median of repeats of one step with wait=True (synchronous), warm caches",
                   "bytes": traffic_bytes.__doc__.strip(), "flops": chunked_flops.__doc__.strip(),
                   "ratio": "peer median time / our median time"}})
     msg = plot(ok_records, args.plot, f"pygdn {pygdn.__version__} on {dev['name']}"
                + (" (SYCL CPU device)" if dev["is_sycl_cpu_device"] else "") + f", Qwen3-Next TP=1, {args.dtype}",
-               bw["reference_GBps"])
+               bw["reference_GBps"], sweep)
     log("")
     log(f"wrote {args.json}" + (f" and {args.plot}" if msg is None else f"; {msg}"))
     log(f"total run time {total:.0f} s")

@@ -69,7 +69,21 @@ def _round_act(x, act):
     return pygdn.from_bf16_bits(pygdn.to_bf16_bits(x)) if act == "bf16" else x
 
 
-def make_case(kind, act, batch=1, num_spec=0, lens=(), seed=0):
+def _lean_rows(rng, T, C, act, period=2048):
+    """[T, C] activations in pygdn's encoding (bf16: uint16 bits) without a float32 copy of the
+    whole array: a random block of `period` rows repeated. For the long prefills of the sweep
+    (131072 x 8192 float32 alone would be 4 GiB); the values only have to be realistic, not new."""
+    block = _round_act(rng.standard_normal((min(T, period), C), np.float32), act)
+    block = pygdn.to_bf16_bits(block) if act == "bf16" else block
+    out = np.empty((T, C), block.dtype)
+    for r0 in range(0, T, len(block)):
+        out[r0:r0 + len(block)] = block[:T - r0]
+    return out
+
+
+def make_case(kind, act, batch=1, num_spec=0, lens=(), seed=0, lean=False):
+    """lean: mixed_qkv already encoded for pygdn (bf16 bits) and built by _lean_rows (a prefill
+    measured for pygdn only: the peers need float inputs)."""
     rng = np.random.default_rng(seed)
     if kind == "decode":
         slots = batch
@@ -90,7 +104,7 @@ def make_case(kind, act, batch=1, num_spec=0, lens=(), seed=0):
     st = W - 1 + num_spec
     f32 = np.float32
     return Case(kind=kind, label=label, batch=batch, num_spec=num_spec, lens=tuple(lens), act=act, meta=meta,
-                x=_round_act(rng.standard_normal((T, C), f32), act),
+                x=_lean_rows(rng, T, C, act) if lean else _round_act(rng.standard_normal((T, C), f32), act),
                 a=_round_act(rng.standard_normal((T, HV), f32), act),
                 b=_round_act(rng.standard_normal((T, HV), f32), act),
                 conv_w=_round_act(rng.standard_normal((C, W), f32) * 0.5, act), conv_b=None,  # Qwen3-Next: no conv bias
@@ -99,14 +113,17 @@ def make_case(kind, act, batch=1, num_spec=0, lens=(), seed=0):
                 ssm0=rng.standard_normal((slots, HV, V, K), f32) * f32(0.05))
 
 
-def traffic_bytes(case, state_bytes=4):
-    """Useful memory traffic of one step: ssm state read once per sequence and written once per
-    token written back (decode/prefill: once), conv state read + written, mixed_qkv and a/b in,
-    core_attn_out out, conv weight. Workspace intermediates are not counted. state_bytes: 4 (f32
-    ssm state) or 2 (bf16)."""
+STATE_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
+
+
+def traffic_bytes(case, state_dtype="f32"):
+    """Useful memory traffic of one step: each ssm state touched read once per sequence and
+    written once per state written back (decode/prefill: once; spec: once per token, the
+    per-token write-backs), in the state dtype's bytes; conv state read + written; mixed_qkv
+    and a/b in, core_attn_out out, conv weight. Workspace intermediates are not counted."""
     act = 2 if case.act == "bf16" else 4
     C, T, n = case.C, case.rows, case.batch
-    sb = case.HV * case.K * case.V * state_bytes
+    sb = case.HV * case.K * case.V * STATE_BYTES[state_dtype]
     acts = T * C * act + T * case.HV * case.V * act + 2 * T * case.HV * act + C * case.W * act
     if case.kind == "spec":
         L = case.num_spec + 1
@@ -134,53 +151,100 @@ def chunked_flops(case):
 
 
 # ----------------------------------------------------------------------------- pygdn
+class Unsupported(Exception):
+    """This build of pygdn / libgdn_xpu cannot run the asked variant (bf16 state, checkpoints)."""
+
+
+def _batch_fields():
+    return {f.name for f in dc.fields(pygdn.Batch)}
+
+
+def checkpoint_meta(meta, interval, first_slot):
+    """meta with block checkpoints every `interval` tokens (gdn_batch_t version 2, issue 15):
+    every non-spec sequence starts at position 0 and stores each boundary's state to its own
+    slot, first_slot, first_slot + 1, ... Returns (meta, slots used)."""
+    lens = np.diff(np.asarray(meta["non_spec_query_start_loc"], np.int64))
+    cols = max(1, int(max(lens)) // interval)
+    n = len(lens)
+    ck = np.full((n, cols), meta.get("pad_slot_id", -1), np.int32)
+    for i, L in enumerate(lens):
+        ck[i, :L // interval] = first_slot + i * cols + np.arange(L // interval)
+    out = dict(meta, checkpoint_interval=interval, checkpoint_cols=cols,
+               non_spec_start_pos=np.zeros(n, np.int32), checkpoint_state_indices=ck.reshape(-1))
+    return out, n * cols
+
+
 class Ours:
-    """pygdn.attention on USM shared arrays of the queue, caches kept between steps."""
+    """pygdn.attention on USM shared arrays of the queue, caches kept between steps.
+
+    state_dtype "bf16" (issue 15: the ssm cache in bf16) and checkpoint_interval > 0 (block
+    checkpoints during a prefill) need a build that has them; Unsupported says why not.
+    own_workspace: the call gets a workspace array of its own (freed with this object) instead
+    of the library's per-queue one, which only grows: the long prefills of the sweep."""
 
     name = "ours"
 
-    def __init__(self, queue, case, ssm_layout="vk", state_dtype="f32", checkpoint_every=0):
-        """state_dtype: of the ssm cache ("bf16": the case's state rounded); checkpoint_every > 0:
-        prefills store a block checkpoint every that many tokens, into extra slots of the caches."""
+    def __init__(self, queue, case, ssm_layout="vk", state_dtype="f32", checkpoint_interval=0, own_workspace=False):
         self.q, self.case, self.layout, self.state_dtype = queue, case, ssm_layout, state_dtype
-        meta, conv0, ssm0 = case.meta, case.conv0, case.ssm0
-        if checkpoint_every:
-            cols = max(case.lens) // checkpoint_every + 1
-            n = len(case.lens)
-            extra = np.arange(case.num_slots, case.num_slots + n * cols, dtype=np.int32).reshape(n, cols)
-            meta = dict(meta, checkpoint_interval=checkpoint_every, checkpoint_cols=cols, checkpoint_state_indices=extra,
-                        non_spec_start_pos=np.zeros(n, np.int32))
-            conv0 = np.concatenate([conv0, np.zeros((extra.size,) + conv0.shape[1:], conv0.dtype)])
-            ssm0 = np.concatenate([ssm0, np.zeros((extra.size,) + ssm0.shape[1:], ssm0.dtype)])
-        self.cfg = pygdn.Config(num_k_heads=case.H, num_v_heads=case.HV, head_k_dim=case.K, head_v_dim=case.V,
-                                num_slots=ssm0.shape[0], conv_width=case.W, act_dtype=case.act, state_dtype=state_dtype,
-                                ssm_layout=ssm_layout, conv_layout="time_major", conv_spec_layout="rolled",
-                                conv_state_len=case.state_len)
+        meta, extra = case.meta, 0
+        if checkpoint_interval:
+            if "checkpoint_interval" not in _batch_fields():
+                raise Unsupported("pygdn.Batch has no checkpoint_interval (block checkpoints: issue 15)")
+            meta, extra = checkpoint_meta(meta, checkpoint_interval, case.num_slots)
+        slots = case.num_slots + extra
+        dtype_kw = {} if state_dtype == "f32" else {"state_dtype": state_dtype}  # older builds: no such field
+        try:
+            self.cfg = pygdn.Config(num_k_heads=case.H, num_v_heads=case.HV, head_k_dim=case.K, head_v_dim=case.V,
+                                    num_slots=slots, conv_width=case.W, act_dtype=case.act, ssm_layout=ssm_layout,
+                                    conv_layout="time_major", conv_spec_layout="rolled", conv_state_len=case.state_len,
+                                    **dtype_kw)
+        except TypeError as e:
+            raise Unsupported(f"pygdn.Config has no state_dtype" if "state_dtype" in str(e) else str(e)) from None
         enc = pygdn.to_bf16_bits if case.act == "bf16" else (lambda v: np.ascontiguousarray(v, np.float32))
+        x = case.x if case.x.dtype == np.uint16 else enc(case.x)  # lean cases come encoded
         U = lambda v: pygdn.UsmArray.from_numpy(v, queue)  # noqa: E731
-        ssm = ssm0 if ssm_layout == "vk" else np.ascontiguousarray(np.swapaxes(ssm0, 2, 3))
-        ssm = pygdn.to_bf16_bits(ssm) if state_dtype == "bf16" else ssm
+        ssm = case.ssm0 if ssm_layout == "vk" else np.swapaxes(case.ssm0, 2, 3)
+        conv = enc(case.conv0)
+        if extra:  # checkpoint slots start as zeros
+            ssm = np.concatenate([ssm, np.zeros((extra,) + ssm.shape[1:], ssm.dtype)])
+            conv = np.concatenate([conv, np.zeros((extra,) + conv.shape[1:], conv.dtype)])
+        ssm = pygdn.to_bf16_bits(ssm) if state_dtype == "bf16" else np.ascontiguousarray(ssm, np.float32)
         act_np = np.uint16 if case.act == "bf16" else np.float32
-        self.arrays = dict(mixed_qkv=U(enc(case.x)), a=U(enc(case.a)), b=U(enc(case.b)),
+        self.arrays = dict(mixed_qkv=U(x), a=U(enc(case.a)), b=U(enc(case.b)),
                            conv_weight=U(enc(case.conv_w)), A_log=U(case.A_log), dt_bias=U(case.dt_bias),
-                           conv_state=U(enc(conv0)), ssm_state=U(ssm),
+                           conv_state=U(conv), ssm_state=U(ssm),
                            core_attn_out=pygdn.UsmArray((case.rows, case.HV, case.V), act_np, queue))
-        self.conv_out = pygdn.UsmArray((case.rows, case.C), act_np, queue)
+        self._conv_out = None  # the breakdown's conv output, made when first needed
         self.batch = to_device(meta, queue)
+        if own_workspace:
+            self.arrays["workspace"] = pygdn.UsmArray((pygdn.workspace_size(self.cfg, self.batch),), np.uint8, queue,
+                                                      usm_type="device")
 
     def step(self):
-        pygdn.attention(self.q, self.cfg, self.batch, **self.arrays)
+        try:
+            pygdn.attention(self.q, self.cfg, self.batch, **self.arrays)
+        except pygdn.GdnError as e:
+            if e.status == pygdn.lib.GDN_ERROR_UNSUPPORTED:
+                raise Unsupported(str(e)) from None
+            raise
+
+    @property
+    def conv_out(self):
+        if self._conv_out is None:
+            act_np = np.uint16 if self.case.act == "bf16" else np.float32
+            self._conv_out = pygdn.UsmArray((self.case.rows, self.case.C), act_np, self.q)
+        return self._conv_out
 
     def conv_only(self):
         A = self.arrays
         pygdn.causal_conv1d(self.q, self.cfg, self.batch, mixed_qkv=A["mixed_qkv"], conv_weight=A["conv_weight"],
-                                 conv_state=A["conv_state"], conv_out=self.conv_out)
+                            conv_state=A["conv_state"], conv_out=self.conv_out)
 
     def delta_only(self):
         A = self.arrays
         pygdn.gated_delta_rule(self.q, self.cfg, self.batch, conv_out=self.conv_out, ssm_state=A["ssm_state"],
-                                    core_attn_out=A["core_attn_out"], a=A["a"], b=A["b"], A_log=A["A_log"],
-                                    dt_bias=A["dt_bias"])
+                               core_attn_out=A["core_attn_out"], a=A["a"], b=A["b"], A_log=A["A_log"],
+                               dt_bias=A["dt_bias"])
 
     def result(self):
         out = self.arrays["core_attn_out"].to_numpy()
@@ -190,6 +254,54 @@ class Ours:
         return out.astype(np.float32), (ssm if self.layout == "vk" else np.swapaxes(ssm, 2, 3))
 
 
+def l3_bytes():
+    """The largest cache of this machine (sysfs), or 32 MiB when it does not say."""
+    best = 0
+    try:
+        import glob
+        for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+            with open(path) as f:
+                s = f.read().strip()
+            best = max(best, int(s[:-1]) * {"K": 1 << 10, "M": 1 << 20}.get(s[-1], 1) if s[-1] in "KM" else int(s))
+    except (OSError, ValueError):
+        pass
+    return best or 32 << 20
+
+
+class Rotating:
+    """R copies of one Ours (each with its own caches), stepped in turn, R chosen so that the
+    copies together hold >= max(256 MiB, 4 x the last-level cache): every step then finds its
+    state in DRAM, as a model's layer does (Qwen3-Next runs 35 other GDN layers between two steps
+    of one layer). Repeating one step on one set of caches would time an L3-resident state (a
+    batch-8 f32 state is 16 MiB; the 2-core test host has a 32 MiB L3) against a DRAM bandwidth."""
+
+    def __init__(self, make, set_bytes):
+        self.pool_bytes = max(256 << 20, 4 * l3_bytes())
+        self.items = [make() for _ in range(max(2, -(-self.pool_bytes // max(set_bytes, 1))))]
+        self.i = 0
+
+    def __len__(self):
+        return len(self.items)
+
+    def call(self, method):
+        """A function running `method` of the next copy each time it is called."""
+        def run():
+            item = self.items[self.i]
+            self.i = (self.i + 1) % len(self.items)
+            getattr(item, method)()
+        return run
+
+    @property
+    def first(self):
+        return self.items[0]
+
+
+def cache_set_bytes(case, state_dtype="f32"):
+    """Bytes of the caches one step touches: its ssm state slots and conv state lines."""
+    act = 2 if case.act == "bf16" else 4
+    return case.num_slots * (case.HV * case.K * case.V * STATE_BYTES[state_dtype] + case.state_len * case.C * act)
+
+
 def rel_err(got, want):
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
     scale = max(float(np.max(np.abs(want))), 1e-6)
@@ -197,6 +309,14 @@ def rel_err(got, want):
 
 
 # ----------------------------------------------------------------------------- one case, ours and the peers
+# Our step in other cache formats, measured beside the default (vk layout, f32 state) on every
+# decode / spec case: (record key, ssm layout, state dtype).
+VARIANTS = (("ours_kv_layout", "kv", "f32"), ("ours_bf16_state", "vk", "bf16"), ("ours_bf16_state_kv", "kv", "bf16"))
+# A bf16 state cache is rounded once per stored state (relative 2^-9): its outputs and states
+# against the f32-state step, max |diff| / max |f32|, must stay well inside this.
+STATE_TOL = 2e-2
+
+
 def run_case(queue, case, peers, plan, log, missing=()):
     late = time.perf_counter() > plan["deadline"]
     if late:
@@ -215,33 +335,49 @@ def run_case(queue, case, peers, plan, log, missing=()):
         rec["past_deadline"] = True
     rec["waited_for_quiet_s"] = wait_quiet(plan)
     tol = 5e-2 if case.act == "bf16" else 2e-3
+    agreement = {}
 
     # The first call of each implementation warms it up (workspace growth, allocator, caches)
     # and is the agreement check: all start from the same caches and inputs.
-    ours = Ours(queue, case)
-    first = first_call_s(ours.step)
-    ref_out, ref_ssm = ours.result()
-    impls = {"ours": (ours.step, reps_ours, first)}
-    variants = {}  # name -> the same step run differently, with its agreement vs ours
-    if case.kind != "prefill":
-        # Diagnostic: the same step with the ssm cache in the "kv" layout [slots, HV, K, V].
-        kv = Ours(queue, case, ssm_layout="kv")
-        impls["ours_kv_layout"] = (kv.step, reps_ours, first_call_s(kv.step))
-        # The ssm cache in bf16 (vLLM's default for Qwen3-Next): half the state bytes of a step.
-        variants["ours_bf16_state"] = Ours(queue, case, state_dtype="bf16")
+    # Decode / spec steps rotate over copies of the caches (cold state, see Rotating); a
+    # prefill's own traffic is far larger than its state, it runs on one set.
+    make = lambda **kw: (lambda: Ours(queue, case, **kw))  # noqa: E731
+    rotating = case.kind != "prefill"
+    if rotating:
+        ours_r = Rotating(make(), cache_set_bytes(case))
+        rec["cache_copies"] = len(ours_r)
+        ours = ours_r.first
     else:
-        # Block checkpoints every 256 tokens (prefix caching, mamba_cache_mode="all") against none.
-        variants["ours_ckpt256"] = Ours(queue, case, checkpoint_every=256)
-    for name, o in variants.items():
-        impls[name] = (o.step, reps_ours, first_call_s(o.step))
-        out, ssm = o.result()
-        rec[name + "_agreement"] = {"out": rel_err(out, ref_out), "ssm": rel_err(ssm, ref_ssm)}
-        del out, ssm
+        ours = Ours(queue, case)
+    step = ours_r.call("step") if rotating else ours.step
+    first = first_call_s(step)   # copy 0: the agreement check reads its result
+    ref_out, ref_ssm = ours.result()
+    impls = {"ours": (step, reps_ours, first)}
+    if case.kind != "prefill":
+        # The same step with the ssm cache in the "kv" layout [slots, HV, K, V], and with a bf16
+        # state cache in both layouts (when this build has it; the bytes counted are then bf16's).
+        rec["bytes_bf16_state"] = traffic_bytes(case, "bf16")
+        for name, layout, sd in VARIANTS:
+            if name in plan["unsupported"]:
+                continue
+            try:
+                rot = Rotating(make(ssm_layout=layout, state_dtype=sd), cache_set_bytes(case, sd))
+                o, run = rot.first, rot.call("step")
+                impls[name] = (run, reps_ours, first_call_s(run))
+            except Unsupported as e:
+                plan["unsupported"][name] = str(e)
+                log(f"  {sd} state, {layout} layout: not supported by this build ({e})")
+                continue
+            if sd != "f32":
+                out, ssm = o.result()
+                a = {"out": rel_err(out, ref_out), "ssm": rel_err(ssm, ref_ssm)}
+                a["ok"] = bool(a["out"] <= STATE_TOL and a["ssm"] <= STATE_TOL)
+                agreement[name] = a
     # Breakdown of our step: the conv alone and the delta rule alone (two calls instead of one).
     reps_part = max(1, reps_ours // 2)
-    impls["ours_conv"] = (ours.conv_only, reps_part, first_call_s(ours.conv_only))
-    impls["ours_delta"] = (ours.delta_only, reps_part, first_call_s(ours.delta_only))
-    agreement = {}
+    for part in ("conv", "delta"):
+        run = ours_r.call(f"{part}_only") if rotating else getattr(ours, f"{part}_only")
+        impls[f"ours_{part}"] = (run, reps_part, first_call_s(run))
     for name, why in missing:
         rec[name] = {"error": why, "not_installed": True}
     for peer_cls in peers:
@@ -276,15 +412,15 @@ def run_case(queue, case, peers, plan, log, missing=()):
     for name, st in stats.items():
         rec[name] = st
     for name, a in agreement.items():
-        rec[name]["ratio"] = rec[name]["median_s"] / rec["ours"]["median_s"]
+        if not name.startswith("ours"):
+            rec[name]["ratio"] = rec[name]["median_s"] / rec["ours"]["median_s"]
         rec[name]["agreement_vs_ours"] = a
     t_ours = rec["ours"]["median_s"]
     rec["ours"]["GBps"] = rec["bytes"] / t_ours / 1e9
-    if "ours_bf16_state" in rec:
-        rec["bytes_bf16_state"] = traffic_bytes(case, state_bytes=2)
-        rec["ours_bf16_state"]["GBps"] = rec["bytes_bf16_state"] / rec["ours_bf16_state"]["median_s"] / 1e9
-    if "ours_ckpt256" in rec:
-        rec["ours_ckpt256"]["ratio"] = rec["ours_ckpt256"]["median_s"] / t_ours
+    for name, _, sd in VARIANTS:
+        if name in rec:
+            rec[name]["GBps"] = rec["bytes" if sd == "f32" else f"bytes_{sd}_state"] / rec[name]["median_s"] / 1e9
+            rec[name]["vs_ours"] = rec[name]["median_s"] / t_ours
     if "flops" in rec:
         rec["ours"]["GFLOPs"] = rec["flops"] / t_ours / 1e9
     log(row_line(rec, plan))
