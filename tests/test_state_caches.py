@@ -12,8 +12,9 @@ unless they straddle a rounding midpoint, so every element is within one unit in
 (per chunk, per token) moves most elements by one or more ulps and fails that count.
 
 Kernel builds: every test uses K = V = 16 and f32 activations, the shapes of test_delta_rule.py
-and test_attention.py, so the f32-state kernels are shared with those files; bf16 and f16 states
-add one delta-rule build each per ssm layout: 4 builds in all.
+and test_attention.py, so the f32-state kernels are shared with those files. bf16 and f16 states add
+the recurrent and chunk builds of the CPU variants per ssm layout (8) and, for the generic kernels,
+of (kv, bf16) and (vk, f16) (4): 12 builds, ~19 s of cold compile on the 2-core test host.
 """
 import numpy as np
 import pytest
@@ -359,3 +360,37 @@ def test_state_caches_in_one_mixed_batch(queue, monkeypatch, kernels, ssm_layout
                 spec_token_indx=rows[T_ns:].copy())
     x, a, b = tokens(rng, T, cfg.conv_dim)
     layer.step(meta, x, a, b)
+
+
+# ----------------------------------------------------------------------------- widening and rounding, bit for bit
+@pytest.mark.parametrize("path", ["decode", "prefill"])
+@pytest.mark.parametrize("state_dtype", ["bf16", "f16"])
+def test_state_load_store_round_trip_every_value(queue, state_dtype, path):
+    """With g = 0 and beta = 0 a token leaves the state as it is (S = e^0 S, u = 0), so a call stores
+    exactly what it loaded: every finite value of the state dtype survives the widening load and
+    the rounding store bit for bit, through the recurrent kernel (decodes) and the chunk scan (2-token
+    prefills). Left out: -0 (the update's S + k*0 makes it +0), bf16 values below 2^-126 (the CPU
+    device flushes f32 denormals) and above 2^100 (S^T k overflows, and beta*inf is NaN)."""
+    rng = np.random.default_rng(200)
+    bits = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+    vals = pygdn.from_bf16_bits(bits) if state_dtype == "bf16" else bits.view(np.float16).astype(np.float32)
+    keep = (np.abs(vals) <= 2.0 ** 100) & (bits != 0x8000) & \
+        ((np.abs(vals) >= 2.0 ** -126) | (bits == 0) | (state_dtype == "f16"))
+    per_slot = HV * K * V
+    stored = bits[keep]
+    n = -(-stored.size // per_slot)
+    stored = np.concatenate([stored, np.zeros(n * per_slot - stored.size, np.uint16)]).reshape(n, HV, V, K)
+    cfg = config(n, state_dtype, "vk")
+    L = 1 if path == "decode" else 2
+    meta = make_batch(rng, num_slots=n, **({"num_decodes": n} if path == "decode" else {"prefill_lens": [L] * n}),
+                      has_initial_state=[1] * n, order="random")
+    T = meta["num_actual_tokens"]
+    d_ssm = usm(queue, stored if state_dtype == "bf16" else stored.view(np.float16))
+    x = rng.standard_normal((T, cfg.conv_dim)).astype(np.float32)
+    zeros = usm(queue, np.zeros((T, HV), np.float32))
+    pygdn.gated_delta_rule(queue, cfg, to_device(meta, queue), conv_out=usm(queue, x), ssm_state=d_ssm,
+                           core_attn_out=usm(queue, np.zeros((T, HV, V), np.float32)), g=zeros, beta=zeros)
+    got = d_ssm.to_numpy().view(np.uint16)
+    bad = np.flatnonzero(got != stored)
+    assert not bad.size, (f"{bad.size} stored states are not the loaded ones, e.g. "
+                          + ", ".join(f"{stored.flat[i]:#06x} -> {got.flat[i]:#06x}" for i in bad[:8]))
