@@ -25,14 +25,39 @@ static inline uint16_t float_to_bf16(float f) {
   return (uint16_t)(u >> 16);
 }
 
+// f16 by bit operations too (activations and states): a kernel that uses sycl::half needs the
+// device's fp16 aspect, and the runtime puts kernels with different needs into separate device
+// images -- a build of two programs, which the disk cache cannot keep (delta_prep.cpp: gdn_prep
+// reads activations, gdn_chunk_plan does not; delta_chunk*.cpp: only the scan touches the state).
+static inline float f16_to_float(uint16_t h) {
+  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0) return sycl::bit_cast<float>(sign | sycl::bit_cast<uint32_t>((float)m * 5.9604644775390625e-8f));  // m 2^-24
+  return sycl::bit_cast<float>(sign | (e == 31 ? 0x7f800000u | (m << 13) : ((e + 112u) << 23) | (m << 13)));
+}
+static inline uint16_t float_to_f16(float f) {  // round to nearest even
+  const uint32_t u = sycl::bit_cast<uint32_t>(f), a = u & 0x7fffffffu;
+  uint16_t h = (uint16_t)((u >> 16) & 0x8000u);
+  if (a > 0x7f800000u) h |= 0x7e00u;                        // NaN
+  else if (a >= 0x477ff000u) h |= 0x7c00u;                   // rounds to >= 65520: inf
+  else if (a >= 0x38800000u) h |= (uint16_t)((a + 0xfffu + ((a >> 13) & 1u) - 0x38000000u) >> 13);  // normal
+  else {  // subnormal: the nearest multiple of 2^-24, ties to even
+    const uint32_t shift = 126u - (a >> 23), mant = (a & 0x7fffffu) | 0x800000u;  // a = mant 2^(e-150)
+    if (shift <= 24u) {
+      const uint32_t q = mant >> shift, rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+      h |= (uint16_t)(q + (rem > half || (rem == half && (q & 1u))));
+    }
+  }
+  return h;
+}
+
 #if defined(GDN_ACT_BF16)
 typedef uint16_t act_t;
 static inline float act_to_float(act_t h) { return bf16_to_float(h); }
 static inline act_t float_to_act(float f) { return float_to_bf16(f); }
 #elif defined(GDN_ACT_F16)
-typedef sycl::half act_t;
-static inline float act_to_float(act_t h) { return (float)h; }
-static inline act_t float_to_act(float f) { return (act_t)f; }
+typedef uint16_t act_t;
+static inline float act_to_float(act_t h) { return f16_to_float(h); }
+static inline act_t float_to_act(float f) { return float_to_f16(f); }
 #else
 typedef float act_t;
 static inline float act_to_float(act_t h) { return h; }
@@ -158,33 +183,11 @@ static inline void vstore_state_stream(state_t *p, const vf16 &x) {
   stream_16x2(p, h);
 }
 #elif defined(GDN_STATE_F16)
-// f16 bit patterns, and scalar conversions by bit operations: a kernel that uses sycl::half needs
-// the device's fp16 aspect, and the runtime puts kernels with different needs into separate device
-// images -- a build of two programs, which the disk cache cannot keep (the chunk kernels: only the
-// scan touches the state). The 16-lane helpers (the recurrent kernels, alone in their builds) use
-// sycl::half vector conversions.
+// f16 bit patterns with the scalar bit-operation conversions above; the 16-lane helpers (the
+// recurrent kernels, alone in their builds) use sycl::half vector conversions.
 typedef uint16_t state_t;
-static inline float load_state(const state_t *p) {
-  const uint16_t h = *p;
-  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-  if (e == 0) return sycl::bit_cast<float>(sign | sycl::bit_cast<uint32_t>((float)m * 5.9604644775390625e-8f));  // m 2^-24
-  return sycl::bit_cast<float>(sign | (e == 31 ? 0x7f800000u | (m << 13) : ((e + 112u) << 23) | (m << 13)));
-}
-static inline void store_state(state_t *p, float f) {  // round to nearest even
-  const uint32_t u = sycl::bit_cast<uint32_t>(f), a = u & 0x7fffffffu;
-  uint16_t h = (uint16_t)((u >> 16) & 0x8000u);
-  if (a > 0x7f800000u) h |= 0x7e00u;                        // NaN
-  else if (a >= 0x477ff000u) h |= 0x7c00u;                   // rounds to >= 65520: inf
-  else if (a >= 0x38800000u) h |= (uint16_t)((a + 0xfffu + ((a >> 13) & 1u) - 0x38000000u) >> 13);  // normal
-  else {  // subnormal: the nearest multiple of 2^-24, ties to even
-    const uint32_t shift = 126u - (a >> 23), mant = (a & 0x7fffffu) | 0x800000u;  // a = mant 2^(e-150)
-    if (shift <= 24u) {
-      const uint32_t q = mant >> shift, rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1u);
-      h |= (uint16_t)(q + (rem > half || (rem == half && (q & 1u))));
-    }
-  }
-  *p = h;
-}
+static inline float load_state(const state_t *p) { return f16_to_float(*p); }
+static inline void store_state(state_t *p, float f) { *p = float_to_f16(f); }
 static inline vf16 vload_state(const state_t *p) { return load_f16x16((const sycl::half *)p); }
 static inline void vstore_state(state_t *p, const vf16 &x) { store_f16x16((sycl::half *)p, x); }
 static inline void vstore_state_stream(state_t *p, const vf16 &x) {
