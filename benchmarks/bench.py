@@ -28,8 +28,8 @@ One run measures, on Qwen3-Next TP=1 shapes (H=16, HV=32, K=V=128, W=4; bf16 act
   - the targets of issues 6 and 17, PASS / FAIL / NOISY (met while other processes shared the
     cores: never claimed) / n/a, with their numbers; the run says first whether it was quiet.
 Writes a JSON record (--json) and a PNG plot (--plot, needs matplotlib). --quick: fewer sizes
-and repeats (~2-3 min on 2 cores when quiet); the full run takes ~30+ min (the 131072-token
-points need ~14 GiB of memory each, skipped with a message when it is not available).
+and repeats (~2 min on 2 cores); the full run took 7 min on the 2-core test host (its
+131072-token points need ~14 GiB of memory each, skipped with a message when it is not there).
 
 Run it from a source checkout with the environment pygdn is installed in (the script's folder,
 not the checkout, goes on sys.path, so the installed pygdn is imported):

@@ -112,10 +112,12 @@ def _rows_foreign(recs, base):
 
 def targets(records, plan, torch_msg, ho=None, sweep=(), run_foreign=0.0):
     """The targets of issues 6 and 17 with their verdicts. Each verdict's noise share is the
-    largest of: the rows it uses, the reference measurements (bandwidth start/end, peak) and the
-    whole run."""
+    largest of: the rows it uses, the reference measurements it depends on (the bandwidth
+    measurement that became the reference, the peak) and the whole run."""
     bw, peak = plan["bw"]["reference_GBps"], plan["peak"]["numpy_matmul_GFLOPs"]
-    base = max(run_foreign, plan["bw"].get("foreign_cpu_start", 0.0), plan["bw"].get("end", {}).get("foreign_cpu", 0.0),
+    end = plan["bw"].get("end", {})
+    end_used = end.get("reference_GBps", 0.0) >= bw  # the end measurement became the reference
+    base = max(run_foreign, plan["bw"].get("foreign_cpu_start", 0.0), end.get("foreign_cpu", 0.0) if end_used else 0.0,
                plan["peak"].get("foreign_cpu", 0.0))
     out = []
     _targets17(out, records, plan, ho, sweep, base, bw, peak)
