@@ -60,21 +60,33 @@ def run_sweep_point(queue, lens, act, plan, log, seed=0):
     rec["waited_for_quiet_s"] = wait_quiet(plan)
     first = first_call_s(ours.step)
     reps = max(2, min(plan["sweep_reps"], int(plan["sweep_budget_s"] / max(first, 1e-6))))
-    watch = CpuWatch()
+    watch, cpu0 = CpuWatch(), own_cpu_s()
     ts = call_times(ours.step, reps)
+    cpu = (own_cpu_s() - cpu0) / reps
     rec["foreign_cpu"] = watch.foreign()
     del ours
     med = float(np.median(ts))
     rec["ours"] = {"median_s": med, "min_s": min(ts), "reps": reps, "first_s": first,
-                   "us_per_token": med / T * 1e6, "GFLOPs": rec["flops"] / med / 1e9}
+                   "us_per_token": med / T * 1e6, "GFLOPs": rec["flops"] / med / 1e9,
+                   "cpu_us_per_token": cpu / T * 1e6}
     return rec
+
+
+def own_cpu_s():
+    """CPU seconds of this process (all its threads): a point's CPU time per token is not
+    charged for preemption by other processes, which the wall time is (a stalled core is charged,
+    and so are the runtime's spinning threads), so it tells growth from noise on a shared host."""
+    import resource
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def run_sweep(queue, points, act, plan, log):
     log("")
     log(f"prefill sweep: pygdn alone, per-token cost (median of >= 2 calls after a warm-up call; "
         f"{act} activations, f32 state, one sequence unless NxL)")
-    log(f"{'case':<18s} {'tokens':>7s} {'ms/call':>10s} {'us/token':>9s} {'GFLOP/s':>8s} {'% peak':>7s}  vs first")
+    log(f"{'case':<18s} {'tokens':>7s} {'ms/call':>10s} {'us/token':>9s} {'GFLOP/s':>8s} {'% peak':>7s}  vs first  "
+        f"cpu-us/token (vs first)")
     out = []
     for lens in points:
         rec = run_sweep_point(queue, lens, act, plan, log)
@@ -86,11 +98,13 @@ def run_sweep(queue, points, act, plan, log):
 
 def sweep_line(rec, recs, plan):
     o = rec["ours"]
-    base = next((r for r in recs if "ours" in r), rec)["ours"]["us_per_token"]
+    first = next((r for r in recs if "ours" in r), rec)["ours"]
+    base, cbase = first["us_per_token"], first.get("cpu_us_per_token")
     peak = plan["peak"]["numpy_matmul_GFLOPs"]
     busy = rec.get("foreign_cpu", 0.0)
     return (f"{rec['label']:<18s} {rec['tokens']:7d} {o['median_s'] * 1e3:10.1f} {o['us_per_token']:9.1f} "
             f"{o['GFLOPs']:8.1f} {100 * o['GFLOPs'] / peak:6.1f}%  {o['us_per_token'] / base:5.2f}x"
+            + (f"   {o['cpu_us_per_token']:8.1f} ({o['cpu_us_per_token'] / cbase:4.2f}x)" if cbase else "")
             + (f"  [other processes {100 * busy:.0f}% CPU]" if busy > FOREIGN_FLAG else ""))
 
 
