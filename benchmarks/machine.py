@@ -142,10 +142,9 @@ def host_overhead(queue, act, calls):
 
 def c_host_overhead(calls):
     """The same measurement through the C ABI: benchmarks/host_overhead.c, built here against the
-    installed library and header (or the gdn_host_overhead program installed next to them)."""
-    installed = os.path.join(os.path.dirname(pygdn._lib.LIBRARY_PATH), "gdn_host_overhead")
+    installed library and header (the wheel ships no programs)."""
     with tempfile.TemporaryDirectory(prefix="gdn_host_overhead") as tmp:
-        exe, why = (installed, None) if os.path.exists(installed) else _build_host_overhead(tmp)
+        exe, why = _build_host_overhead(tmp)
         if exe is None:
             return [f"not measured: {why}"]
         run = subprocess.run([exe, str(calls)], capture_output=True, text=True, timeout=300, env=dict(os.environ))
@@ -158,12 +157,8 @@ def _build_host_overhead(out_dir):
     """Compiles host_overhead.c with the system C compiler (cc, or $CC): (path, None), or
     (None, why not)."""
     src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "host_overhead.c")
-    lib = pygdn._lib.LIBRARY_PATH
     exe = os.path.join(out_dir, "gdn_host_overhead")
-    # libgdn_xpu finds libsycl through its own RUNPATH; the linker is pointed at the environment's
-    # lib/ for the same libraries.
-    cmd = [os.environ.get("CC", "cc"), "-O2", f"-I{os.path.dirname(pygdn._lib.HEADER_PATH)}", src, lib,
-           f"-Wl,-rpath,{os.path.dirname(lib)}", f"-Wl,-rpath-link,{os.path.join(sys.prefix, 'lib')}", "-o", exe]
+    cmd = [os.environ.get("CC", "cc"), "-O2", src, *pygdn._lib.c_build_args(), "-o", exe]
     try:
         built = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     except OSError as e:

@@ -8,7 +8,10 @@
  * -------------------------------------
  *  - `queue` is a `sycl::queue *` passed as `void *` (what dpctl calls a DPCTLSyclQueueRef:
  *    `dpctl.SyclQueue.addressof_ref()`). The library copies the handle; it never owns it.
- *  - Every array argument is a USM pointer (device, shared or host) of that queue's context.
+ *  - Every array argument is a USM pointer (device, shared or host) of that queue's context,
+ *    aligned to its element size (int32 metadata 4, f32 4, f16/bf16 2, bytes 1; workspace 4);
+ *    else GDN_ERROR_BAD_POINTER naming the field. Nothing more: views into a larger allocation
+ *    (a slot range of a cache, a dpnp slice) are fine, the kernels' wider accesses fall back.
  *    Shapes below are outermost-first, C order; "rows" are token rows of the step.
  *  - Metadata arrays are int32 (`has_initial_state` is one byte per entry, 0 or 1).
  *  - Calls enqueue their kernels and return. On an in-order queue they return without waiting
@@ -25,6 +28,11 @@
  *    chunk kernels walk).
  *  - Structs are versioned by their first field `struct_size` = sizeof(struct) of the caller's
  *    header. Fill them with the gdn_*_init() functions, which set defaults and struct_size.
+ *    The structs only grow, by fields appended at the end: a caller built against an older
+ *    header passes its smaller struct_size and gets the defaults (gdn_*_init) for every field
+ *    its header did not have; a caller built against a newer header may pass a larger struct
+ *    whose fields unknown to this library are all zero. Versions of gdn_batch_t: 1 (0.1.0, ends
+ *    after spec_token_indx), 2 (adds the state-cache fields from non_spec_read_state_indices on).
  *
  * Python (pygdn) reads the text between GDN_CDEF_BEGIN and GDN_CDEF_END with cffi, so that
  * region holds plain C declarations only: no #if, no function-like macros.
@@ -35,10 +43,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#if defined(_WIN32)
-#define GDN_API __declspec(dllexport)
+/* GDN_BUILDING is defined only while the library itself is compiled (meson.build): it exports
+ * the entry points; a consumer imports them (Windows) or needs no attribute (ELF). */
+#if defined(_WIN32) || defined(__CYGWIN__)
+#  if defined(GDN_BUILDING)
+#    define GDN_API __declspec(dllexport)
+#  else
+#    define GDN_API __declspec(dllimport)
+#  endif
+#elif defined(GDN_BUILDING)
+#  define GDN_API __attribute__((visibility("default")))
 #else
-#define GDN_API __attribute__((visibility("default")))
+#  define GDN_API
 #endif
 
 #ifdef __cplusplus
@@ -51,7 +67,8 @@ extern "C" {
 #define GDN_VERSION_MAJOR 0
 #define GDN_VERSION_MINOR 1
 #define GDN_VERSION_PATCH 0
-/* Bumped whenever a struct layout or a function signature changes incompatibly. */
+/* Bumped whenever a struct layout or a function signature changes incompatibly (appending a
+ * field to a struct does not: see "Structs are versioned" above). */
 #define GDN_ABI_VERSION 1
 
 /* Status codes. Values are pinned: never renumbered, never reused. */
@@ -64,11 +81,11 @@ typedef enum gdn_status {
   GDN_ERROR_BAD_LAYOUT = 5,         /* unknown layout value, or a stride too small       */
   GDN_ERROR_BAD_START_LOC = 6,      /* *_query_start_loc not monotonic / not matching    */
   GDN_ERROR_BAD_STATE_INDEX = 7,    /* a state index outside {pad_slot_id} U [0, slots)  */
-  GDN_ERROR_DUPLICATE_SLOT = 8,     /* two writers of one state slot in one call         */
+  GDN_ERROR_DUPLICATE_SLOT = 8,     /* two writers of one slot, or a writer and a reader */
   GDN_ERROR_BAD_ACCEPTED = 9,       /* num_accepted_tokens outside [1, 1 + num_spec]     */
   GDN_ERROR_BAD_TOKEN_INDEX = 10,   /* a token row out of range, or two owners of a row  */
-  GDN_ERROR_BAD_STRUCT_SIZE = 11,   /* struct_size smaller than the oldest known version */
-  GDN_ERROR_BAD_POINTER = 12,       /* not a USM pointer of the queue's context          */
+  GDN_ERROR_BAD_STRUCT_SIZE = 11,   /* struct_size of no known version (older than v1)   */
+  GDN_ERROR_BAD_POINTER = 12,       /* not USM of the queue's context, or misaligned     */
   GDN_ERROR_BAD_QUEUE = 13,         /* NULL queue                                        */
   GDN_ERROR_UNSUPPORTED = 14,       /* valid request this build/device cannot run        */
   GDN_ERROR_COMPILE = 15,           /* run-time kernel compilation failed (log in message) */
@@ -77,7 +94,7 @@ typedef enum gdn_status {
   GDN_ERROR_INTERNAL = 18           /* a bug in libgdn_xpu                               */
 } gdn_status_t;
 
-/* Element types of activations and states. */
+/* Element types of activations (act_dtype) and of the SSM state cache (state_dtype). */
 typedef enum gdn_dtype {
   GDN_DTYPE_F32 = 1,
   GDN_DTYPE_F16 = 2,
@@ -98,12 +115,14 @@ typedef enum gdn_conv_layout {
 
 /* How speculative sequences keep their conv history (see README "Conv state in MTP").
  *  SNAPSHOT: the W-1 input window before token 0 is read from slot spec_state_indices[n][A-1]
- *            and the window after token t is written to slot spec_state_indices[n][t]
- *            (vllm-xpu-kernels #368). Needs conv_state_len >= W-1.
+ *            (or spec_read_state_indices[n]) and the window after token t is written to slot
+ *            spec_state_indices[n][t] (vllm-xpu-kernels #368). Needs conv_state_len >= W-1.
  *  ROLLED:   one line, slot spec_state_indices[n][0], holds W-1+num_spec columns; this step's
- *            window is columns A-1 .. A+W-3; afterwards columns 0..W-3 hold the last W-2 inputs
- *            before token 0 and column W-2+j holds token j (vLLM CUDA causal_conv1d_update).
- *            Needs conv_state_len >= W-1+num_spec. Prefill/decode write columns 0..W-2. */
+ *            window is columns A-1 .. A+W-3 of the read slot's line (that line, or
+ *            spec_read_state_indices[n]); afterwards the line [n][0] holds the last W-2 inputs
+ *            before token 0 in columns 0..W-3 and token j in column W-2+j (vLLM CUDA
+ *            causal_conv1d_update). Needs conv_state_len >= W-1+num_spec. Prefill/decode and
+ *            checkpoints write columns 0..W-2 (the A = 1 window). */
 typedef enum gdn_conv_spec_layout {
   GDN_CONV_SPEC_SNAPSHOT = 0,
   GDN_CONV_SPEC_ROLLED = 1
@@ -118,7 +137,7 @@ enum {
   GDN_FLAG_ALL = 15              /* every bit this version knows; others are rejected         */
 };
 
-/* Tokens per chunk of the chunked (WY/UT) prefill form. */
+/* Tokens per chunk of the chunked (WY/UT) prefill form; checkpoint_interval is a multiple of it. */
 #define GDN_CHUNK_SIZE 64
 
 /* gdn_batch_t.validate */
@@ -127,6 +146,46 @@ enum {
   GDN_VALIDATE_COUNTS = 1 /* check counts, pointers and config; trust array contents, except   */
                           /* non_spec_query_start_loc of a batch with prefills (see above)   */
 };
+
+/* State caches (ssm_state, conv_state) as engines keep them
+ * ----------------------------------------------------------
+ * Read and write slots. A sequence reads its initial SSM state and conv history from one slot
+ * (its read slot) and writes its states to its write slots, in both caches alike:
+ *   non-spec sequence i reads non_spec_read_state_indices[i] (NULL array: non_spec_state_indices[i])
+ *     and writes the state after its last token to non_spec_state_indices[i];
+ *   spec sequence n (A = num_accepted_tokens[n]) reads spec_read_state_indices[n] (NULL array:
+ *     spec_state_indices[n][A-1] for the SSM state and the SNAPSHOT conv window, the line
+ *     spec_state_indices[n][0] for the ROLLED conv window) and writes the state after token t to
+ *     spec_state_indices[n][t] (ROLLED conv: to its line spec_state_indices[n][0]; the window is
+ *     read from columns A-1 .. A+W-3 of the read slot's line, see gdn_conv_spec_layout_t).
+ * A read slot is left as it was unless it is also a write slot of the same sequence. Several
+ * sequences may read one slot; a slot read by one sequence and written by another in the same call
+ * is rejected (GDN_ERROR_DUPLICATE_SLOT: the result would depend on kernel order). With
+ * has_initial_state[i] == 0 nothing is read: the sequence starts from zeros.
+ * pad_slot_id as a sequence's write slot (non_spec_state_indices[i], or the ROLLED line [n][0])
+ * makes the sequence graph padding: zero outputs, nothing read, nothing written, no checkpoint.
+ * As an explicitly given read slot it means "nothing to read": the sequence starts from zeros and
+ * writes as usual. (With spec_read_state_indices NULL a padded spec_state_indices[n][A-1] keeps its
+ * version-1 meaning: no SSM state read or written, zero delta-rule outputs.)
+ *
+ * Block checkpoints (non-spec sequences, when checkpoint_interval = I > 0): token j (0-based within
+ * this step) of non-spec sequence i is a boundary when (non_spec_start_pos[i] + j + 1) % I == 0,
+ * i.e. the request then holds a multiple of I tokens. At its k-th boundary of the step (k = 0, 1,
+ * ...) the sequence stores the SSM state after token j and the conv history after it (the last
+ * W-1 inputs up to token j, history before the step included, in columns 0..W-2 as a prefill
+ * leaves them) to slot checkpoint_state_indices[i][k]; pad_slot_id there = not stored. More
+ * boundaries than checkpoint_cols is an error (GDN_ERROR_BAD_COUNT). A checkpoint slot has one
+ * writer and one purpose: it may not be another checkpoint, another sequence's read or write
+ * slot, or the sequence's own read slot; it may be the sequence's own write slot only when the
+ * boundary is the sequence's last token (both then hold the same state). Resuming from a
+ * checkpoint (read slot = that slot, start_pos = its position; a spec continuation with A = 1)
+ * continues exactly as the unbroken run. Spec sequences store no checkpoints.
+ *
+ * State dtype (gdn_config_t.state_dtype: F32, BF16 or F16 for ssm_state; conv_state is always in
+ * act_dtype). The math is f32: a state is widened when loaded and rounded to nearest even when
+ * stored, once per stored state (each spec write-back, each checkpoint, the final state of a
+ * decode or prefill), never per chunk or per token inside a call. F16 states overflow to inf
+ * above 65504; BF16 keeps f32's range with 8 significant bits. */
 
 /* Model dimensions, dtypes and cache layouts: constant for a layer. */
 typedef struct gdn_config {
@@ -137,7 +196,7 @@ typedef struct gdn_config {
   int32_t head_v_dim;       /* V: 1..256                                                      */
   int32_t conv_width;       /* W: 2..8. conv_dim = 2*H*K + HV*V                               */
   int32_t act_dtype;        /* gdn_dtype_t of mixed_qkv, a, b, z, conv weight/bias/state, out */
-  int32_t state_dtype;      /* gdn_dtype_t of ssm_state: GDN_DTYPE_F32 (only, in this version) */
+  int32_t state_dtype;      /* gdn_dtype_t of ssm_state: F32 (default), BF16 or F16          */
   int32_t ssm_layout;       /* gdn_ssm_layout_t                                               */
   int32_t conv_layout;      /* gdn_conv_layout_t                                              */
   int32_t conv_spec_layout; /* gdn_conv_spec_layout_t                                         */
@@ -181,6 +240,26 @@ typedef struct gdn_batch {
   const int32_t *num_accepted_tokens;
   /* [spec_token_count], int32: global row of the j-th spec token; NULL = row j */
   const int32_t *spec_token_indx;
+  /* ---- version 2: state caches as engines keep them ("State caches" above). A version-1 caller
+   *      (struct_size ending after spec_token_indx) gets the defaults: NULL / 0. ---- */
+  /* [num_prefills+num_decodes], int32, or NULL = non_spec_state_indices: each non-spec sequence's
+   * read slot (initial SSM state and conv history) */
+  const int32_t *non_spec_read_state_indices;
+  /* [num_spec_decodes], int32, or NULL = spec_state_indices[n][A-1] (SSM, SNAPSHOT conv) and
+   * spec_state_indices[n][0] (ROLLED conv line): each spec sequence's read slot */
+  const int32_t *spec_read_state_indices;
+  /* tokens between checkpoints: 0 = none (default; the checkpoint fields are then not read), else
+   * a positive multiple of GDN_CHUNK_SIZE */
+  int32_t checkpoint_interval;
+  /* columns of checkpoint_state_indices, >= 0: the most boundaries a sequence may cross in a call */
+  int32_t checkpoint_cols;
+  /* [num_prefills+num_decodes], int32 >= 0, or NULL = all 0: tokens of each non-spec sequence's
+   * request already in its state before this step (its first token's position in the request) */
+  const int32_t *non_spec_start_pos;
+  /* [num_prefills+num_decodes, checkpoint_cols], int32, row-major: slot of the k-th checkpoint of
+   * non-spec sequence i in this step (pad_slot_id = not stored); needed when checkpoint_interval
+   * > 0 and checkpoint_cols > 0 */
+  const int32_t *checkpoint_state_indices;
 } gdn_batch_t;
 
 /* Arrays of one call. Row strides are in elements; 0 means dense. Which fields an entry point
@@ -201,7 +280,7 @@ typedef struct gdn_tensors {
   const float *dt_bias;        /* [HV] f32                                                    */
   const float *g;              /* [rows, HV] f32 log-decay; with beta replaces a/b/A_log/dt_bias */
   const float *beta;           /* [rows, HV] f32 in [0,1]                                     */
-  void *ssm_state;             /* f32, layout gdn_config_t.ssm_layout                         */
+  void *ssm_state;             /* state_dtype, layout gdn_config_t.ssm_layout                 */
   void *core_attn_out;         /* [rows, HV, V] act                                           */
   int64_t out_stride;          /*   row stride (0 = HV*V)                                     */
   const void *z;               /* [rows, HV, V] act, or NULL: fused o = rmsnorm(o)*w*silu(z)  */
@@ -233,9 +312,10 @@ GDN_API gdn_status_t gdn_warmup(void *queue, const gdn_config_t *cfg);
 /* ---- causal_conv1d: depthwise causal conv over time + optional SiLU ----
  * Reads  mixed_qkv, conv_weight, conv_bias, conv_state (initial windows).
  * Writes conv_out at each addressed row (zeros for rows of padded sequences), conv_state.
- * Non-spec sequence i: history = conv_state[non_spec_state_indices[i]] (zeros when
- * has_initial_state[i] == 0); afterwards the slot holds its last W-1 inputs (older history
- * shifted in when the sequence is shorter than W-1). Spec sequences: see gdn_conv_spec_layout_t. */
+ * Non-spec sequence i: history = columns 0..W-2 of its read slot (zeros when has_initial_state[i]
+ * == 0); afterwards its write slot non_spec_state_indices[i] holds its last W-1 inputs (older
+ * history shifted in when the sequence is shorter than W-1), and each checkpoint slot the history
+ * at its boundary. Spec sequences: see gdn_conv_spec_layout_t and "State caches". */
 GDN_API gdn_status_t gdn_causal_conv1d(void *queue, const gdn_config_t *cfg, const gdn_batch_t *batch,
                                        const gdn_tensors_t *t);
 
@@ -244,8 +324,16 @@ GDN_API gdn_status_t gdn_causal_conv1d(void *queue, const gdn_config_t *cfg, con
  * Writes core_attn_out at each addressed row (zeros for padded sequences), ssm_state.
  * Per v-head with state S [K,V] f32:  S = exp(g) S;  u = beta (v - S^T k);  S += k u^T;  o = S^T q
  * with q,k l2-normalized and q scaled (unless GDN_FLAG_NO_QK_L2NORM). Non-spec sequences of
- * length > 1 use the chunked (64) form unless GDN_FLAG_FORCE_RECURRENT. Spec sequence n reads
- * ssm_state[spec_state_indices[n][A-1]] and writes the state after token t to [n][t]. */
+ * length > 1 use the chunked (GDN_CHUNK_SIZE) form unless GDN_FLAG_FORCE_RECURRENT. Initial
+ * states come from the read slots, final states go to the write slots, spec sequence n writes
+ * the state after token t to spec_state_indices[n][t], checkpoints as in "State caches".
+ * Non-finite gates (README "Non-finite gates"): g = -exp(A_log)*softplus(a + dt_bias) is the value
+ * of that product however large or small its factors (taken in log space when one is not a normal
+ * f32 number): -inf when it overflows (a = +inf, a >= ~1e38, A_log >= ~89), 0 when a factor is
+ * exactly 0 (A_log = -inf or a + dt_bias = -inf) -- never 0*inf. A token whose decay exp(g) is 0
+ * (g = -inf, given or computed) resets the state before its update: S = 0*S, on every path (the
+ * chunked form gives the recurrence's finite result). NaN inputs make NaN only in their own
+ * sequence and its slots. */
 GDN_API gdn_status_t gdn_gated_delta_rule(void *queue, const gdn_config_t *cfg, const gdn_batch_t *batch,
                                           const gdn_tensors_t *t);
 
@@ -257,7 +345,8 @@ GDN_API gdn_status_t gdn_attention(void *queue, const gdn_config_t *cfg, const g
 
 /* Bytes of workspace a gdn_attention call with this config and these batch counts uses when it
  * is given no conv_out (the most any of the three ops uses). Computed by the same plan the call
- * runs, from the counts alone: the metadata arrays are not read. */
+ * runs, from the counts alone (checkpoint_interval > 0 counts: its prefill chunks are aligned to
+ * the request's positions, one more chunk per prefill): the metadata arrays are not read. */
 GDN_API gdn_status_t gdn_attention_workspace_size(const gdn_config_t *cfg, const gdn_batch_t *batch,
                                                   size_t *bytes);
 

@@ -1,9 +1,10 @@
-"""python -m pygdn {demo,info,bench} [options]   (run with --help for each)
+"""python -m pygdn {demo,warmup,info,bench} [options]   (run with --help for each)
 
-  demo   a Qwen3-Next MTP layer step on the default SYCL device, checked and timed
-  info   the library version and the default device
-  bench  the benchmark; it is not part of the package: this runs benchmarks/bench.py of the
-         source checkout the current directory is in (= python benchmarks/bench.py)
+  demo    a Qwen3-Next MTP layer step on the default SYCL device, checked and timed
+  warmup  compile the kernels of a deployment into the library's disk cache ahead of time
+  info    the library version and the default device
+  bench   the benchmark; it is not part of the package: this runs benchmarks/bench.py of the
+          source checkout the current directory is in (= python benchmarks/bench.py)
 """
 import os
 import sys
@@ -42,6 +43,8 @@ def main(argv=None) -> int:
         return 0
     if cmd == "demo":
         from .demo import main as run
+    elif cmd == "warmup":
+        from .warmup import main as run
     elif cmd == "bench":
         return _bench(argv)
     elif cmd == "info":

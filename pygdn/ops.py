@@ -55,6 +55,7 @@ class Config:
     num_slots: int
     conv_width: int = 4
     act_dtype: str = "bf16"            # "f32" | "f16" | "bf16" (bf16 arrays hold uint16 bit patterns)
+    state_dtype: str = "f32"           # of ssm_state: "f32" | "bf16" | "f16"
     ssm_layout: str = "vk"             # "kv": [slots, HV, K, V]; "vk": [slots, HV, V, K]
     conv_layout: str = "time_major"    # "dim_major": [slots, conv_dim, state_len]; "time_major": transposed
     conv_spec_layout: str = "rolled"   # "snapshot" | "rolled"
@@ -115,6 +116,7 @@ class Config:
         for f in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "conv_width", "num_slots"):
             setattr(c, f, int(getattr(self, f)))
         c.act_dtype = _choice(_DTYPES, self.act_dtype, "act_dtype")
+        c.state_dtype = _choice(_DTYPES, self.state_dtype, "state_dtype")
         c.ssm_layout = _choice(_SSM_LAYOUTS, self.ssm_layout, "ssm_layout")
         c.conv_layout = _choice(_CONV_LAYOUTS, self.conv_layout, "conv_layout")
         c.conv_spec_layout = _choice(_CONV_SPEC, self.conv_spec_layout, "conv_spec_layout")
@@ -140,6 +142,11 @@ _BATCH_ARRAY_LENGTHS = {  # field: elements the counts require (counts: any mapp
     "spec_state_indices": lambda c: c["num_spec_decodes"] * (c["num_spec"] + 1),
     "num_accepted_tokens": lambda c: c["num_spec_decodes"],
     "spec_token_indx": lambda c: c["spec_token_count"],
+    "non_spec_read_state_indices": lambda c: c["num_prefills"] + c["num_decodes"],
+    "spec_read_state_indices": lambda c: c["num_spec_decodes"],
+    "non_spec_start_pos": lambda c: c["num_prefills"] + c["num_decodes"],
+    "checkpoint_state_indices": lambda c: (c["num_prefills"] + c["num_decodes"]) * c["checkpoint_cols"]
+    if c["checkpoint_interval"] else 0,
 }
 _C_ELEMENT_TYPES = {"int32_t": "i32", "uint8_t": "u8"}
 
@@ -191,6 +198,13 @@ class Batch:
     spec_state_indices: object = None
     num_accepted_tokens: object = None
     spec_token_indx: object = None
+    # State caches as engines keep them (read slots, block checkpoints): see gdn_xpu.h "State caches".
+    checkpoint_interval: int = 0
+    checkpoint_cols: int = 0
+    non_spec_read_state_indices: object = None
+    spec_read_state_indices: object = None
+    non_spec_start_pos: object = None
+    checkpoint_state_indices: object = None
 
     @property
     def num_non_spec_seqs(self) -> int:
@@ -245,7 +259,7 @@ def _tensor_specs(cfg: Config, rows: int):
         "conv_bias": (act, cfg.conv_dim, 1), "conv_state": (act, cfg.num_slots, per_slot_conv),
         "conv_out": (act, rows, cfg.conv_dim), "a": (act, rows, hv), "b": (act, rows, hv),
         "A_log": ("f32", hv, 1), "dt_bias": ("f32", hv, 1), "g": ("f32", rows, hv), "beta": ("f32", rows, hv),
-        "ssm_state": ("f32", cfg.num_slots, per_slot_ssm), "core_attn_out": (act, rows, hv * v),
+        "ssm_state": (cfg.state_dtype, cfg.num_slots, per_slot_ssm), "core_attn_out": (act, rows, hv * v),
         "z": (act, rows, hv * v), "norm_weight": (act, v, 1), "workspace": (None, None, None),
     }
 
@@ -271,7 +285,8 @@ def _marshal(queue, cfg: Config, batch: Batch, arrays: dict):
             c_t.workspace_bytes = _math.prod(v.shape) * _NUMPY_DTYPES[v.dtype].itemsize
         else:
             if v.dtype != dtype:
-                raise TypeError(f"{field}: dtype {v.dtype}, expected {dtype} (cfg.act_dtype={cfg.act_dtype!r})")
+                which = "state_dtype" if field == "ssm_state" else "act_dtype"
+                raise TypeError(f"{field}: dtype {v.dtype}, expected {dtype} (cfg.{which}={getattr(cfg, which)!r})")
             if not v.shape or v.shape[0] < lead or _math.prod(v.shape[1:]) != inner:
                 raise ValueError(f"{field}: shape {v.shape}, expected [{'>=' if lead == batch.num_actual_tokens else ''}"
                                  f"{lead}, ...{inner} elements per row]")

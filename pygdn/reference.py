@@ -8,6 +8,13 @@ Canonical layouts used here (tests convert to/from the library's other layouts):
   ssm_state  [num_slots, HV, K, V]  (S[k, v]).
 `batch` is a dict keyed like the fields of gdn_batch_t; missing keys mean 0 / None.
 Every function returns fresh arrays and never mutates its inputs. Plain loops, float64.
+
+State caches as engines keep them (gdn_xpu.h "State caches", SPEC.md's last section): read slots
+(non_spec_read_state_indices, spec_read_state_indices), block checkpoints (checkpoint_interval,
+checkpoint_cols, non_spec_start_pos, checkpoint_state_indices) and the SSM state dtype: a stored
+state is rounded to state_dtype (round to nearest even) once per store -- each spec write-back,
+each checkpoint, the final state of a non-spec sequence -- while the computation of the call goes
+on from the unrounded float64 state; a later call starts from the stored (rounded) value.
 """
 import numpy as np
 
@@ -26,12 +33,37 @@ def _softplus(x):
     return np.where(x > 20.0, x, np.log1p(np.exp(np.minimum(x, 20.0))))
 
 
+def _log_softplus(x):
+    """log(softplus(x)) for any x, without overflow or underflow: log(x) above the threshold 20,
+    x itself below -40 (softplus(x) = e^x (1 - e^x/2 + ...), exact to float64 there)."""
+    x = np.asarray(x, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mid = np.log(np.log1p(np.exp(np.clip(x, -40.0, 20.0))))
+        return np.where(x > 20.0, np.log(np.where(x > 20.0, x, 1.0)), np.where(x < -40.0, x, mid))
+
+
 # ----------------------------------------------------------------------------- elementwise
 def gates(a, b, A_log, dt_bias):
     """a, b [rows, HV]; A_log, dt_bias [HV] -> (g, beta) [rows, HV].
-    g = -exp(A_log) * softplus(a + dt_bias) is the LOG decay; beta = sigmoid(b)."""
+    g = -exp(A_log) * softplus(a + dt_bias) is the LOG decay; beta = sigmoid(b).
+
+    Non-finite gates (README "Non-finite gates"): g is the value of that product however large or
+    small its factors are. Where both factors are normal numbers it is the product; elsewhere it
+    is computed in log space, -exp(A_log + log softplus(x)), so that it is -inf only when the true
+    value overflows (a = +inf, a >= ~1e38, A_log >= ~89 in f32: decay 0, the state is reset before
+    the token's update) and 0 only when it underflows or a factor is exactly 0 (A_log = -inf or
+    a + dt_bias = -inf): 0 * inf never happens (A_log = 100 with a = -200 is g = -e^-100, no decay).
+    NaN in A_log or a + dt_bias gives NaN."""
     a, b, A_log, dt_bias = _f64(a), _f64(b), _f64(A_log), _f64(dt_bias)
-    g = -np.exp(A_log)[None, :] * _softplus(a + dt_bias[None, :])
+    x = a + dt_bias[None, :]
+    lA = np.broadcast_to(A_log[None, :], x.shape)
+    tiny = np.finfo(np.float64).tiny
+    with np.errstate(over="ignore", invalid="ignore"):
+        e, sp = np.exp(lA), _softplus(x)
+        normal = np.isfinite(e) & (e >= tiny) & np.isfinite(sp) & (sp >= tiny)
+        g = np.where(normal, -e * sp, -np.exp(lA + _log_softplus(x)))
+    zero_factor = (np.isneginf(lA) | np.isneginf(x)) & ~np.isnan(lA) & ~np.isnan(x)
+    g = np.where(zero_factor, 0.0, g)
     beta = 1.0 / (1.0 + np.exp(-b))
     return g, beta
 
@@ -55,6 +87,26 @@ def gated_rmsnorm(o, z, w, eps=1e-6):
     return o * r * w * _silu(z)
 
 
+# ----------------------------------------------------------------------------- state dtype
+_FORMATS = {"f32": (24, -125, 128), "bf16": (8, -125, 128), "f16": (11, -13, 16)}  # bits, min exponent, overflow
+
+
+def round_state(x, dtype):
+    """x rounded to nearest even in `dtype` ("f32" | "bf16" | "f16"; None = no rounding), as float64.
+    Exact from float64: x = m 2^e (0.5 <= |m| < 1) has `bits` significant bits, subnormals share the
+    spacing of the smallest normal binade, magnitudes rounding to >= 2^overflow become inf."""
+    x = _f64(x)
+    if dtype is None:
+        return x
+    bits, emin, emax = _FORMATS[dtype]
+    _, e = np.frexp(x)
+    ulp = np.ldexp(1.0, np.maximum(e, emin) - bits)
+    with np.errstate(invalid="ignore", over="ignore"):
+        r = np.rint(x / ulp) * ulp
+        r = np.where(np.abs(r) >= 2.0 ** emax, np.copysign(np.inf, x), r)
+    return np.where(np.isfinite(x), r, x)
+
+
 # ----------------------------------------------------------------------------- batch metadata
 def _ints(batch, key):
     v = batch.get(key)
@@ -62,25 +114,41 @@ def _ints(batch, key):
 
 
 def _non_spec_sequences(batch):
-    """Yield (i, slot, global_rows, has_initial_state) for each non-spec sequence."""
+    """Yield (i, slot, read_slot, global_rows, has_initial_state, checkpoints) for each non-spec
+    sequence; checkpoints = [(j, slot)]: after its token j (0-based in the step) the state goes to
+    slot (pad entries included: the caller skips them)."""
     nseq = int(batch.get("num_prefills", 0) or 0) + int(batch.get("num_decodes", 0) or 0)
     if nseq == 0:
         return
     loc = _ints(batch, "non_spec_query_start_loc")
     slots = _ints(batch, "non_spec_state_indices")
+    reads = _ints(batch, "non_spec_read_state_indices")
     his = _ints(batch, "has_initial_state")
     tok = _ints(batch, "non_spec_token_indx")
+    interval = int(batch.get("checkpoint_interval", 0) or 0)
+    ck_cols = int(batch.get("checkpoint_cols", 0) or 0)
+    start = _ints(batch, "non_spec_start_pos")
+    ck = _ints(batch, "checkpoint_state_indices") if interval and ck_cols else None
     for i in range(nseq):
         js = range(int(loc[i]), int(loc[i + 1]))
         rows = [int(tok[j]) if tok is not None else j for j in js]
         # None = every sequence has state; an array shorter than nseq (SPEC.md sizes it
         # [num_prefills]) is taken to cover the leading entries, the rest have state.
         hs = True if his is None or i >= len(his) else bool(his[i])
-        yield i, int(slots[i]), rows, hs
+        checkpoints = []
+        if interval and int(slots[i]) != _pad(batch):  # graph padding stores no checkpoints
+            p = 0 if start is None else int(start[i])
+            assert p >= 0, "non_spec_start_pos must be >= 0"
+            bounds = [j for j in range(len(rows)) if (p + j + 1) % interval == 0]
+            assert len(bounds) <= ck_cols, "more checkpoint boundaries than checkpoint_cols"
+            checkpoints = [(j, int(ck[i * ck_cols + k])) for k, j in enumerate(bounds)]
+        read = int(slots[i]) if reads is None else int(reads[i])
+        yield i, int(slots[i]), read, rows, hs, checkpoints
 
 
 def _spec_sequences(batch, num_spec=None):
-    """Yield (n, cols[1+num_spec], A, global_rows) for each spec sequence."""
+    """Yield (n, cols[1+num_spec], A, global_rows, read_slot) for each spec sequence; read_slot is
+    None when spec_read_state_indices is not given (each cache then has its default read slot)."""
     nspec = int(batch.get("num_spec_decodes", 0) or 0)
     if nspec == 0:
         return
@@ -89,13 +157,14 @@ def _spec_sequences(batch, num_spec=None):
     cols_all = _ints(batch, "spec_state_indices").reshape(nspec, 1 + S)
     acc = _ints(batch, "num_accepted_tokens")
     tok = _ints(batch, "spec_token_indx")
+    reads = _ints(batch, "spec_read_state_indices")
     for n in range(nspec):
         js = range(int(loc[n]), int(loc[n + 1]))
         rows = [int(tok[j]) if tok is not None else j for j in js]
         A = int(acc[n])
         assert 1 <= A <= 1 + S, "num_accepted_tokens out of [1, 1+num_spec]"
         assert len(rows) <= 1 + S, "spec sequence length out of [0, 1+num_spec] (0 = graph padding)"
-        yield n, [int(c) for c in cols_all[n]], A, rows
+        yield n, [int(c) for c in cols_all[n]], A, rows, None if reads is None else int(reads[n])
 
 
 def _pad(batch):
@@ -126,12 +195,14 @@ def causal_conv1d(x, weight, bias, conv_state, batch, spec_layout="snapshot", si
     Returns (out [rows, C], new_conv_state). All history is read from the input conv_state
     (before any write of this call). Rows of padded / unaddressed sequences are zero.
 
-    Non-spec: history = slot columns 0..W-2 (zeros without initial state); afterwards columns
-    0..W-2 hold the last W-1 inputs of history ++ sequence.
-    Spec "snapshot": window from columns 0..W-2 of slot cols[A-1] (zeros if that slot is pad);
-    the window after token t goes to columns 0..W-2 of cols[t] (skipped if pad).
-    Spec "rolled": slot s = cols[0] (pad: skip); window = columns A-1..A+W-3; afterwards
-    columns 0..W-3 = last W-2 entries of that window, column W-2+j = x_j (j < L).
+    Non-spec: history = columns 0..W-2 of the read slot (zeros without initial state or when the
+    read slot is pad); afterwards columns 0..W-2 of the write slot hold the last W-1 inputs of
+    history ++ sequence, and those of each checkpoint slot the last W-1 up to its boundary token.
+    Spec "snapshot": window from columns 0..W-2 of the read slot (default cols[A-1]; zeros if
+    pad); the window after token t goes to columns 0..W-2 of cols[t] (skipped if pad).
+    Spec "rolled": line s = cols[0] (pad: skip); window = columns A-1..A+W-3 of the read slot's
+    line (default s; zeros if pad); afterwards line s has columns 0..W-3 = last W-2 entries of
+    that window, column W-2+j = x_j (j < L).
     """
     x, weight = _f64(x), _f64(weight)
     C, W = weight.shape
@@ -143,18 +214,21 @@ def causal_conv1d(x, weight, bias, conv_state, batch, spec_layout="snapshot", si
     pad = _pad(batch)
     out = np.zeros_like(x)
 
-    for _, slot, rows, hs in _non_spec_sequences(batch):
+    for _, slot, read, rows, hs, checkpoints in _non_spec_sequences(batch):
         if slot == pad or not rows:
             continue
-        hist = old[slot][:, :W - 1].copy() if hs else np.zeros((C, W - 1))
+        hist = old[read][:, :W - 1].copy() if hs and read != pad else np.zeros((C, W - 1))
         y, full = _conv_seq(hist, x[rows], weight, bias, silu)
         out[rows] = y
         new[slot][:, :W - 1] = full[:, full.shape[1] - (W - 1):]
+        for j, ck in checkpoints:  # full column W-1+j is x_j: the W-1 inputs ending there
+            if ck != pad:
+                new[ck][:, :W - 1] = full[:, j + 1:j + W]
 
-    for _, cols, A, rows in _spec_sequences(batch, num_spec):
+    for _, cols, A, rows, read in _spec_sequences(batch, num_spec):
         L = len(rows)
         if spec_layout == "snapshot":
-            src = cols[A - 1]
+            src = cols[A - 1] if read is None else read
             hist = old[src][:, :W - 1].copy() if src != pad else np.zeros((C, W - 1))
             y, full = _conv_seq(hist, x[rows], weight, bias, silu)
             out[rows] = y
@@ -166,7 +240,8 @@ def causal_conv1d(x, weight, bias, conv_state, batch, spec_layout="snapshot", si
             if s == pad:
                 continue
             assert A + W - 2 <= state_len and W - 2 + L <= state_len, "rolled: state_len too small"
-            hist = old[s][:, A - 1:A + W - 2].copy()
+            src = s if read is None else read
+            hist = old[src][:, A - 1:A + W - 2].copy() if src != pad else np.zeros((C, W - 1))
             y, _ = _conv_seq(hist, x[rows], weight, bias, silu)
             out[rows] = y
             new[s][:, :W - 2] = hist[:, 1:]
@@ -187,15 +262,18 @@ def _delta_step(S, q, k, v, g, beta):
 
 
 def gated_delta_rule(qkv, g, beta, ssm_state, batch, H, HV, K, V, scale=None, l2norm_qk=True,
-                     l2_mode="rsqrt", eps=1e-6):
+                     l2_mode="rsqrt", eps=1e-6, state_dtype=None):
     """Gated delta rule over the mixed batch (plain token recurrence everywhere).
 
     qkv [rows, 2*H*K + HV*V] (conv output); g, beta [rows, HV]; ssm_state [slots, HV, K, V].
     v-head h uses q/k head h // (HV // H). q, k l2-normalized if l2norm_qk; q *= scale
     (default K**-0.5) in all cases. Returns (o [rows, HV, V], new_ssm_state).
-    Non-spec: state from/to slot (zeros initially without initial state); pad slot: skipped.
-    Spec: initial = ssm[cols[A-1]] (pad: sequence skipped, outputs zero, no writes); the state
-    after token t is written to cols[t] unless pad. Reads use the input ssm_state.
+    Non-spec: state from the read slot (zeros without initial state or when the read slot is
+    pad), to the write slot (pad: sequence skipped) and to each checkpoint slot after its
+    boundary token. Spec: initial = ssm[read slot] if spec_read_state_indices is given (pad:
+    zeros), else ssm[cols[A-1]] (pad: sequence skipped, outputs zero, no writes); the state after
+    token t is written to cols[t] unless pad. Reads use the input ssm_state. Every stored state
+    is round_state(S, state_dtype); the recurrence continues from the unrounded S.
     """
     qkv, g, beta = _f64(qkv), _f64(g), _f64(beta)
     rows_n = qkv.shape[0]
@@ -217,37 +295,44 @@ def gated_delta_rule(qkv, g, beta, ssm_state, batch, H, HV, K, V, scale=None, l2
             o[r, h] = _delta_step(S[h], q[r, h // grp], k[r, h // grp], v[r, h], g[r, h],
                                   beta[r, h])
 
-    for _, slot, rows, hs in _non_spec_sequences(batch):
+    store = lambda S: round_state(S, state_dtype)  # noqa: E731
+    for _, slot, read, rows, hs, checkpoints in _non_spec_sequences(batch):
         if slot == pad or len(rows) == 0:  # graph padding / zero-length: nothing read, nothing written
             continue
-        S = old[slot].copy() if hs else np.zeros((HV, K, V))
-        for r in rows:
+        S = old[read].copy() if hs and read != pad else np.zeros((HV, K, V))
+        at = dict(checkpoints)
+        for j, r in enumerate(rows):
             token(S, r)
-        new[slot] = S
+            if at.get(j, pad) != pad:
+                new[at[j]] = store(S)
+        new[slot] = store(S)
 
-    for _, cols, A, rows in _spec_sequences(batch):
-        if cols[A - 1] == pad:
-            continue
-        S = old[cols[A - 1]].copy()
+    for _, cols, A, rows, read in _spec_sequences(batch):
+        if read is None:
+            if cols[A - 1] == pad:
+                continue
+            S = old[cols[A - 1]].copy()
+        else:
+            S = old[read].copy() if read != pad else np.zeros((HV, K, V))
         for t, r in enumerate(rows):
             token(S, r)
             if cols[t] != pad:
-                new[cols[t]] = S.copy()
+                new[cols[t]] = store(S)
     return o, new
 
 
 def gdn_attention(mixed_qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_state, ssm_state,
                   batch, H, HV, K, V, spec_layout="snapshot", z=None, norm_weight=None,
                   norm_eps=1e-6, silu=True, scale=None, l2norm_qk=True, l2_mode="rsqrt",
-                  l2_eps=1e-6):
+                  l2_eps=1e-6, state_dtype=None):
     """The whole op: causal_conv1d -> gates -> gated delta rule (-> gated RMSNorm if z given).
-    z [rows, HV*V] or [rows, HV, V]; norm_weight [V].
+    z [rows, HV*V] or [rows, HV, V]; norm_weight [V]; state_dtype rounds the stored SSM states.
     Returns (out [rows, HV, V], new_conv_state, new_ssm_state)."""
     conv_out, new_conv = causal_conv1d(mixed_qkv, conv_weight, conv_bias, conv_state, batch,
                                        spec_layout=spec_layout, silu=silu)
     g, beta = gates(a, b, A_log, dt_bias)
     o, new_ssm = gated_delta_rule(conv_out, g, beta, ssm_state, batch, H, HV, K, V, scale=scale,
-                                  l2norm_qk=l2norm_qk, l2_mode=l2_mode, eps=l2_eps)
+                                  l2norm_qk=l2norm_qk, l2_mode=l2_mode, eps=l2_eps, state_dtype=state_dtype)
     if z is not None:
         o = gated_rmsnorm(o, _f64(z).reshape(o.shape), norm_weight, norm_eps)
     return o, new_conv, new_ssm
@@ -265,11 +350,33 @@ def recurrent_single(q, k, v, g, beta, S0):
     return o, S
 
 
+def _chunk_decays(g):
+    """Decays of one chunk with resets (README "Non-finite gates"). A token whose decay e^g is 0
+    (g = -inf, or so negative that e^g underflows) resets the state: every product of decays across
+    it is 0, and its g must not enter a cumulative sum (-inf - -inf = NaN; a huge finite g would
+    absorb the gates after it). With P the cumulative g over the chunk's other tokens and R_i the
+    last reset at or before i (-1: none):
+      between(i, j) = prod_{t=j+1..i} e^{g_t} = 0 if R_i > j else e^{P_i - P_j}   (j <= i)
+      start[i]      = prod_{t<=i} e^{g_t}     = 0 if R_i >= 0 else e^{P_i}
+    Returns (between [n, n] lower-triangular incl. the diagonal, start [n])."""
+    n = len(g)
+    with np.errstate(over="ignore", invalid="ignore"):
+        reset = np.exp(g) == 0.0
+    P = np.cumsum(np.where(reset, 0.0, g))
+    R = np.maximum.accumulate(np.where(reset, np.arange(n), -1))
+    i, j = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+    with np.errstate(over="ignore", invalid="ignore"):
+        between = np.where((j <= i) & (R[:, None] <= j), np.exp(np.where(j <= i, P[:, None] - P[None, :], 0.0)), 0.0)
+        start = np.where(R >= 0, 0.0, np.exp(P))
+    return between, start
+
+
 def chunked_gated_delta_rule(q, k, v, g, beta, S0, chunk=64):
-    """WY/UT chunked form of recurrent_single (same inputs/outputs). Per chunk with
-    G = cumsum(g): A[i,j] = beta_i e^{G_i-G_j} k_i.k_j (j < i); T = (I + A)^-1;
-    U = T (beta v); Wm = T (beta e^G k); u = U - Wm S;
-    o = e^G (q S) + tril_incl(q k^T e^{G_i-G_j}) u;  S = e^{G_last} S + sum_j e^{G_last-G_j} k_j u_j^T.
+    """WY/UT chunked form of recurrent_single (same inputs/outputs). Per chunk, with
+    D[i,j] = prod_{t=j+1..i} e^{g_t} and d_i = prod_{t<=i} e^{g_t} (_chunk_decays; e^{G_i-G_j} and
+    e^{G_i} with G = cumsum(g) when no decay is 0): A[i,j] = beta_i D[i,j] k_i.k_j (j < i);
+    T = (I + A)^-1; U = T (beta v); Wm = T (beta d k); u = U - Wm S;
+    o = d (q S) + tril_incl(q k^T D) u;  S = d_last S + sum_j D[last,j] k_j u_j^T.
     """
     q, k, v, g, beta = _f64(q), _f64(k), _f64(v), _f64(g), _f64(beta)
     S = _f64(S0)
@@ -278,20 +385,15 @@ def chunked_gated_delta_rule(q, k, v, g, beta, S0, chunk=64):
     for c0 in range(0, T_len, chunk):
         sl = slice(c0, min(c0 + chunk, T_len))
         qc, kc, vc, bc = q[sl], k[sl], v[sl], beta[sl]
-        G = np.cumsum(g[sl])
-        n = len(G)
-        diff = G[:, None] - G[None, :]
-        strict = np.tril(np.ones((n, n), dtype=bool), -1)
-        incl = np.tril(np.ones((n, n), dtype=bool), 0)
-        decay_s = np.where(strict, np.exp(np.where(strict, diff, 0.0)), 0.0)
-        decay_i = np.where(incl, np.exp(np.where(incl, diff, 0.0)), 0.0)
-        Amat = bc[:, None] * decay_s * (kc @ kc.T)
+        D, d = _chunk_decays(g[sl])
+        n = len(d)
+        Amat = bc[:, None] * np.tril(D, -1) * (kc @ kc.T)
         Tm = np.linalg.inv(np.eye(n) + Amat)
         U = Tm @ (bc[:, None] * vc)
-        Wm = Tm @ ((bc * np.exp(G))[:, None] * kc)
+        Wm = Tm @ ((bc * d)[:, None] * kc)
         u = U - Wm @ S
-        o[sl] = np.exp(G)[:, None] * (qc @ S) + ((qc @ kc.T) * decay_i) @ u
-        S = np.exp(G[-1]) * S + (np.exp(G[-1] - G)[:, None] * kc).T @ u
+        o[sl] = d[:, None] * (qc @ S) + ((qc @ kc.T) * D) @ u
+        S = d[-1] * S + (D[-1][:, None] * kc).T @ u
     return o, S
 
 
@@ -312,6 +414,29 @@ def _selftest():
             o2, s2 = chunked_gated_delta_rule(q, k, v, g, beta, S0, chunk=ch)
             err = max(np.abs(o1 - o2).max(), np.abs(s1 - s2).max())
             assert err < 1e-10, (T, ch, err)
+    # 1b. resets (decay 0: g = -inf, or a huge finite g) inside and across chunks, first and last
+    # tokens included: the chunked form equals the recurrence and stays finite
+    T = 150
+    q = l2norm(rng.standard_normal((T, Kd))) * Kd ** -0.5
+    k = l2norm(rng.standard_normal((T, Kd)))
+    v = rng.standard_normal((T, Vd))
+    beta = rng.uniform(0, 1, T)
+    S0 = rng.standard_normal((Kd, Vd))
+    for bad in (-np.inf, -1e30, -800.0):
+        g = -np.abs(rng.standard_normal(T)) * 0.3
+        g[[0, 5, 6, 63, 64, 100, 149]] = bad
+        o1, s1 = recurrent_single(q, k, v, g, beta, S0)
+        for ch in (64, 16):
+            o2, s2 = chunked_gated_delta_rule(q, k, v, g, beta, S0, chunk=ch)
+            assert np.isfinite(o2).all() and np.isfinite(s2).all(), (bad, ch)
+            err = max(np.abs(o1 - o2).max(), np.abs(s1 - s2).max())
+            assert err < 1e-10, (bad, ch, err)
+    # 1c. gates: overflow -> -inf, 0 * inf -> the true tiny value, exact zero factors, NaN stays NaN
+    gg, _ = gates([[np.inf, 1e38, -200.0, -np.inf, np.nan]], np.zeros((1, 5)), np.zeros(5), np.zeros(5))
+    assert np.isneginf(gg[0, 0]) and gg[0, 1] == -1e38 and gg[0, 3] == 0.0 and np.isnan(gg[0, 4])
+    assert abs(gg[0, 2] + np.exp(-200.0)) < 1e-100
+    gA, _ = gates([[0.0, -200.0, -np.inf]], np.zeros((1, 3)), [1000.0, 100.0, np.inf], np.zeros(3))
+    assert np.isneginf(gA[0, 0]) and abs(gA[0, 1] + np.exp(-100.0)) < 1e-50 and gA[0, 2] == 0.0
     # 2. l2norm modes differ negligibly for non-tiny vectors
     xx = rng.standard_normal((5, 128))
     assert np.abs(l2norm(xx) - l2norm(xx, mode="div")).max() < 1e-6
@@ -407,7 +532,92 @@ def _selftest():
     zz = rng.standard_normal((T, HV, V))
     on = gated_rmsnorm(o, zz, np.ones(V))
     assert on.shape == o.shape and np.isfinite(on).all()
+    _selftest_state_caches(rng)
     print("reference.py self-test: OK")
+
+
+def _selftest_state_caches(rng):
+    """5. Read slots and block checkpoints: a prefill of a request that already holds 5 tokens,
+    reading slot 0 and storing a checkpoint every 8 tokens (the reference takes any interval),
+    then resumed from each checkpoint as a prefill, a decode and a spec continuation (both conv
+    layouts), equals the unbroken run; the read slot is left as it was; shared read slots; and
+    with a bf16 state every stored state is the exact run's state rounded once."""
+    H, HV, K, V, W, NS = 1, 2, 4, 3, 4, 2
+    C, T, I, p0 = 2 * H * K + HV * V, 37, 8, 5
+    slots = 24
+    X, a, b = rng.standard_normal((T, C)), rng.standard_normal((T, HV)), rng.standard_normal((T, HV))
+    wt, bs = rng.standard_normal((C, W)) * 0.5, rng.standard_normal(C) * 0.1
+    A_log, dt_bias = rng.standard_normal(HV) * 0.5, rng.standard_normal(HV)
+    conv0, ssm0 = rng.standard_normal((slots, C, W - 1 + NS)), rng.standard_normal((slots, HV, K, V))
+    bounds = [j for j in range(T) if (p0 + j + 1) % I == 0]       # 2, 10, 18, 26, 34
+    ck_slots = [3, 4, 5, 6, 7, -1]
+
+    def run(lay, rows, batch, conv, ssm, sd=None):
+        return gdn_attention(X[rows], a[rows], b[rows], wt, bs, A_log, dt_bias, conv, ssm, batch, H, HV, K, V,
+                             spec_layout=lay, state_dtype=sd)
+
+    def prefill(n, write, read, pos, cks=(), cols=0):
+        return dict(num_prefills=1, num_actual_tokens=n, non_spec_query_start_loc=[0, n], non_spec_state_indices=[write],
+                    non_spec_read_state_indices=[read], non_spec_start_pos=[pos], checkpoint_interval=I if cols else 0,
+                    checkpoint_cols=cols, checkpoint_state_indices=list(cks))
+
+    for lay in ("snapshot", "rolled"):
+        o, c1, s1 = run(lay, range(T), prefill(T, 1, 0, p0, ck_slots, 6), conv0, ssm0)
+        assert np.array_equal(c1[0], conv0[0]) and np.array_equal(s1[0], ssm0[0]), "read slot written"
+        assert np.array_equal(s1[ck_slots[-2] + 1:], ssm0[ck_slots[-2] + 1:]), "slot past the checkpoints written"
+        full = np.concatenate([conv0[0][:, :W - 1], X.T], axis=1)
+        for k, j in enumerate(bounds):
+            ck, pos = ck_slots[k], j + 1                             # the checkpoint holds tokens 0..j
+            assert np.array_equal(c1[ck][:, :W - 1], full[:, j + 1:j + W]), "checkpoint conv history"
+            # prefill continuation, storing its own checkpoints (slots 10..): the unbroken run's later ones
+            rest = T - pos
+            o2, c2, s2 = run(lay, range(pos, T), prefill(rest, 9, ck, p0 + pos, [10, 11, 12, 13, 14], 5), c1, s1)
+            assert np.abs(o2 - o[pos:]).max() < 1e-12 and np.abs(s2[9] - s1[1]).max() < 1e-12
+            assert np.array_equal(c2[9][:, :W - 1], c1[1][:, :W - 1])
+            for kk in range(len(bounds) - k - 1):
+                assert np.abs(s2[10 + kk] - s1[ck_slots[k + 1 + kk]]).max() < 1e-12
+                assert np.array_equal(c2[10 + kk][:, :W - 1], c1[ck_slots[k + 1 + kk]][:, :W - 1])
+            # decode continuation: the token after the checkpoint
+            o3, _, s3 = run(lay, [pos], dict(num_decodes=1, num_actual_tokens=1, non_spec_query_start_loc=[0, 1],
+                                            non_spec_state_indices=[9], non_spec_read_state_indices=[ck]), c1, s1)
+            assert np.abs(o3[0] - o[pos]).max() < 1e-12
+            # spec continuation (A = 1) over up to 3 tokens; the state after token t goes to [9, 10, 11][t]
+            L = min(3, T - pos)
+            sb = dict(num_spec_decodes=1, num_spec=NS, num_actual_tokens=L, spec_query_start_loc=[0, L],
+                      spec_state_indices=[[9, 10, 11]], num_accepted_tokens=[1], spec_read_state_indices=[ck])
+            o4, c4, s4 = run(lay, range(pos, pos + L), sb, c1, s1)
+            assert np.abs(o4 - o[pos:pos + L]).max() < 1e-12
+            if pos + L == T:
+                assert np.abs(s4[9 + L - 1] - s1[1]).max() < 1e-12
+            window = c4[9][:, L - 1:L + W - 2] if lay == "rolled" else c4[9 + L - 1][:, :W - 1]
+            assert np.array_equal(window, full[:, pos + L:pos + L + W - 1]), "spec continuation conv window"
+            assert np.array_equal(c4[ck], c1[ck]) and np.array_equal(s4[ck], s1[ck]), "read slot written"
+        # a bf16 state: each stored state is the exact one rounded once, the run itself unrounded
+        ob, cb, sb16 = run(lay, range(T), prefill(T, 1, 0, p0, ck_slots, 6), conv0, ssm0, "bf16")
+        assert np.array_equal(ob, o) and np.array_equal(cb, c1)
+        for slot in [1] + ck_slots[:-1]:
+            assert np.array_equal(sb16[slot], round_state(s1[slot], "bf16"))
+        assert np.abs(sb16[1] - s1[1]).max() > 0, "bf16 rounding did nothing"
+
+    # Shared read slot: a prefill, a decode and a spec sequence read slot 0 and write elsewhere, each
+    # as if alone; has_initial_state = 0 and a pad read slot both start from zeros.
+    meta = dict(num_prefills=2, num_decodes=1, num_spec_decodes=1, num_spec=NS, num_actual_tokens=9,
+                non_spec_query_start_loc=[0, 4, 6, 7], non_spec_state_indices=[1, 2, 3],
+                non_spec_read_state_indices=[0, 0, -1], has_initial_state=[1, 0, 1], non_spec_token_indx=[0, 1, 2, 3, 4, 5, 6],
+                spec_query_start_loc=[0, 2], spec_state_indices=[[4, 5, 6]], num_accepted_tokens=[1],
+                spec_read_state_indices=[0], spec_token_indx=[7, 8])
+    o, c1, s1 = run("rolled", range(9), meta, conv0, ssm0)
+    assert np.array_equal(c1[0], conv0[0]) and np.array_equal(s1[0], ssm0[0])
+    zero_c, zero_s = conv0.copy(), ssm0.copy()
+    zero_c[0], zero_s[0] = 0.0, 0.0
+    for rows, write, base_c, base_s in (([0, 1, 2, 3], 1, conv0, ssm0), ([4, 5], 2, zero_c, zero_s),
+                                        ([6], 3, zero_c, zero_s)):
+        oo, cc, ss = run("rolled", rows, prefill(len(rows), write, 0, 0), base_c, base_s)
+        assert np.abs(oo - o[rows]).max() < 1e-12 and np.abs(ss[write] - s1[write]).max() < 1e-12
+        assert np.array_equal(cc[write][:, :W - 1], c1[write][:, :W - 1])
+    oo, cc, ss = run("rolled", [7, 8], dict(num_spec_decodes=1, num_spec=NS, num_actual_tokens=2, spec_query_start_loc=[0, 2],
+                                            spec_state_indices=[[0, 5, 6]], num_accepted_tokens=[1]), conv0, ssm0)
+    assert np.abs(oo - o[7:9]).max() < 1e-12 and np.abs(ss[5] - s1[5]).max() < 1e-12
 
 
 if __name__ == "__main__":

@@ -1,13 +1,16 @@
-// kernel_cache.cpp — compiles the embedded SYCL sources with sycl_ext_oneapi_kernel_compiler.
+// kernel_cache.cpp — compiles the embedded SYCL sources with sycl_ext_oneapi_kernel_compiler, or
+// loads them from the library's disk cache (disk_cache.hpp).
 #include "kernel_cache.hpp"
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
+#include "disk_cache.hpp"
 #include "errors.hpp"
 #include "kernel_sources.hpp"  // generated at build time from src/kernels/*
 
@@ -15,25 +18,8 @@ namespace syclexp = sycl::ext::oneapi::experimental;
 
 namespace {
 
-// Switch the SYCL runtime's persistent device-code cache on (unless the user decided), before
-// the first build. Opt out with GDN_XPU_DISK_CACHE=0.
-struct EnablePersistentCache {
-  EnablePersistentCache() {
-    const char *opt = std::getenv("GDN_XPU_DISK_CACHE");
-    if (opt && opt[0] == '0') return;
-    if (std::getenv("SYCL_CACHE_PERSISTENT")) return;
-    setenv("SYCL_CACHE_PERSISTENT", "1", 0);
-    if (!std::getenv("SYCL_CACHE_DIR")) {
-      std::string dir;
-      if (const char *xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) dir = std::string(xdg) + "/libgdn_xpu";
-      else if (const char *home = std::getenv("HOME"); home && *home) dir = std::string(home) + "/.cache/libgdn_xpu";
-      if (!dir.empty()) setenv("SYCL_CACHE_DIR", dir.c_str(), 0);
-    }
-  }
-} enable_persistent_cache;
-
 // The source file of a family (its name in gdn::kernel_files).
-const char *family_file(gdn::Family f) {
+const char *family_name(gdn::Family f) {
   switch (f) {
     case gdn::Family::Conv1d: return "conv1d.cpp";
     case gdn::Family::Conv1dCpu: return "conv1d_cpu.cpp";
@@ -46,37 +32,38 @@ const char *family_file(gdn::Family f) {
   }
   return "?";
 }
-const char *family_name(gdn::Family f) { return family_file(f); }
 
 const char *family_source(gdn::Family f) {
-  const std::string name = family_file(f);
+  const std::string name = family_name(f);
   for (size_t i = 0; i < gdn::num_kernel_files; ++i)
     if (name == gdn::kernel_files[i].name) return gdn::kernel_files[i].text;
   gdn::fail(GDN_ERROR_INTERNAL, "kernel source " + name + " is not embedded");
 }
 
-// Every embedded file that is not a kernel source is an include file of every build.
-syclexp::include_files kernel_headers() {
-  syclexp::include_files headers;
+// Every embedded file that is not a kernel source (.cpp) is an include file of every build.
+std::vector<std::pair<std::string, const char *>> kernel_includes() {
+  std::vector<std::pair<std::string, const char *>> includes;
   for (size_t i = 0; i < gdn::num_kernel_files; ++i) {
     const std::string name = gdn::kernel_files[i].name;
-    if (name.size() < 4 || name.compare(name.size() - 4, 4, ".cpp") != 0) headers.add(name, gdn::kernel_files[i].text);
+    if (name.size() < 4 || name.compare(name.size() - 4, 4, ".cpp") != 0) includes.emplace_back(name, gdn::kernel_files[i].text);
   }
-  return headers;
+  return includes;
 }
 
+// A family built for one (context, device, options): freshly compiled, or loaded from the disk cache.
 struct Entry {
   sycl::context context;
   sycl::device device;
   gdn::Family family;
   std::string options;
-  sycl::kernel_bundle<sycl::bundle_state::executable> bundle;
+  std::optional<sycl::kernel_bundle<sycl::bundle_state::executable>> bundle;
+  std::unique_ptr<gdn::device_binary::Program> program;
   std::vector<std::pair<std::string, sycl::kernel>> kernels;  // looked up by name once
 
   sycl::kernel get(const char *name) {
     for (auto &k : kernels)
       if (k.first == name) return k.second;
-    kernels.emplace_back(name, bundle.ext_oneapi_get_kernel(name));
+    kernels.emplace_back(name, bundle ? bundle->ext_oneapi_get_kernel(name) : program->kernel(name));
     return kernels.back().second;
   }
 };
@@ -91,84 +78,75 @@ bool verbose() {
   return v && v[0] && v[0] != '0';
 }
 
-// Where the runtime keeps kernel-compiler output when its persistent cache is on ("" if off).
-std::string persistent_ir_dir() {
-  const char *on = std::getenv("SYCL_CACHE_PERSISTENT");
-  if (!on || on[0] != '1') return "";
-  std::string root;
-  if (const char *d = std::getenv("SYCL_CACHE_DIR"); d && *d) root = d;
-  else if (const char *x = std::getenv("XDG_CACHE_HOME"); x && *x) root = std::string(x) + "/libsycl_cache";
-  else if (const char *h = std::getenv("HOME"); h && *h) root = std::string(h) + "/.cache/libsycl_cache";
-  return root.empty() ? "" : root + "/ext_kernel_compiler";
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-size_t count_entries(const std::string &dir) {
-  std::error_code ec;
-  size_t n = 0;
-  if (dir.empty()) return 0;
-  for (auto it = std::filesystem::directory_iterator(dir, ec); !ec && it != std::filesystem::directory_iterator();
-       it.increment(ec))
-    ++n;
-  return n;
-}
-
-sycl::kernel_bundle<sycl::bundle_state::executable> compile(const sycl::queue &q, gdn::Family family,
-                                                           const std::string &options) {
-  sycl::device dev = q.get_device();
+// Fills e.bundle (compiled now) or e.program (from the disk cache).
+void compile(Entry &e) {
+  sycl::device dev = e.device;  // (ext_oneapi_can_build is not const)
+  const char *family = family_name(e.family);
   if (!dev.ext_oneapi_can_build(syclexp::source_language::sycl))
     gdn::fail(GDN_ERROR_UNSUPPORTED, "device '" + dev.get_info<sycl::info::device::name>() +
                                          "' cannot build SYCL source at run time (sycl_ext_oneapi_kernel_compiler)");
   const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<std::pair<std::string, const char *>> includes = kernel_includes();
+  std::vector<std::string> opts{"-O2"};
+  if (dev.is_cpu()) {
+    // Flush fp32 denormals on the CPU device. The gates make exp(g) and the decayed state
+    // products land in the denormal range all the time (|g| of ~1..16 per token), and x86
+    // handles denormal operands in microcode: on a Xeon the chunked prefill ran 2-4x slower,
+    // data-dependently, without this. Values below 1.2e-38 carry no information at fp32
+    // precision here. GPUs flush by default (and their compilers spell the option differently).
+    opts.push_back("-Xs");
+    opts.push_back("-cl-denorms-are-zero");
+  }
+  // Let the compiler fuse a * b + c into one FMA (rounded once: no less accurate). The SYCL
+  // front end does not contract by default, and the CPU device then issues a multiply and an
+  // add for every state update (recurrent ~8%, chunked prefill ~6% slower here).
+  opts.push_back("-ffp-contract=fast");
+  for (size_t pos = 0; pos < e.options.size();) {  // options: space-separated -D flags
+    size_t end = e.options.find(' ', pos);
+    if (end == std::string::npos) end = e.options.size();
+    if (end > pos) opts.push_back(e.options.substr(pos, end - pos));
+    pos = end + 1;
+  }
+
+  // The library's own disk cache first (disk_cache.hpp): everything the binary depends on is in the key.
+  gdn::disk_cache::BuildInputs inputs;
+  inputs.add("source " + std::string(family), family_source(e.family));
+  for (const auto &inc : includes) inputs.add("include " + inc.first, inc.second);
+  std::string all_opts;
+  for (const auto &o : opts) all_opts += o + "\n";
+  inputs.add("options", all_opts);
+  const std::string key = gdn::disk_cache::key_text(dev, inputs);
+  std::string path;
+  e.program = gdn::disk_cache::load(e.context, dev, key, family, &path);
+  if (e.program) {
+    if (verbose())
+      std::fprintf(stderr, "libgdn_xpu: loaded %s [%s] from %s in %.2f s\n", family, e.options.c_str(), path.c_str(),
+                   seconds_since(t0));
+    return;
+  }
+
   if (verbose())
-    std::fprintf(stderr, "libgdn_xpu: compiling %s [%s] for %s ...\n", family_name(family), options.c_str(),
+    std::fprintf(stderr, "libgdn_xpu: compiling %s [%s] for %s ...\n", family, e.options.c_str(),
                  dev.get_info<sycl::info::device::name>().c_str());
   std::string log;
   try {
-    const syclexp::include_files headers = kernel_headers();
-    std::vector<std::string> opts{"-O2"};
-    if (dev.is_cpu()) {
-      // Flush fp32 denormals on the CPU device. The gates make exp(g) and the decayed state
-      // products land in the denormal range all the time (|g| of ~1..16 per token), and x86
-      // handles denormal operands in microcode: on a Xeon the chunked prefill ran 2-4x slower,
-      // data-dependently, without this. Values below 1.2e-38 carry no information at fp32
-      // precision here. GPUs flush by default (and their compilers spell the option differently).
-      opts.push_back("-Xs");
-      opts.push_back("-cl-denorms-are-zero");
-    }
-    // Let the compiler fuse a * b + c into one FMA (rounded once: no less accurate). The SYCL
-    // front end does not contract by default, and the CPU device then issues a multiply and an
-    // add for every state update (recurrent ~8%, chunked prefill ~6% slower here).
-    opts.push_back("-ffp-contract=fast");
-    for (size_t pos = 0; pos < options.size();) {  // options: space-separated -D flags
-      size_t end = options.find(' ', pos);
-      if (end == std::string::npos) end = options.size();
-      if (end > pos) opts.push_back(options.substr(pos, end - pos));
-      pos = end + 1;
-    }
-    auto build = [&] {
-      auto source = syclexp::create_kernel_bundle_from_source(q.get_context(), syclexp::source_language::sycl,
-                                                              family_source(family), syclexp::properties{headers});
-      return syclexp::build(source, std::vector<sycl::device>{dev},
-                            syclexp::properties{syclexp::build_options{opts}, syclexp::save_log{&log}});
-    };
-    const std::string ir_dir = persistent_ir_dir();
-    const size_t ir_entries = count_entries(ir_dir);
-    auto bundle = build();
-    if (!ir_dir.empty() && count_entries(ir_dir) > ir_entries) {
-      // A cold compile. The 2026.1 runtime keys the cached device binary by the device image,
-      // which differs between freshly compiled IR and IR read back from the cache, so the next
-      // process would miss the binary cache. Building once more from the cached IR stores the
-      // binary under the key later processes look up (~0.3 s, cold path only).
-      bundle = build();
-    }
-    if (verbose())
-      std::fprintf(stderr, "libgdn_xpu: compiled %s in %.2f s\n", family_name(family),
-                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    return bundle;
-  } catch (const sycl::exception &e) {
-    gdn::fail(GDN_ERROR_COMPILE, std::string("compiling kernel family '") + family_name(family) + "' [" + options +
-                                     "] failed: " + e.what() + (log.empty() ? "" : "\n" + log));
+    syclexp::include_files headers;
+    for (const auto &inc : includes) headers.add(inc.first, inc.second);
+    auto source = syclexp::create_kernel_bundle_from_source(e.context, syclexp::source_language::sycl,
+                                                            family_source(e.family), syclexp::properties{headers});
+    e.bundle = syclexp::build(source, std::vector<sycl::device>{dev},
+                              syclexp::properties{syclexp::build_options{opts}, syclexp::save_log{&log}});
+  } catch (const sycl::exception &ex) {
+    gdn::fail(GDN_ERROR_COMPILE, std::string("compiling kernel family '") + family + "' [" + e.options +
+                                     "] failed: " + ex.what() + (log.empty() ? "" : "\n" + log));
   }
+  if (verbose()) std::fprintf(stderr, "libgdn_xpu: compiled %s in %.2f s\n", family, seconds_since(t0));
+  const std::string stored = gdn::disk_cache::store(*e.bundle, dev, key, family);
+  if (verbose() && !stored.empty()) std::fprintf(stderr, "libgdn_xpu: kept %s in %s\n", family, stored.c_str());
 }
 
 }  // namespace
@@ -180,7 +158,9 @@ sycl::kernel gdn::get_kernel(const sycl::queue &q, Family family, const std::str
   for (Entry &e : cache)
     if (e.family == family && e.options == options && e.device == dev && e.context == ctx) return e.get(name);
   // Compiling under the lock: two threads asking for the same family compile it once.
-  cache.push_back(Entry{ctx, dev, family, options, compile(q, family, options), {}});
+  Entry e{ctx, dev, family, options, std::nullopt, nullptr, {}};
+  compile(e);
+  cache.push_back(std::move(e));
   return cache.back().get(name);
 }
 

@@ -10,8 +10,8 @@ namespace gdn {
 enum class Family { Conv1d, Conv1dCpu, DeltaPrep, DeltaRecurrent, DeltaRecurrentCpu, DeltaChunk, DeltaChunkCpu, GatedNorm };
 
 // The kernel `name` of `family` built with `options` (e.g. "-DGDN_ACT_BF16") for q's device.
-// The first request compiles the family's source file (seconds; the SYCL runtime's persistent cache,
-// switched on at library load, makes later processes fast); later requests are a lookup.
+// The first request in a process loads the family from the library's disk cache (disk_cache.hpp)
+// or compiles its source (seconds) and stores it there; later requests are a lookup.
 // Throws Failure{GDN_ERROR_COMPILE | GDN_ERROR_UNSUPPORTED} with the compiler log.
 sycl::kernel get_kernel(const sycl::queue &q, Family family, const std::string &options, const char *name);
 

@@ -71,6 +71,11 @@ void bind_group(P &p, const Checked &c, bool spec) {
   p.num_accepted = spec ? b.num_accepted_tokens : nullptr;
   p.num_seqs = spec ? b.num_spec_decodes : c.num_non_spec_seqs;
   p.slot_cols = spec ? b.num_spec + 1 : 1;
+  // Read slots and block checkpoints (gdn_xpu.h "State caches"); checkpoints are non-spec only.
+  const bool ckpt = !spec && b.checkpoint_interval > 0;
+  p.slots = GdnSlotUse{spec ? b.spec_read_state_indices : b.non_spec_read_state_indices,
+                       spec ? nullptr : b.non_spec_start_pos, ckpt ? b.checkpoint_state_indices : nullptr,
+                       ckpt ? b.checkpoint_interval : 0, ckpt ? b.checkpoint_cols : 0};
 }
 
 sycl::event enqueue_conv(Checked &c, const Plan &plan, const Kernels &ks, void *conv_out, int64_t conv_out_stride, sycl::event ev) {
@@ -118,7 +123,7 @@ sycl::event enqueue_delta(Checked &c, const Plan &plan, const Kernels &ks, char 
   GdnDeltaParams p{};
   p.qkv = qkv;
   p.qn = qn, p.kn = kn, p.g = g, p.beta = beta;
-  p.ssm = static_cast<float *>(t.ssm_state);
+  p.ssm = t.ssm_state;
   p.out = t.core_attn_out;
   p.qkv_stride = qkv_stride;
   p.out_stride = t.out_stride;
@@ -136,7 +141,8 @@ sycl::event enqueue_delta(Checked &c, const Plan &plan, const Kernels &ks, char 
       p.chunk_w = reinterpret_cast<float *>(ws + l.cw);
       p.chunk_u = reinterpret_cast<float *>(ws + l.cu);
       p.chunk_aqk = reinterpret_cast<float *>(ws + l.caqk);
-      p.chunk_g = reinterpret_cast<float *>(ws + l.cg);
+      p.chunk_dstart = reinterpret_cast<float *>(ws + l.cdstart);
+      p.chunk_dend = reinterpret_cast<float *>(ws + l.cdend);
       p.chunk_capacity = plan.chunk_capacity;
       p.seq_capacity = plan.seq_capacity;
       ev = launch(c.q, ks, plan.chunk_plan, p, ev);

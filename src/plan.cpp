@@ -24,8 +24,10 @@ std::string act_option(const gdn_config_t &cfg) {
 std::string head_option(const gdn_config_t &cfg) {
   return act_option(cfg) + " -DGDN_HEAD_K=" + std::to_string(cfg.head_k_dim);
 }
+// The builds that load or store ssm_state: also per ssm layout and state dtype.
 std::string state_option(const gdn_config_t &cfg) {
-  return head_option(cfg) + " -DGDN_VK_LAYOUT=" + (cfg.ssm_layout == GDN_SSM_VK ? "1" : "0");
+  const char *dtype = cfg.state_dtype == GDN_DTYPE_BF16 ? " -DGDN_STATE_BF16" : cfg.state_dtype == GDN_DTYPE_F16 ? " -DGDN_STATE_F16" : "";
+  return head_option(cfg) + " -DGDN_VK_LAYOUT=" + (cfg.ssm_layout == GDN_SSM_VK ? "1" : "0") + dtype;
 }
 
 Launch kernel(Family family, std::string options, const char *name) {
@@ -98,11 +100,12 @@ void plan_delta(Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b, const Ta
   if (non_spec_seqs > 0 && b.non_spec_token_count > 0) {
     p.recurrent_non_spec = recurrent(cfg, t, non_spec_seqs);
     // Capacities from the counts: a chunked sequence has >= 2 tokens, and its chunks are its
-    // whole GDN_CHUNK_SIZE blocks plus one partial one. Only num_prefills sequences are expected
-    // to be longer than one token; gdn_chunk_plan sends any others through the recurrence.
+    // whole GDN_CHUNK_SIZE blocks plus one partial one -- two with block checkpoints, where the
+    // chunks are aligned to the request's positions (gdn_chunk_plan). Only num_prefills sequences
+    // are expected to be longer than one token; gdn_chunk_plan sends any others through the recurrence.
     if (b.num_prefills > 0 && !(cfg.flags & GDN_FLAG_FORCE_RECURRENT)) {
       p.seq_capacity = std::min<int32_t>(b.num_prefills, b.non_spec_token_count / 2);
-      p.chunk_capacity = b.non_spec_token_count / GDN_CHUNK_SIZE + p.seq_capacity;
+      p.chunk_capacity = b.non_spec_token_count / GDN_CHUNK_SIZE + p.seq_capacity * (b.checkpoint_interval > 0 ? 2 : 1);
     }
   }
   if (p.seq_capacity > 0) {
@@ -149,7 +152,8 @@ Layout plan_layout(const Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b,
     l.cw = take(chunk_rows * K * 4);
     l.cu = take(chunk_rows * V * 4);
     l.caqk = take(chunk_rows * GDN_CHUNK_SIZE * 4);
-    l.cg = take(chunk_rows * 4);
+    l.cdstart = take(chunk_rows * 4);
+    l.cdend = take(chunk_rows * 4);
   }
   l.total = std::max<size_t>(at, 256);
   return l;

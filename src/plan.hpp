@@ -35,7 +35,7 @@ struct Launch {
 struct Layout {
   size_t conv_out = 0, qn = 0, kn = 0, g = 0, beta = 0;         // conv output, prep outputs
   size_t chunk_table = 0, seq_table = 0, chunked = 0;            // the chunk plan (int32)
-  size_t cw = 0, cu = 0, caqk = 0, cg = 0;                       // chunk matrices (f32)
+  size_t cw = 0, cu = 0, caqk = 0, cdstart = 0, cdend = 0;        // chunk matrices (f32)
   size_t total = 0;
 };
 

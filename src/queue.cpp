@@ -1,8 +1,33 @@
 // queue.cpp — queue and USM helpers for C callers that cannot construct SYCL objects.
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
 #include "errors.hpp"
+
+namespace {
+
+// A selector that matches nothing throws "No device of requested type available". From C the
+// usual cause is the pip-installed OpenCL CPU runtime, which the OpenCL loader only finds through
+// OCL_ICD_FILENAMES (pygdn sets it; a C program must), or a too narrow ONEAPI_DEVICE_SELECTOR.
+template <class Selector>
+sycl::queue *make_queue(const Selector &selector, const std::string &which) {
+  try {
+    return new sycl::queue(selector, sycl::property_list{sycl::property::queue::in_order()});
+  } catch (const sycl::exception &e) {
+    const char *icd = std::getenv("OCL_ICD_FILENAMES");
+    const char *filter = std::getenv("ONEAPI_DEVICE_SELECTOR");
+    gdn::fail(GDN_ERROR_DEVICE,
+              "device = '" + which + "': no SYCL device found (" + e.what() + "). For the CPU device of the " +
+                  "intel-opencl-rt wheel set OCL_ICD_FILENAMES=<prefix>/lib/libintelocl.so before the SYCL " +
+                  "runtime starts (now " + (icd ? "'" + std::string(icd) + "'" : std::string("unset")) +
+                  "); ONEAPI_DEVICE_SELECTOR filters the devices (now " +
+                  (filter ? "'" + std::string(filter) + "'" : std::string("unset")) +
+                  "; on the 2026.2 runtime 'opencl:*' finds nothing, use '*:cpu')");
+  }
+}
+
+}  // namespace
 
 extern "C" {
 
@@ -11,11 +36,10 @@ GDN_API gdn_status_t gdn_queue_create(const char *device, void **queue) {
     if (!queue) gdn::fail(GDN_ERROR_NULL_POINTER, "queue (output) is NULL");
     *queue = nullptr;
     const std::string which = device ? device : "default";
-    const sycl::property_list in_order{sycl::property::queue::in_order()};
     sycl::queue *q = nullptr;
-    if (which == "default") q = new sycl::queue(sycl::default_selector_v, in_order);
-    else if (which == "cpu") q = new sycl::queue(sycl::cpu_selector_v, in_order);
-    else if (which == "gpu") q = new sycl::queue(sycl::gpu_selector_v, in_order);
+    if (which == "default") q = make_queue(sycl::default_selector_v, which);
+    else if (which == "cpu") q = make_queue(sycl::cpu_selector_v, which);
+    else if (which == "gpu") q = make_queue(sycl::gpu_selector_v, which);
     else gdn::fail(GDN_ERROR_UNSUPPORTED, "device = '" + which + "': expected \"default\", \"cpu\" or \"gpu\"");
     *queue = q;
   });

@@ -1,7 +1,10 @@
 // validate.cpp — see validate.hpp. Each check throws gdn::Failure with the field's name.
 #include "validate.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -13,36 +16,54 @@ namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
 
+std::string ptr_str(const void *p) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%p", p);
+  return buf;
+}
+
 std::string fstr(float v) {  // shortest round-trip-ish text: -0.5, 0, 1e-06
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g", (double)v);
   return buf;
 }
 
-// Copies a caller's versioned struct: an older (smaller) struct is refused; a newer (larger)
-// one is accepted only if the fields this library does not know are zero (their defaults).
-template <class T>
-T copy_versioned(const T *in, const char *name, void (*init)(T *)) {
+// Struct versions (gdn_xpu.h, "Structs are versioned"): the sizes of every version of each struct
+// this library knows, oldest first. Version 1 is the layout libgdn_xpu 0.1.0 shipped, the oldest
+// caller accepted; gdn_batch_t's version 1 ends where its first version-2 field begins. On LP64
+// platforms (x86-64, aarch64 Linux) version 1 was 88 (config), 112 (batch) and 184 (tensors) bytes.
+constexpr size_t kConfigVersions[] = {sizeof(gdn_config_t)};
+constexpr size_t kBatchVersions[] = {offsetof(gdn_batch_t, non_spec_read_state_indices), sizeof(gdn_batch_t)};
+constexpr size_t kTensorsVersions[] = {sizeof(gdn_tensors_t)};
+static_assert(sizeof(void *) != 8 || (kConfigVersions[0] == 88 && kBatchVersions[0] == 112 && kTensorsVersions[0] == 184),
+              "a version-1 struct layout changed: that breaks every caller built against 0.1.0 (ABI 1)");
+
+// Copies a caller's versioned struct. An older caller (struct_size = the size of an earlier
+// version) gets the defaults of `init` for the fields its header did not have; a newer (larger)
+// struct is accepted only if the fields this library does not know are zero (their defaults).
+// Only the caller's struct_size bytes are read.
+template <class T, size_t N>
+T copy_versioned(const T *in, const char *name, void (*init)(T *), const size_t (&versions)[N]) {
   if (!in) fail(GDN_ERROR_NULL_POINTER, std::string(name) + " is NULL");
   T out;
   init(&out);
   const size_t size = in->struct_size;
-  if (size < sizeof(T))
-    fail(GDN_ERROR_BAD_STRUCT_SIZE, std::string(name) + "->struct_size = " + str((int64_t)size) +
-                                        " is older than this library's " + str((int64_t)sizeof(T)) +
-                                        " (rebuild against the current gdn_xpu.h)");
+  const std::string what = std::string(name) + "->struct_size = " + str((int64_t)size);
+  if (size < versions[0])
+    fail(GDN_ERROR_BAD_STRUCT_SIZE, what + " is older than the oldest version this library accepts (" +
+                                        str((int64_t)versions[0]) + " bytes, gdn_xpu.h of libgdn_xpu 0.1.0)");
+  if (size < sizeof(T) && std::find(versions, versions + N, size) == versions + N) {
+    std::string sizes;
+    for (size_t v : versions) sizes += (sizes.empty() ? "" : ", ") + str((int64_t)v);
+    fail(GDN_ERROR_BAD_STRUCT_SIZE, what + " is the size of no version of this struct (" + sizes + " bytes)");
+  }
   const unsigned char *tail = reinterpret_cast<const unsigned char *>(in) + sizeof(T);
-  for (size_t i = 0; i < size - sizeof(T); ++i)
+  for (size_t i = 0; i + sizeof(T) < size; ++i)
     if (tail[i])
-      fail(GDN_ERROR_UNSUPPORTED, std::string(name) + "->struct_size = " + str((int64_t)size) +
-                                      ": the caller sets fields newer than this library (version " + gdn_version() + ")");
-  std::memcpy(&out, in, sizeof(T));
+      fail(GDN_ERROR_UNSUPPORTED, what + ": the caller sets fields newer than this library (version " + gdn_version() + ")");
+  std::memcpy(&out, in, std::min(size, sizeof(T)));
   out.struct_size = sizeof(T);
   return out;
-}
-
-void require(bool ok, gdn_status_t status, const std::string &message) {
-  if (!ok) fail(status, message);
 }
 
 void check_range(int64_t v, int64_t lo, int64_t hi, gdn_status_t status, const char *field) {
@@ -61,136 +82,67 @@ void check_usm(const sycl::queue &q, const void *p, const char *field) {
     fail(GDN_ERROR_BAD_POINTER, std::string(field) + " is not a USM allocation of the queue's context");
 }
 
+// Every array is aligned to its element size: what element loads need on any device. Wider vector
+// accesses are the kernels' own business and never a reason to refuse a view: they check and fall
+// back (common.hpp vstore_stream), or load through memcpy (load_act16).
+void check_aligned(const void *p, size_t align, const char *what, const char *field) {
+  const size_t off = (size_t)((uintptr_t)p % align);
+  if (p && off)
+    fail(GDN_ERROR_BAD_POINTER, std::string(field) + " = " + ptr_str(p) + " is not aligned to its element size (" +
+                                    str((int64_t)align) + " bytes, " + what + "): " + str((int64_t)off) +
+                                    " byte(s) past a boundary");
+}
+
 void need(const void *p, const char *field, const char *why) {
   if (!p) fail(GDN_ERROR_NULL_POINTER, std::string(field) + " is NULL but " + why);
 }
 
-template <class T>
-void read_back(sycl::queue &q, std::vector<T> &dst, const T *src, int64_t n, std::vector<sycl::event> &evs) {
-  dst.resize((size_t)n);
-  if (n > 0 && src) evs.push_back(q.memcpy(dst.data(), src, sizeof(T) * (size_t)n));
-}
-
-void check_start_loc(const std::vector<int32_t> &qsl, int32_t tokens, const char *field, const char *count_field) {
-  if (qsl.empty()) return;
-  require(qsl[0] == 0, GDN_ERROR_BAD_START_LOC, std::string(field) + "[0] = " + str(qsl[0]) + ", expected 0");
-  for (size_t i = 1; i < qsl.size(); ++i)
-    require(qsl[i] >= qsl[i - 1], GDN_ERROR_BAD_START_LOC,
-            std::string(field) + " decreases at [" + str((int64_t)i) + "]: " + str(qsl[i - 1]) + " -> " + str(qsl[i]));
-  require(qsl.back() == tokens, GDN_ERROR_BAD_START_LOC,
-          std::string(field) + "[last] = " + str(qsl.back()) + " but " + count_field + " = " + str(tokens));
-}
-
-void check_slot(int32_t slot, const gdn_batch_t &b, int32_t num_slots, const std::string &field) {
-  if (slot == b.pad_slot_id) return;
-  require(slot >= 0 && slot < num_slots, GDN_ERROR_BAD_STATE_INDEX,
-          field + " = " + str(slot) + " is outside [0, num_slots=" + str(num_slots) + ") and is not pad_slot_id (" +
-              str(b.pad_slot_id) + ")");
-}
-
-// Full content checks of the metadata (GDN_VALIDATE_FULL).
-void check_contents(const Checked &c) {
-  const gdn_batch_t &b = c.batch;
-  const HostMeta &m = c.meta;
-  const int32_t slots = c.cfg.num_slots, cols = b.num_spec + 1;
-  check_start_loc(m.ns_qsl, b.non_spec_token_count, "non_spec_query_start_loc", "non_spec_token_count");
-  check_start_loc(m.s_qsl, b.spec_token_count, "spec_query_start_loc", "spec_token_count");
-
-  // Each written slot has one writer; a slot read as an initial state is not written by another sequence.
-  std::vector<int32_t> writer((size_t)slots, -1);  // sequence id: non-spec i, spec num_non_spec + n
-  auto claim = [&](int32_t slot, int32_t seq, const std::string &field) {
-    if (slot == b.pad_slot_id) return;
-    int32_t &w = writer[(size_t)slot];
-    require(w == -1 || w == seq, GDN_ERROR_DUPLICATE_SLOT,
-            field + " = " + str(slot) + " is also written by " +
-                (w < c.num_non_spec_seqs ? "non-spec sequence " + str(w) : "spec sequence " + str(w - c.num_non_spec_seqs)));
-    w = seq;
-  };
-  for (int32_t i = 0; i < c.num_non_spec_seqs; ++i) {
-    const std::string field = "non_spec_state_indices[" + str(i) + "]";
-    check_slot(m.ns_slots[(size_t)i], b, slots, field);
-    claim(m.ns_slots[(size_t)i], i, field);
-  }
-  for (int32_t n = 0; n < b.num_spec_decodes; ++n) {
-    const int32_t len = m.s_qsl[(size_t)n + 1] - m.s_qsl[(size_t)n];
-    require(len <= cols, GDN_ERROR_BAD_START_LOC,
-            "spec_query_start_loc: spec sequence " + str(n) + " has " + str(len) + " tokens > 1 + num_spec = " + str(cols));
-    const int32_t a = m.accepted[(size_t)n];
-    require(a >= 1 && a <= cols, GDN_ERROR_BAD_ACCEPTED,
-            "num_accepted_tokens[" + str(n) + "] = " + str(a) + " is outside [1, 1 + num_spec = " + str(cols) + "]");
-    for (int32_t t = 0; t < cols; ++t)
-      check_slot(m.s_slots[(size_t)n * cols + t], b, slots, "spec_state_indices[" + str(n) + "][" + str(t) + "]");
-    for (int32_t t = 0; t < len; ++t)
-      claim(m.s_slots[(size_t)n * cols + t], c.num_non_spec_seqs + n,
-            "spec_state_indices[" + str(n) + "][" + str(t) + "]");
-  }
-  for (int32_t n = 0; n < b.num_spec_decodes; ++n) {  // initial-state reads vs other sequences' writes
-    if (m.s_qsl[(size_t)n + 1] == m.s_qsl[(size_t)n]) continue;
-    const int32_t a = m.accepted[(size_t)n];
-    for (int32_t col : {a - 1, 0}) {
-      const int32_t slot = m.s_slots[(size_t)n * cols + col];
-      if (slot == b.pad_slot_id) continue;
-      const int32_t w = writer[(size_t)slot];
-      require(w == -1 || w == c.num_non_spec_seqs + n, GDN_ERROR_DUPLICATE_SLOT,
-              "spec_state_indices[" + str(n) + "][" + str(col) + "] = " + str(slot) +
-                  " is read as an initial state but written by another sequence in the same call");
-    }
-  }
-
-  // Token rows: inside [0, num_actual_tokens), each claimed once.
-  std::vector<uint8_t> owned((size_t)b.num_actual_tokens, 0);
-  auto own_rows = [&](const std::vector<int32_t> &tok, int32_t count, const char *field, uint8_t tag) {
-    for (int32_t j = 0; j < count; ++j) {
-      const int64_t row = tok.empty() ? j : tok[(size_t)j];
-      require(row >= 0 && row < b.num_actual_tokens, GDN_ERROR_BAD_TOKEN_INDEX,
-              std::string(field) + "[" + str(j) + "] = " + str(row) + " is outside [0, num_actual_tokens=" +
-                  str(b.num_actual_tokens) + ")" + (tok.empty() ? " (NULL index = identity)" : ""));
-      require(!owned[(size_t)row], GDN_ERROR_BAD_TOKEN_INDEX,
-              std::string(field) + "[" + str(j) + "] = row " + str(row) + " is already claimed by " +
-                  (owned[(size_t)row] == 1 ? "a non-spec token" : "a spec token") +
-                  (tok.empty() ? " (NULL index = identity)" : ""));
-      owned[(size_t)row] = tag;
-    }
-  };
-  own_rows(m.ns_tok, b.non_spec_token_count, "non_spec_token_indx", 1);
-  own_rows(m.s_tok, b.spec_token_count, "spec_token_indx", 2);
-}
-
-// Every array given is USM of the queue's context.
+// Every array given is USM of the queue's context and aligned to its element size.
 void check_pointers(const Checked &c) {
   const gdn_batch_t &b = c.batch;
   const gdn_tensors_t &t = c.t;
   const sycl::queue &q = c.q;
-  const std::pair<const void *, const char *> pointers[] = {
-      {b.non_spec_query_start_loc, "batch->non_spec_query_start_loc"}, {b.non_spec_state_indices, "batch->non_spec_state_indices"},
-      {b.has_initial_state, "batch->has_initial_state"}, {b.non_spec_token_indx, "batch->non_spec_token_indx"},
-      {b.spec_query_start_loc, "batch->spec_query_start_loc"}, {b.spec_state_indices, "batch->spec_state_indices"},
-      {b.num_accepted_tokens, "batch->num_accepted_tokens"}, {b.spec_token_indx, "batch->spec_token_indx"},
-      {t.mixed_qkv, "tensors->mixed_qkv"}, {t.conv_weight, "tensors->conv_weight"}, {t.conv_bias, "tensors->conv_bias"},
-      {t.conv_state, "tensors->conv_state"}, {t.conv_out, "tensors->conv_out"}, {t.a, "tensors->a"}, {t.b, "tensors->b"},
-      {t.A_log, "tensors->A_log"}, {t.dt_bias, "tensors->dt_bias"}, {t.g, "tensors->g"}, {t.beta, "tensors->beta"},
-      {t.ssm_state, "tensors->ssm_state"}, {t.core_attn_out, "tensors->core_attn_out"}, {t.z, "tensors->z"},
-      {t.norm_weight, "tensors->norm_weight"}, {t.workspace, "tensors->workspace"}};
-  for (const auto &[p, field] : pointers) check_usm(q, p, field);
-}
-
-// Host copies of the metadata arrays (waits for the work already on the queue).
-void read_metadata(Checked &c) {
-  const gdn_batch_t &b = c.batch;
-  std::vector<sycl::event> evs;
-  HostMeta &m = c.meta;
-  if (c.num_non_spec_seqs > 0) {
-    read_back(c.q, m.ns_qsl, b.non_spec_query_start_loc, (int64_t)c.num_non_spec_seqs + 1, evs);
-    read_back(c.q, m.ns_slots, b.non_spec_state_indices, c.num_non_spec_seqs, evs);
-    if (b.non_spec_token_indx) read_back(c.q, m.ns_tok, b.non_spec_token_indx, b.non_spec_token_count, evs);
+  struct Array {
+    const void *p;
+    const char *field;
+    size_t align;      // the element size
+    const char *what;  // the element type, for the message
+  };
+  const size_t act = c.act_bytes, state = dtype_bytes(c.cfg.state_dtype);
+  const char *act_t = c.cfg.act_dtype == GDN_DTYPE_F32 ? "f32 act_dtype" : c.cfg.act_dtype == GDN_DTYPE_F16 ? "f16 act_dtype" : "bf16 act_dtype";
+  const Array arrays[] = {
+      {b.non_spec_query_start_loc, "batch->non_spec_query_start_loc", 4, "int32"},
+      {b.non_spec_state_indices, "batch->non_spec_state_indices", 4, "int32"},
+      {b.has_initial_state, "batch->has_initial_state", 1, "uint8"},
+      {b.non_spec_token_indx, "batch->non_spec_token_indx", 4, "int32"},
+      {b.spec_query_start_loc, "batch->spec_query_start_loc", 4, "int32"},
+      {b.spec_state_indices, "batch->spec_state_indices", 4, "int32"},
+      {b.num_accepted_tokens, "batch->num_accepted_tokens", 4, "int32"},
+      {b.spec_token_indx, "batch->spec_token_indx", 4, "int32"},
+      {b.non_spec_read_state_indices, "batch->non_spec_read_state_indices", 4, "int32"},
+      {b.spec_read_state_indices, "batch->spec_read_state_indices", 4, "int32"},
+      {b.non_spec_start_pos, "batch->non_spec_start_pos", 4, "int32"},
+      {checkpoints(c) ? b.checkpoint_state_indices : nullptr, "batch->checkpoint_state_indices", 4, "int32"},
+      {t.mixed_qkv, "tensors->mixed_qkv", act, act_t},
+      {t.conv_weight, "tensors->conv_weight", act, act_t},
+      {t.conv_bias, "tensors->conv_bias", act, act_t},
+      {t.conv_state, "tensors->conv_state", act, act_t},
+      {t.conv_out, "tensors->conv_out", act, act_t},
+      {t.a, "tensors->a", act, act_t},
+      {t.b, "tensors->b", act, act_t},
+      {t.A_log, "tensors->A_log", 4, "f32"},
+      {t.dt_bias, "tensors->dt_bias", 4, "f32"},
+      {t.g, "tensors->g", 4, "f32"},
+      {t.beta, "tensors->beta", 4, "f32"},
+      {t.ssm_state, "tensors->ssm_state", state, "state_dtype"},
+      {t.core_attn_out, "tensors->core_attn_out", act, act_t},
+      {t.z, "tensors->z", act, act_t},
+      {t.norm_weight, "tensors->norm_weight", act, act_t},
+      {t.workspace, "tensors->workspace", 4, "f32 and int32 scratch"}};
+  for (const Array &a : arrays) {
+    check_usm(q, a.p, a.field);
+    check_aligned(a.p, a.align, a.what, a.field);
   }
-  if (b.num_spec_decodes > 0) {
-    read_back(c.q, m.s_qsl, b.spec_query_start_loc, (int64_t)b.num_spec_decodes + 1, evs);
-    read_back(c.q, m.s_slots, b.spec_state_indices, (int64_t)b.num_spec_decodes * (b.num_spec + 1), evs);
-    read_back(c.q, m.accepted, b.num_accepted_tokens, b.num_spec_decodes, evs);
-    if (b.spec_token_indx) read_back(c.q, m.s_tok, b.spec_token_indx, b.spec_token_count, evs);
-  }
-  for (auto &e : evs) e.wait_and_throw();
 }
 
 }  // namespace
@@ -205,7 +157,7 @@ size_t dtype_bytes(int32_t dtype) {
 }
 
 gdn_config_t validate_config(const gdn_config_t *in) {
-  gdn_config_t cfg = copy_versioned(in, "cfg", gdn_config_init);
+  gdn_config_t cfg = copy_versioned(in, "cfg", gdn_config_init, kConfigVersions);
   check_range(cfg.num_k_heads, 1, 1024, GDN_ERROR_BAD_SHAPE, "cfg->num_k_heads");
   check_range(cfg.num_v_heads, 1, 4096, GDN_ERROR_BAD_SHAPE, "cfg->num_v_heads");
   require(cfg.num_v_heads % cfg.num_k_heads == 0, GDN_ERROR_BAD_SHAPE,
@@ -214,8 +166,8 @@ gdn_config_t validate_config(const gdn_config_t *in) {
   check_range(cfg.head_v_dim, 1, 256, GDN_ERROR_BAD_SHAPE, "cfg->head_v_dim");
   check_range(cfg.conv_width, 2, 8, GDN_ERROR_BAD_SHAPE, "cfg->conv_width");
   require(dtype_bytes(cfg.act_dtype) != 0, GDN_ERROR_BAD_DTYPE, "cfg->act_dtype = " + str(cfg.act_dtype) + " is not a gdn_dtype_t");
-  require(cfg.state_dtype == GDN_DTYPE_F32, GDN_ERROR_BAD_DTYPE,
-          "cfg->state_dtype = " + str(cfg.state_dtype) + ": only GDN_DTYPE_F32 states are supported");
+  require(dtype_bytes(cfg.state_dtype) != 0, GDN_ERROR_BAD_DTYPE,
+          "cfg->state_dtype = " + str(cfg.state_dtype) + " is not a gdn_dtype_t");
   check_range(cfg.ssm_layout, 0, 1, GDN_ERROR_BAD_LAYOUT, "cfg->ssm_layout");
   check_range(cfg.conv_layout, 0, 1, GDN_ERROR_BAD_LAYOUT, "cfg->conv_layout");
   check_range(cfg.conv_spec_layout, 0, 1, GDN_ERROR_BAD_LAYOUT, "cfg->conv_spec_layout");
@@ -233,7 +185,7 @@ gdn_config_t validate_config(const gdn_config_t *in) {
 }
 
 gdn_batch_t validate_batch_counts(const gdn_batch_t *in) {
-  gdn_batch_t b = copy_versioned(in, "batch", gdn_batch_init);
+  gdn_batch_t b = copy_versioned(in, "batch", gdn_batch_init, kBatchVersions);
   check_range(b.num_prefills, 0, INT32_MAX, GDN_ERROR_BAD_COUNT, "batch->num_prefills");
   check_range(b.num_decodes, 0, INT32_MAX, GDN_ERROR_BAD_COUNT, "batch->num_decodes");
   check_range(b.num_spec_decodes, 0, INT32_MAX, GDN_ERROR_BAD_COUNT, "batch->num_spec_decodes");
@@ -254,6 +206,11 @@ gdn_batch_t validate_batch_counts(const gdn_batch_t *in) {
   require((int64_t)b.spec_token_count <= (int64_t)b.num_spec_decodes * (b.num_spec + 1), GDN_ERROR_BAD_COUNT,
           "spec_token_count = " + str(b.spec_token_count) + " > num_spec_decodes * (1 + num_spec) = " +
               str((int64_t)b.num_spec_decodes * (b.num_spec + 1)));
+  check_range(b.checkpoint_interval, 0, INT32_MAX, GDN_ERROR_BAD_COUNT, "batch->checkpoint_interval");
+  require(b.checkpoint_interval % GDN_CHUNK_SIZE == 0, GDN_ERROR_BAD_COUNT,
+          "batch->checkpoint_interval = " + str(b.checkpoint_interval) + " is not a multiple of GDN_CHUNK_SIZE (" +
+              str(GDN_CHUNK_SIZE) + ")");
+  check_range(b.checkpoint_cols, 0, INT32_MAX, GDN_ERROR_BAD_COUNT, "batch->checkpoint_cols");
   return b;
 }
 
@@ -263,7 +220,7 @@ Checked validate_call(void *queue, const gdn_config_t *cfg_in, const gdn_batch_t
   c.q = *static_cast<sycl::queue *>(queue);
   c.cfg = validate_config(cfg_in);
   c.batch = validate_batch_counts(batch_in);
-  c.t = copy_versioned(t_in, "tensors", gdn_tensors_init);
+  c.t = copy_versioned(t_in, "tensors", gdn_tensors_init, kTensorsVersions);
   const gdn_config_t &cfg = c.cfg;
   gdn_batch_t &b = c.batch;
   gdn_tensors_t &t = c.t;
@@ -287,6 +244,8 @@ Checked validate_call(void *queue, const gdn_config_t *cfg_in, const gdn_batch_t
     need(b.non_spec_query_start_loc, "batch->non_spec_query_start_loc", "num_prefills + num_decodes > 0");
     need(b.non_spec_state_indices, "batch->non_spec_state_indices", "num_prefills + num_decodes > 0");
   }
+  if (work && checkpoints(c) && b.checkpoint_cols > 0)
+    need(b.checkpoint_state_indices, "batch->checkpoint_state_indices", "checkpoint_interval > 0 and checkpoint_cols > 0");
   if (work && b.num_spec_decodes > 0) {
     need(b.spec_query_start_loc, "batch->spec_query_start_loc", "num_spec_decodes > 0");
     need(b.spec_state_indices, "batch->spec_state_indices", "num_spec_decodes > 0");
@@ -320,16 +279,10 @@ Checked validate_call(void *queue, const gdn_config_t *cfg_in, const gdn_batch_t
   // chunk kernels walk whole prefills, and a decreasing or overlong start location would send them
   // outside the token rows (a crash, not a wrong result). Decode-only batches read nothing back.
   if (b.validate != GDN_VALIDATE_FULL) {
-    if (delta && b.num_prefills > 0 && !(cfg.flags & GDN_FLAG_FORCE_RECURRENT)) {
-      std::vector<sycl::event> evs;
-      read_back(c.q, c.meta.ns_qsl, b.non_spec_query_start_loc, (int64_t)c.num_non_spec_seqs + 1, evs);
-      for (auto &e : evs) e.wait_and_throw();
-      check_start_loc(c.meta.ns_qsl, b.non_spec_token_count, "non_spec_query_start_loc", "non_spec_token_count");
-    }
+    if (delta && b.num_prefills > 0 && !(cfg.flags & GDN_FLAG_FORCE_RECURRENT)) check_prefill_start_loc(c);
     return c;
   }
-  read_metadata(c);
-  check_contents(c);
+  check_metadata(c);
   return c;
 }
 

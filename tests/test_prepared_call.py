@@ -52,7 +52,8 @@ class Loop:
     def write_step(self, rng, meta):
         """This step's metadata and activations, written into the arrays the prepared call holds."""
         for field in BATCH_ARRAYS:
-            getattr(self.batch, field).copy_from(meta[field])
+            if getattr(self.batch, field) is not None:  # (the state-cache arrays stay NULL here)
+                getattr(self.batch, field).copy_from(meta[field])
         x = rng.standard_normal((self.T, self.cfg.conv_dim)).astype(np.float32)
         a = rng.standard_normal((self.T, HV)).astype(np.float32)
         b = rng.standard_normal((self.T, HV)).astype(np.float32)

@@ -1,5 +1,5 @@
-"""The README's Python example runs as written. dpnp is optional (its wheels need the 2026.2
-oneAPI line); without it a minimal stand-in module backed by pygdn.UsmArray provides the three
+"""The README's Python example runs as written. dpnp is optional (`pip install pygdn[dpnp]`);
+without it a minimal stand-in module backed by pygdn.UsmArray provides the three
 functions the example uses, so the example's pygdn calls are exercised either way."""
 import os
 import re

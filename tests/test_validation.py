@@ -25,7 +25,9 @@ NUM_SLOTS, NUM_SPEC = 16, 2
 CANARY = 7.0
 I32_MAX = 2**31 - 1
 
-INT_KEYS = tuple(k for k, a in BATCH_ARRAYS.items() if a.dtype == "i32")  # gdn_batch_t's int32 arrays
+# gdn_batch_t version 2 (state caches): NULL in the base batch
+STATE_KEYS = ("non_spec_read_state_indices", "spec_read_state_indices", "non_spec_start_pos", "checkpoint_state_indices")
+INT_KEYS = tuple(k for k, a in BATCH_ARRAYS.items() if a.dtype == "i32" and k not in STATE_KEYS)  # the base batch's
 COUNT_KEYS = BATCH_COUNTS + ("pad_slot_id",)
 
 
@@ -36,7 +38,8 @@ def base_meta():
                 non_spec_token_count=4, spec_token_count=5, pad_slot_id=-1, validate="full",
                 non_spec_query_start_loc=[0, 3, 4], non_spec_state_indices=[1, 2], has_initial_state=[1, 1],
                 non_spec_token_indx=[0, 2, 5, 7], spec_query_start_loc=[0, 3, 5],
-                spec_state_indices=[[3, 4, 5], [6, 7, 8]], num_accepted_tokens=[2, 1], spec_token_indx=[1, 3, 4, 6, 8])
+                spec_state_indices=[[3, 4, 5], [6, 7, 8]], num_accepted_tokens=[2, 1], spec_token_indx=[1, 3, 4, 6, 8],
+                checkpoint_interval=0, checkpoint_cols=0, **{k: None for k in STATE_KEYS})
 
 
 def drop_empty_spec_sequences(meta):
@@ -289,8 +292,8 @@ CONFIG_RULES = [  # field, value, status, message
     ("conv_width", 9, "GDN_ERROR_BAD_SHAPE", "cfg->conv_width = 9 is outside [2, 8]"),
     ("act_dtype", 0, "GDN_ERROR_BAD_DTYPE", "cfg->act_dtype = 0 is not a gdn_dtype_t"),
     ("act_dtype", 4, "GDN_ERROR_BAD_DTYPE", "cfg->act_dtype = 4 is not a gdn_dtype_t"),
-    ("state_dtype", 3, "GDN_ERROR_BAD_DTYPE", "cfg->state_dtype = 3: only GDN_DTYPE_F32"),
-    ("state_dtype", 9, "GDN_ERROR_BAD_DTYPE", "cfg->state_dtype = 9: only GDN_DTYPE_F32"),
+    ("state_dtype", 0, "GDN_ERROR_BAD_DTYPE", "cfg->state_dtype = 0 is not a gdn_dtype_t"),
+    ("state_dtype", 9, "GDN_ERROR_BAD_DTYPE", "cfg->state_dtype = 9 is not a gdn_dtype_t"),
     ("ssm_layout", 2, "GDN_ERROR_BAD_LAYOUT", "cfg->ssm_layout = 2 is outside [0, 1]"),
     ("ssm_layout", -1, "GDN_ERROR_BAD_LAYOUT", "cfg->ssm_layout = -1 is outside [0, 1]"),
     ("conv_layout", 2, "GDN_ERROR_BAD_LAYOUT", "cfg->conv_layout = 2 is outside [0, 1]"),
@@ -393,11 +396,12 @@ def test_duplicate_write_slot(s, field, value, message):
     fails(s, "GDN_ERROR_DUPLICATE_SLOT", [message], lambda: s.attention(s.batch(**{field: value})))
 
 
-@pytest.mark.parametrize("read_slot,writer", [(2, "non-spec"), (5, "spec")])
+@pytest.mark.parametrize("read_slot,writer", [(2, "non-spec sequence 1 (non_spec_state_indices[1])"),
+                                              (5, "spec sequence 0 (spec_state_indices[0][2])")])
 def test_initial_state_slot_written_by_another_sequence(s, read_slot, writer):
     # Spec sequence 1 has 2 tokens and A=3: it reads column 2, which it does not write.
     fails(s, "GDN_ERROR_DUPLICATE_SLOT",
-          [f"spec_state_indices[1][2] = {read_slot} is read as an initial state but written by another sequence"],
+          [f"spec_state_indices[1][2] = {read_slot} is read as an initial state by spec sequence 1 but written by {writer}"],
           lambda: s.attention(s.batch(num_accepted_tokens=[2, 3], spec_state_indices=[[3, 4, 5], [6, 7, read_slot]])))
 
 
@@ -458,11 +462,51 @@ def struct_kw(which, mutate):
     return {{"cfg": "mutate_cfg", "batch": "mutate_batch", "tensors": "mutate_tensors"}[which]: mutate}
 
 
+# Version 1 of each struct (libgdn_xpu 0.1.0): gdn_batch_t's ends where its version-2 fields begin.
+V1_SIZE = {"cfg": ffi.sizeof("gdn_config_t"), "batch": ffi.offsetof("gdn_batch_t", "non_spec_read_state_indices"),
+           "tensors": ffi.sizeof("gdn_tensors_t")}
+
+
+def test_version_1_sizes_are_pinned():
+    """The ABI promise: version-1 layouts never change (x86-64 / LP64 sizes of 0.1.0)."""
+    if ffi.sizeof("void *") == 8:
+        assert V1_SIZE == {"cfg": 88, "batch": 112, "tensors": 184}
+
+
 @pytest.mark.parametrize("which", list(STRUCTS))
-def test_struct_size_older_caller(s, which):
-    n = ffi.sizeof(STRUCTS[which])
-    fails(s, "GDN_ERROR_BAD_STRUCT_SIZE", [f"{which}->struct_size = {n - 8} is older than this library's {n}"],
-          lambda: s.raw(**struct_kw(which, resized(STRUCTS[which], n - 8, 0))))
+def test_struct_size_older_than_version_1(s, which):
+    n = V1_SIZE[which] - 8
+    fails(s, "GDN_ERROR_BAD_STRUCT_SIZE",
+          [f"{which}->struct_size = {n} is older than the oldest version this library accepts ({n + 8} bytes"],
+          lambda: s.raw(**struct_kw(which, resized(STRUCTS[which], n, 0))))
+
+
+def test_struct_size_between_versions(s):
+    n = V1_SIZE["batch"] + 8
+    fails(s, "GDN_ERROR_BAD_STRUCT_SIZE", [f"batch->struct_size = {n} is the size of no version of this struct",
+                                           str(V1_SIZE["batch"]), str(ffi.sizeof("gdn_batch_t"))],
+          lambda: s.raw(mutate_batch=resized("gdn_batch_t", n, 0)))
+
+
+def version_1_batch(c):
+    """mutate_batch: the caller's struct as a version-1 caller lays it out: struct_size = the
+    version-1 size, and whatever happens to follow it in memory (here 0xA5 bytes) is not ours."""
+    n = ffi.sizeof("gdn_batch_t")
+    buf = ffi.new("unsigned char[]", n)
+    ffi.memmove(buf, b"\xa5" * n, n)
+    ffi.memmove(buf, c, V1_SIZE["batch"])
+    p = ffi.cast("gdn_batch_t *", buf)
+    p.struct_size = V1_SIZE["batch"]
+    version_1_batch.keep = buf
+    return p
+
+
+def test_version_1_caller_gets_the_defaults(s):
+    """A caller built against the 0.1.0 header: its batch ends at spec_token_indx; the bytes after it
+    (garbage here) are never read, the version-2 fields take their defaults (no read slots, no
+    checkpoints) and the call computes what it always did."""
+    s.raw(mutate_batch=version_1_batch)
+    s.check_reference(written=range(1, 9))
 
 
 @pytest.mark.parametrize("which", list(STRUCTS))
@@ -485,7 +529,8 @@ def test_null_struct(s, which):
 
 
 @pytest.mark.parametrize("where,field", [("tensors", "a"), ("tensors", "ssm_state"), ("batch", "num_accepted_tokens"),
-                                         ("batch", "non_spec_token_indx")])
+                                         ("batch", "non_spec_token_indx"), ("batch", "spec_read_state_indices"),
+                                         ("batch", "non_spec_start_pos")])
 def test_host_pointer_is_not_usm(s, where, field):
     host = ffi.new("int32_t[]", 64)  # plain host memory, not a USM allocation
 
@@ -493,6 +538,31 @@ def test_host_pointer_is_not_usm(s, where, field):
         setattr(c, field, ffi.cast("void *", host))
     fails(s, "GDN_ERROR_BAD_POINTER", [f"{where}->{field} is not a USM allocation"],
           lambda: s.raw(**struct_kw(where, mutate)))
+
+
+@pytest.mark.parametrize("where,field,size,delta", [
+    ("batch", "non_spec_query_start_loc", 4, 1), ("batch", "spec_state_indices", 4, 2),
+    ("batch", "num_accepted_tokens", 4, 3), ("tensors", "mixed_qkv", 4, 1), ("tensors", "A_log", 4, 2),
+    ("tensors", "conv_state", 4, 1), ("tensors", "ssm_state", 4, 1), ("tensors", "core_attn_out", 4, 2),
+    ("tensors", "z", 4, 1)])
+def test_pointer_not_aligned_to_its_element(s, where, field, size, delta):
+    """A USM pointer `delta` bytes past an element boundary is refused, naming the field."""
+    def mutate(c):
+        setattr(c, field, ffi.cast("void *", ffi.cast("char *", getattr(c, field)) + delta))
+    fails(s, "GDN_ERROR_BAD_POINTER", [f"{where}->{field} = 0x", f"is not aligned to its element size ({size} bytes",
+                                       f"{delta} byte(s) past a boundary"],
+          lambda: s.raw(**struct_kw(where, mutate)))
+
+
+def test_pointer_not_aligned_bf16(s):
+    """bf16 activations need 2-byte alignment (the refused call runs nothing, so the f32 buffers of
+    the setup serve)."""
+    s.cfg.act_dtype = "bf16"
+
+    def mutate(c):
+        c.b = ffi.cast("void *", ffi.cast("char *", c.b) + 1)
+    fails(s, "GDN_ERROR_BAD_POINTER", ["tensors->b = 0x", "(2 bytes, bf16 act_dtype): 1 byte(s) past a boundary"],
+          lambda: s.raw(mutate_tensors=mutate))
 
 
 def test_null_queue(s):
@@ -622,6 +692,28 @@ def test_counts_mode_still_checks_counts(s):
           lambda: s.attention(s.batch(validate="counts", num_actual_tokens=10)))
 
 
+# ----------------------------------------------------------------------------- metadata in any kind of USM
+def _batch_in(s, usm_type, **over):
+    """s.batch(**over) with every metadata array in `usm_type` USM (validation reads host and shared
+    USM in place and copies device USM through a staging buffer: both paths)."""
+    b = s.batch(**over)
+    for k in BATCH_ARRAYS:
+        v = getattr(b, k)
+        if v is not None:
+            setattr(b, k, pygdn.UsmArray.from_numpy(v.to_numpy(), s.q, usm_type=usm_type))
+    return b
+
+
+@pytest.mark.parametrize("usm_type", ["device", "host"])
+def test_metadata_in_device_or_host_usm(s, usm_type):
+    fails(s, "GDN_ERROR_BAD_STATE_INDEX", ["spec_state_indices[1][2] = 999"],
+          lambda: s.attention(_batch_in(s, usm_type, spec_state_indices=[[3, 4, 5], [6, 7, 999]])))
+    fails(s, "GDN_ERROR_BAD_START_LOC", ["non_spec_query_start_loc decreases at [2]: 5 -> 4"],
+          lambda: s.attention(_batch_in(s, usm_type, validate="counts", non_spec_query_start_loc=[0, 5, 4])))
+    s.attention(_batch_in(s, usm_type))
+    s.check_reference(written=range(1, 9))
+
+
 # ----------------------------------------------------------------------------- graph padding is accepted
 def test_arrays_longer_than_the_counts_need(queue):
     plain, padded = Setup(queue), Setup(queue)
@@ -665,3 +757,131 @@ def test_read_slot_shared_by_two_readers(s):
     over["num_accepted_tokens"] = [3, 3]
     s.attention(s.batch(**over))
     s.check_reference(dict(s.meta, **over), written=[1, 2, 3, 4, 6, 7])
+
+
+# ----------------------------------------------------------------------------- state caches (gdn_batch_t v2)
+# Base batch: prefill (3 tokens) writes 1, decode writes 2; spec sequence 0 writes 3 4 5 (reads 4: A=2),
+# spec sequence 1 writes 6 7 (2 tokens, reads 6: A=1). Slots 9..15 are free.
+@pytest.mark.parametrize("field,value,message", [
+    ("non_spec_read_state_indices", [1, 16], "non_spec_read_state_indices[1] = 16 is outside [0, num_slots=16)"),
+    ("spec_read_state_indices", [3, -5], "spec_read_state_indices[1] = -5 is outside [0, num_slots=16)"),
+], ids=["non_spec", "spec"])
+def test_read_slot_out_of_range(s, field, value, message):
+    fails(s, "GDN_ERROR_BAD_STATE_INDEX", [message], lambda: s.attention(s.batch(**{field: value})))
+
+
+@pytest.mark.parametrize("over,message", [
+    (dict(non_spec_read_state_indices=[6, 2]),
+     "non_spec_read_state_indices[0] = 6 is read as an initial state by non-spec sequence 0 but written by spec "
+     "sequence 1 (spec_state_indices[1][0])"),
+    (dict(spec_read_state_indices=[2, 6]),
+     "spec_read_state_indices[0] = 2 is read as an initial state by spec sequence 0 but written by non-spec "
+     "sequence 1 (non_spec_state_indices[1])"),
+    (dict(spec_read_state_indices=[4, 5]),
+     "spec_read_state_indices[1] = 5 is read as an initial state by spec sequence 1 but written by spec sequence 0"),
+], ids=["non_spec_reads_spec_write", "spec_reads_non_spec_write", "spec_reads_spec_write"])
+def test_read_slot_written_by_another_sequence(s, over, message):
+    fails(s, "GDN_ERROR_DUPLICATE_SLOT", [message], lambda: s.attention(s.batch(**over)))
+
+
+def test_negative_start_pos(s):
+    fails(s, "GDN_ERROR_BAD_COUNT", ["non_spec_start_pos[1] = -1 is negative"],
+          lambda: s.attention(s.batch(non_spec_start_pos=[0, -1])))
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("checkpoint_interval", 100, "batch->checkpoint_interval = 100 is not a multiple of GDN_CHUNK_SIZE (64)"),
+    ("checkpoint_interval", -64, "batch->checkpoint_interval = -64 is outside [0, 2147483647]"),
+    ("checkpoint_cols", -1, "batch->checkpoint_cols = -1 is outside [0, 2147483647]"),
+])
+def test_bad_checkpoint_counts(s, field, value, message):
+    def mutate(b):
+        setattr(b, field, value)
+    fails(s, "GDN_ERROR_BAD_COUNT", [message], lambda: s.raw(mutate_batch=mutate))
+
+
+def test_checkpoints_need_their_slots(s):
+    fails(s, "GDN_ERROR_NULL_POINTER",
+          ["batch->checkpoint_state_indices is NULL but checkpoint_interval > 0 and checkpoint_cols > 0"],
+          lambda: s.attention(s.batch(checkpoint_interval=64, checkpoint_cols=1)))
+
+
+# start_pos 62 and 63: the prefill's token 1 and the decode's token 0 end a block of 64 (a boundary).
+CK = dict(checkpoint_interval=64, checkpoint_cols=1, non_spec_start_pos=[62, 63])
+
+
+@pytest.mark.parametrize("over,status,message", [
+    (dict(checkpoint_state_indices=[[10], [16]]), "GDN_ERROR_BAD_STATE_INDEX",
+     "checkpoint_state_indices[1][0] = 16 is outside [0, num_slots=16)"),
+    (dict(checkpoint_state_indices=[[10], [10]]), "GDN_ERROR_DUPLICATE_SLOT",
+     "checkpoint_state_indices[1][0] = 10 (a checkpoint of non-spec sequence 1) is also checkpoint_state_indices[0][0] "
+     "of non-spec sequence 0"),
+    (dict(checkpoint_state_indices=[[3], [11]]), "GDN_ERROR_DUPLICATE_SLOT",
+     "checkpoint_state_indices[0][0] = 3 (a checkpoint of non-spec sequence 0) is also written by spec sequence 0 "
+     "(spec_state_indices[0][0])"),
+    (dict(checkpoint_state_indices=[[10], [11]], non_spec_read_state_indices=[1, 10]), "GDN_ERROR_DUPLICATE_SLOT",
+     "checkpoint_state_indices[0][0] = 10 (a checkpoint of non-spec sequence 0) is also read by non-spec sequence 1 "
+     "(non_spec_read_state_indices[1]) as an initial state"),
+    (dict(checkpoint_state_indices=[[10], [4]]), "GDN_ERROR_DUPLICATE_SLOT",
+     "checkpoint_state_indices[1][0] = 4 (a checkpoint of non-spec sequence 1) is also written by spec sequence 0"),
+    (dict(checkpoint_state_indices=[[12], [11]], non_spec_read_state_indices=[12, 2]), "GDN_ERROR_DUPLICATE_SLOT",
+     "checkpoint_state_indices[0][0] = 12 (a checkpoint of non-spec sequence 0) is also that sequence's read slot "
+     "(non_spec_read_state_indices[0])"),
+    (dict(checkpoint_state_indices=[[1], [11]]), "GDN_ERROR_DUPLICATE_SLOT",
+     "checkpoint_state_indices[0][0] = 1 (a checkpoint of non-spec sequence 0) is also that sequence's write slot "
+     "(non_spec_state_indices[0]) but its boundary, token 1, is not the sequence's last token"),
+    (dict(checkpoint_state_indices=[[10], [11]], checkpoint_cols=0), "GDN_ERROR_BAD_COUNT",
+     "non-spec sequence 0 (non_spec_start_pos 62, 3 tokens) crosses 1 checkpoint boundaries (checkpoint_interval 64) "
+     "but checkpoint_cols = 0"),
+], ids=["out_of_range", "two_sequences", "spec_write", "other_read", "spec_write_decode", "own_read",
+        "own_write_not_last", "too_many_boundaries"])
+def test_bad_checkpoint_slot(s, over, status, message):
+    fails(s, status, [message], lambda: s.attention(s.batch(**dict(CK, **over))))
+
+
+def test_checkpoint_slot_twice_in_one_row(queue):
+    """One 66-token prefill from position 63 crosses two boundaries (tokens 0 and 64)."""
+    s = Setup(queue, rows=66, num_decodes=0, num_spec_decodes=0, num_actual_tokens=66, non_spec_token_count=66,
+              spec_token_count=0, non_spec_query_start_loc=[0, 66], non_spec_state_indices=[1], has_initial_state=[1],
+              non_spec_token_indx=None, checkpoint_interval=64, non_spec_start_pos=[63])
+    fails(s, "GDN_ERROR_DUPLICATE_SLOT",
+          ["checkpoint_state_indices[0][1] = 10 (a checkpoint of non-spec sequence 0) is also checkpoint_state_indices[0][0]"],
+          lambda: s.attention(s.batch(checkpoint_cols=2, checkpoint_state_indices=[10, 10])))
+    fails(s, "GDN_ERROR_BAD_COUNT", ["crosses 2 checkpoint boundaries", "checkpoint_cols = 1"],
+          lambda: s.attention(s.batch(checkpoint_cols=1, checkpoint_state_indices=[10])))
+
+
+def test_checkpoint_fields_unread_without_interval(s):
+    """checkpoint_interval = 0: checkpoint_cols and checkpoint_state_indices are not looked at."""
+    s.attention(s.batch(checkpoint_cols=3, non_spec_start_pos=[5, 7]))
+    s.check_reference(written=range(1, 9))
+
+
+# ----------------------------------------------------------------------------- cost independent of num_slots
+def test_full_validation_with_int32_max_slots(s):
+    """num_slots only bounds the indices: with num_slots = 2**31 - 1 (caches of 16 slots, only those
+    addressed) a fully validated call succeeds and writes only the addressed slots. A per-call table
+    indexed by slot would need 8 GB here (issue 18)."""
+    def mutate(c):
+        c.num_slots = I32_MAX
+    s.raw(mutate_cfg=mutate)
+    s.check_reference(written=range(1, 9))
+    fails(s, "GDN_ERROR_DUPLICATE_SLOT", ["non_spec_state_indices[1] = 1 is also written by non-spec sequence 0"],
+          lambda: s.raw(s.batch(non_spec_state_indices=[1, 1]), mutate_cfg=mutate))
+
+
+# ----------------------------------------------------------------------------- state caches: what is accepted
+@pytest.mark.parametrize("over", [
+    dict(non_spec_read_state_indices=[12, 12], spec_read_state_indices=[12, 12]),  # one slot read by four
+    dict(non_spec_read_state_indices=[2, 2], has_initial_state=[0, 1]),  # "reads" another's write slot: nothing read
+    dict(non_spec_read_state_indices=[-1, 2], spec_read_state_indices=[-1, 6]),  # pad read slot: zeros
+    dict(spec_read_state_indices=[5, 7]),  # a spec sequence reads one of its own write slots
+    dict(CK, checkpoint_state_indices=[[10], [2]]),  # the decode's boundary is its last token: its own write slot
+    dict(CK, checkpoint_state_indices=[[-1], [11]], checkpoint_cols=1),  # a pad checkpoint is not stored
+], ids=["shared_by_four", "no_initial_state", "pad_read", "own_write_slot", "checkpoint_at_last_token",
+        "pad_checkpoint"])
+def test_state_cache_cases_accepted(s, over):
+    s.attention(s.batch(**over))
+    meta = dict(s.meta, **over)
+    written = {1, 2, 3, 4, 5, 6, 7} | ({10, 11} if over.get("checkpoint_interval") else set())
+    s.check_reference(meta, written=written)

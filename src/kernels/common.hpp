@@ -1,5 +1,7 @@
 // common.hpp — device-side helpers shared by every kernel family (compiled at run time).
-// The activation type is chosen per build with -DGDN_ACT_F32 / -DGDN_ACT_F16 / -DGDN_ACT_BF16.
+// The activation type is chosen per build with -DGDN_ACT_F32 / -DGDN_ACT_F16 / -DGDN_ACT_BF16, the
+// SSM state type (the kernels that load or store ssm_state) with -DGDN_STATE_BF16 / -DGDN_STATE_F16
+// (default f32). Math is f32 either way: values widen on load and round to nearest even on store.
 #pragma once
 // Only the SYCL headers the kernels use: <sycl/sycl.hpp> costs ~2 s of front end per build.
 #include <sycl/bit_cast.hpp>
@@ -13,21 +15,49 @@
 namespace syclexp = sycl::ext::oneapi::experimental;
 #define GDN_KERNEL(dims) extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<dims>))
 
-#if defined(GDN_ACT_BF16)
 // bf16 by bit operations: sycl::ext::oneapi::bfloat16 pulls in a device library that crashes the
 // runtime's persistent cache (2026.1/2026.2: a segfault in PersistentDeviceCodeCache, cold or warm).
-typedef uint16_t act_t;
-static inline float act_to_float(act_t h) { return sycl::bit_cast<float>((uint32_t)h << 16); }
-static inline act_t float_to_act(float f) {
+static inline float bf16_to_float(uint16_t h) { return sycl::bit_cast<float>((uint32_t)h << 16); }
+static inline uint16_t float_to_bf16(float f) {
   uint32_t u = sycl::bit_cast<uint32_t>(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (act_t)((u >> 16) | 0x40u);  // keep NaN a NaN
-  u += 0x7fffu + ((u >> 16) & 1u);                                          // round to nearest even
-  return (act_t)(u >> 16);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);  // keep NaN a NaN
+  u += 0x7fffu + ((u >> 16) & 1u);                                            // round to nearest even
+  return (uint16_t)(u >> 16);
 }
+
+// f16 by bit operations too (activations and states): a kernel that uses sycl::half needs the
+// device's fp16 aspect, and the runtime puts kernels with different needs into separate device
+// images -- a build of two programs, which the disk cache cannot keep (delta_prep.cpp: gdn_prep
+// reads activations, gdn_chunk_plan does not; delta_chunk*.cpp: only the scan touches the state).
+static inline float f16_to_float(uint16_t h) {
+  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0) return sycl::bit_cast<float>(sign | sycl::bit_cast<uint32_t>((float)m * 5.9604644775390625e-8f));  // m 2^-24
+  return sycl::bit_cast<float>(sign | (e == 31 ? 0x7f800000u | (m << 13) : ((e + 112u) << 23) | (m << 13)));
+}
+static inline uint16_t float_to_f16(float f) {  // round to nearest even
+  const uint32_t u = sycl::bit_cast<uint32_t>(f), a = u & 0x7fffffffu;
+  uint16_t h = (uint16_t)((u >> 16) & 0x8000u);
+  if (a > 0x7f800000u) h |= 0x7e00u;                        // NaN
+  else if (a >= 0x477ff000u) h |= 0x7c00u;                   // rounds to >= 65520: inf
+  else if (a >= 0x38800000u) h |= (uint16_t)((a + 0xfffu + ((a >> 13) & 1u) - 0x38000000u) >> 13);  // normal
+  else {  // subnormal: the nearest multiple of 2^-24, ties to even
+    const uint32_t shift = 126u - (a >> 23), mant = (a & 0x7fffffu) | 0x800000u;  // a = mant 2^(e-150)
+    if (shift <= 24u) {
+      const uint32_t q = mant >> shift, rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+      h |= (uint16_t)(q + (rem > half || (rem == half && (q & 1u))));
+    }
+  }
+  return h;
+}
+
+#if defined(GDN_ACT_BF16)
+typedef uint16_t act_t;
+static inline float act_to_float(act_t h) { return bf16_to_float(h); }
+static inline act_t float_to_act(float f) { return float_to_bf16(f); }
 #elif defined(GDN_ACT_F16)
-typedef sycl::half act_t;
-static inline float act_to_float(act_t h) { return (float)h; }
-static inline act_t float_to_act(float f) { return (act_t)f; }
+typedef uint16_t act_t;
+static inline float act_to_float(act_t h) { return f16_to_float(h); }
+static inline act_t float_to_act(float f) { return float_to_f16(f); }
 #else
 typedef float act_t;
 static inline float act_to_float(act_t h) { return h; }
@@ -37,7 +67,7 @@ static inline act_t float_to_act(float f) { return f; }
 static inline float load_act(const void *p, int64_t i) { return act_to_float(((const act_t *)p)[i]); }
 static inline void store_act(void *p, int64_t i, float f) { ((act_t *)p)[i] = float_to_act(f); }
 
-// Work-items on the CPU device hold 16 lanes (channels, state columns) in one vector; see delta_rule.cpp.
+// Work-items of the CPU-device kernels (*_cpu.cpp) hold 16 lanes (channels, state columns) in one vector.
 typedef sycl::vec<float, 16> vf16;
 // CPU-device kernels (*_cpu): a work-item computes on 16-wide vectors itself, so the CPU
 // runtime's compiler must not also vectorize the kernel ACROSS work-items (16 x vf16 = 256-lane
@@ -51,25 +81,38 @@ typedef sycl::vec<float, 16> vf16;
 
 // The compiler's own vector type, for its builtins (shuffles, non-temporal stores); bit_cast to/from vf16.
 typedef float native_vf16 __attribute__((ext_vector_type(16)));
-#if defined(GDN_ACT_BF16)
-// 16 bf16 values as whole-vector integer operations: a lane-by-lane loop of act_to_float stayed
+// 16 bf16 values as whole-vector integer operations: a lane-by-lane loop of bf16_to_float stayed
 // scalar on the CPU device and dominated the kernels that stream activations.
 typedef sycl::vec<uint16_t, 16> vu16;
 typedef sycl::vec<uint32_t, 16> vu32;
-static inline vf16 load_act16(const void *p, int64_t i) {
+static inline vf16 load_bf16x16(const uint16_t *p) {
   vu16 h;
-  __builtin_memcpy(&h, (const act_t *)p + i, sizeof(h));
+  __builtin_memcpy(&h, p, sizeof(h));
   return sycl::bit_cast<vf16>(h.convert<uint32_t>() << 16u);
 }
-static inline void store_act16(void *p, int64_t i, const vf16 &v) {
+static inline void store_bf16x16(uint16_t *p, const vf16 &v) {
   const vu32 u = sycl::bit_cast<vu32>(v);
-  const vu32 rounded = (u + 0x7fffu + ((u >> 16u) & 1u)) >> 16u;  // as float_to_act, lane-wise
+  const vu32 rounded = (u + 0x7fffu + ((u >> 16u) & 1u)) >> 16u;  // as float_to_bf16, lane-wise
   const vu32 nan = (u >> 16u) | 0x40u;
   // All-ones where NaN. A blend by bit masks: sycl::select on the CPU device went lane by lane.
   const vu32 is_nan = sycl::bit_cast<vu32>((u & 0x7fffffffu) > 0x7f800000u);
   const vu16 h = ((rounded & ~is_nan) | (nan & is_nan)).convert<uint16_t>();
-  __builtin_memcpy((act_t *)p + i, &h, sizeof(h));
+  __builtin_memcpy(p, &h, sizeof(h));
 }
+// 16 f16 values: one vector conversion each way (round to nearest even on the way down).
+typedef sycl::vec<sycl::half, 16> vh16;
+static inline vf16 load_f16x16(const sycl::half *p) {
+  vh16 h;
+  __builtin_memcpy(&h, p, sizeof(h));
+  return h.convert<float>();
+}
+static inline void store_f16x16(sycl::half *p, const vf16 &v) {
+  const vh16 h = v.convert<sycl::half, sycl::rounding_mode::rte>();
+  __builtin_memcpy(p, &h, sizeof(h));
+}
+#if defined(GDN_ACT_BF16)
+static inline vf16 load_act16(const void *p, int64_t i) { return load_bf16x16((const act_t *)p + i); }
+static inline void store_act16(void *p, int64_t i, const vf16 &v) { store_bf16x16((act_t *)p + i, v); }
 #else
 static inline vf16 load_act16(const void *p, int64_t i) {
   vf16 r;
@@ -117,6 +160,50 @@ static inline void vstore_stream(float *p, const vf16 &x) {
   if (((uintptr_t)p & 63u) == 0) __builtin_nontemporal_store(sycl::bit_cast<native_vf16>(x), (native_vf16 *)p);
   else vstore(p, x);
 }
+// 16 two-byte values h to p as vstore_stream does (a streaming store when p is 32-byte aligned).
+static inline void stream_16x2(void *p, const void *h) {
+  typedef uint16_t native_vu16 __attribute__((ext_vector_type(16)));
+  native_vu16 v;
+  __builtin_memcpy(&v, h, sizeof(v));
+  if (((uintptr_t)p & 31u) == 0) __builtin_nontemporal_store(v, (native_vu16 *)p);
+  else __builtin_memcpy(p, &v, sizeof(v));
+}
+
+// The SSM state cache (gdn_config_t.state_dtype; README "State caches as engines keep them"): a
+// state is widened when loaded and rounded once when stored, by these helpers only.
+#if defined(GDN_STATE_BF16)
+typedef uint16_t state_t;
+static inline float load_state(const state_t *p) { return bf16_to_float(*p); }
+static inline void store_state(state_t *p, float f) { *p = float_to_bf16(f); }
+static inline vf16 vload_state(const state_t *p) { return load_bf16x16(p); }
+static inline void vstore_state(state_t *p, const vf16 &x) { store_bf16x16(p, x); }
+static inline void vstore_state_stream(state_t *p, const vf16 &x) {
+  uint16_t h[16];
+  store_bf16x16(h, x);
+  stream_16x2(p, h);
+}
+#elif defined(GDN_STATE_F16)
+// f16 bit patterns with the scalar bit-operation conversions above; the 16-lane helpers (the
+// recurrent kernels, alone in their builds) use sycl::half vector conversions.
+typedef uint16_t state_t;
+static inline float load_state(const state_t *p) { return f16_to_float(*p); }
+static inline void store_state(state_t *p, float f) { *p = float_to_f16(f); }
+static inline vf16 vload_state(const state_t *p) { return load_f16x16((const sycl::half *)p); }
+static inline void vstore_state(state_t *p, const vf16 &x) { store_f16x16((sycl::half *)p, x); }
+static inline void vstore_state_stream(state_t *p, const vf16 &x) {
+  sycl::half h[16];
+  store_f16x16(h, x);
+  stream_16x2(p, h);
+}
+#else
+typedef float state_t;
+static inline float load_state(const state_t *p) { return *p; }
+static inline void store_state(state_t *p, float f) { *p = f; }
+static inline vf16 vload_state(const state_t *p) { return vload(p); }
+static inline void vstore_state(state_t *p, const vf16 &x) { vstore(p, x); }
+static inline void vstore_state_stream(state_t *p, const vf16 &x) { vstore_stream(p, x); }
+#endif
+
 // Horizontal sum as a tree (4 dependent adds, not 16: sums sit on the token's critical path).
 static inline float hsum(const vf16 &x) {
   typedef float n8 __attribute__((ext_vector_type(8)));
@@ -131,6 +218,7 @@ static inline float hsum(const vf16 &x) {
 // N consecutive channels / state columns of a work-item: one float (generic kernels, GPUs) or
 // one vf16 (the CPU device's variants). One algorithm body serves both through these members:
 //   load/store       N floats at p (contiguous)
+//   load_state/store_state  N states at p (contiguous), widened / rounded
 //   load_act(p,i,s)  activations i, i+s, ... (s = 1: contiguous) widened to float
 //   store_act(p,i,v,s) N activations at i, i+s, ..., rounded
 //   at(x,l)          lane l
@@ -139,6 +227,8 @@ template <> struct Lanes<1> {
   typedef float T;
   static T load(const float *p) { return *p; }
   static void store(float *p, const T &x) { *p = x; }
+  static T load_state(const state_t *p) { return ::load_state(p); }
+  static void store_state(state_t *p, const T &x) { ::store_state(p, x); }
   static T load_act(const void *p, int64_t i, int64_t = 1) { return ::load_act(p, i); }
   static void store_act(void *p, int64_t i, const T &v, int64_t = 1) { ::store_act(p, i, v); }
   static float &at(T &x, int) { return x; }
@@ -147,6 +237,8 @@ template <> struct Lanes<16> {
   typedef vf16 T;
   static T load(const float *p) { return vload(p); }
   static void store(float *p, const T &x) { vstore(p, x); }
+  static T load_state(const state_t *p) { return vload_state(p); }
+  static void store_state(state_t *p, const T &x) { vstore_state(p, x); }
   static T load_act(const void *p, int64_t i, int64_t step = 1) {
     if (step == 1) return load_act16(p, i);
     vf16 r;
@@ -168,6 +260,34 @@ static inline float softplus(float x) { return x > 20.0f ? x : sycl::log1p(sycl:
 // Global row of the j-th token of a group (non-spec or spec): identity when no index array.
 static inline int64_t global_row(const int32_t *token_indx, int32_t j) {
   return token_indx ? (int64_t)token_indx[j] : (int64_t)j;
+}
+
+// The block checkpoints of a non-spec sequence (gdn_xpu.h "State caches"), walked token by token
+// in ascending order: after(t) is the slot to store the state after token t (0-based in the step)
+// to, pad_slot_id when t is no boundary or its checkpoint is not stored. One comparison per
+// token; the divisions happen once, in checkpoints(). The range check keeps a call under
+// GDN_VALIDATE_COUNTS inside the checkpoint row whatever the metadata says.
+struct Checkpoints {
+  const int32_t *row;  // the sequence's checkpoint slots, null: none
+  int64_t next, k;     // the next boundary token and its index among the step's boundaries
+  int64_t interval;
+  int32_t cols, pad;
+  int32_t after(int64_t t) {
+    if (!row || t != next) return pad;
+    const int32_t slot = k >= 0 && k < cols ? row[k] : pad;
+    next += interval, ++k;
+    return slot;
+  }
+};
+// The walk of sequence seq from its token t0 on; start = tokens already in its state.
+static inline Checkpoints checkpoints(const GdnSlotUse &u, int32_t seq, int64_t start, int64_t t0, int32_t pad) {
+  Checkpoints w{nullptr, -1, 0, u.ckpt_interval, u.ckpt_cols, pad};
+  if (u.ckpt_interval <= 0 || !u.ckpt_indices) return w;
+  const int64_t I = u.ckpt_interval, m = (start + t0 + I) / I;  // first boundary: (start + t + 1) = m I, t >= t0
+  w.row = u.ckpt_indices + (int64_t)seq * u.ckpt_cols;
+  w.next = m * I - start - 1;
+  w.k = m - start / I - 1;
+  return w;
 }
 
 static inline sycl::nd_item<1> item1() { return sycl::ext::oneapi::this_work_item::get_nd_item<1>(); }

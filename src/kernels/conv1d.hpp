@@ -62,10 +62,13 @@ static inline void conv_spec_channels(const GdnConvParams &p, int32_t seq, int32
   const int32_t *cols = p.state_indices + (int64_t)seq * p.slot_cols;
   const int32_t accepted = p.num_accepted[seq];
   const int64_t cs = p.state.chan_stride;
-  // ROLLED keeps one line (cols[0]) and offsets into it; SNAPSHOT reads the slot of the last accepted token.
-  const int32_t read_slot = p.rolled ? cols[0] : cols[accepted - 1];
+  // ROLLED keeps one line (cols[0]) and reads the window at column A-1 of the read slot's line
+  // (by default that line itself); SNAPSHOT reads the slot of the last accepted token (by default).
+  // An explicit read slot (spec_read_state_indices) replaces the default; pad reads zeros.
+  const int32_t line = cols[0];
+  const int32_t read_slot = p.slots.read_indices ? p.slots.read_indices[seq] : p.rolled ? line : cols[accepted - 1];
   const int32_t read_col0 = p.rolled ? accepted - 1 : 0;
-  if (p.rolled && read_slot == p.pad_slot_id) {
+  if (p.rolled && line == p.pad_slot_id) {
     for (int32_t t = 0; t < len; ++t)
       L::store_act(p.out, global_row(p.token_indx, j0 + t) * p.out_stride + c, T(0.0f));
     return;
@@ -78,14 +81,14 @@ static inline void conv_spec_channels(const GdnConvParams &p, int32_t seq, int32
                                          : L::load_act(p.state.base, state_off(p.state, read_slot, c, read_col0 + i), cs);
   if (p.rolled) {
     // Columns 0..W-3 := the W-2 inputs just before token 0 (hist[1..W-2]); the tokens follow below.
-    for (int32_t i = 0; i + 1 < w1; ++i) L::store_act(p.state.base, state_off(p.state, read_slot, c, i), hist[i + 1], cs);
+    for (int32_t i = 0; i + 1 < w1; ++i) L::store_act(p.state.base, state_off(p.state, line, c, i), hist[i + 1], cs);
   }
   for (int32_t t = 0; t < len; ++t) {
     const int64_t row = global_row(p.token_indx, j0 + t);
     const T x = L::load_act(p.x, row * p.x_stride + c, 1);
     L::store_act(p.out, row * p.out_stride + c, conv_token(w, bias, hist, width, x, p.silu));
     if (p.rolled) {
-      L::store_act(p.state.base, state_off(p.state, read_slot, c, w1 - 1 + t), x, cs);
+      L::store_act(p.state.base, state_off(p.state, line, c, w1 - 1 + t), x, cs);
     } else if (cols[t] != p.pad_slot_id) {
       for (int32_t i = 0; i < w1; ++i) L::store_act(p.state.base, state_off(p.state, cols[t], c, i), hist[i], cs);
     }
@@ -128,17 +131,24 @@ static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int3
         L::store_act(p.out, global_row(p.token_indx, j) * p.out_stride + c, T(0.0f));
       continue;
     }
-    const bool has_init = !p.has_initial_state || p.has_initial_state[seq];
+    const int32_t read = p.slots.read_indices ? p.slots.read_indices[seq] : slot;
+    const bool init = (!p.has_initial_state || p.has_initial_state[seq]) && read != p.pad_slot_id;
     for (int32_t i = 0; i < w1; ++i) {
       if (owner)
-        hist[i] = has_init ? L::load_act(p.state.base, state_off(p.state, slot, c, i), p.state.chan_stride) : T(0.0f);
+        hist[i] = init ? L::load_act(p.state.base, state_off(p.state, read, c, i), p.state.chan_stride) : T(0.0f);
       else  // first >= j0 + W-1: the window lies inside the sequence
         hist[i] = L::load_act(p.x, global_row(p.token_indx, first - w1 + i) * p.x_stride + c, 1);
     }
+    // Block checkpoints (gdn_xpu.h "State caches"): the history after each boundary token, stored
+    // by the tile that convolves that token (tiles never share a token).
+    Checkpoints ckpt = checkpoints(p.slots, seq, p.slots.start_pos ? p.slots.start_pos[seq] : 0, first - j0, p.pad_slot_id);
     for (int32_t j = first; j < end; ++j) {
       const int64_t row = global_row(p.token_indx, j);
       const T x = L::load_act(p.x, row * p.x_stride + c, 1);
       L::store_act(p.out, row * p.out_stride + c, conv_token(w, bias, hist, width, x, p.silu));
+      const int32_t to = ckpt.after(j - j0);
+      if (to != p.pad_slot_id)
+        for (int32_t i = 0; i < w1; ++i) L::store_act(p.state.base, state_off(p.state, to, c, i), hist[i], p.state.chan_stride);
     }
     if (!owner) continue;
     for (int32_t j = sycl::max(end, j1 - w1); j < j1; ++j)  // the inputs other tiles convolve

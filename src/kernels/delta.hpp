@@ -26,8 +26,8 @@
 #endif
 
 // S[:, v] of (slot, v-head): element k at [k * K_STRIDE].
-static inline float *state_column(const GdnDeltaParams &p, int32_t slot, int32_t hv, int32_t v) {
-  return p.ssm + (int64_t)slot * p.slot_stride + (int64_t)hv * KD * p.V + (int64_t)v * V_STRIDE;
+static inline state_t *state_column(const GdnDeltaParams &p, int32_t slot, int32_t hv, int32_t v) {
+  return (state_t *)p.ssm + (int64_t)slot * p.slot_stride + (int64_t)hv * KD * p.V + (int64_t)v * V_STRIDE;
 }
 
 static inline void zero_outputs(const GdnDeltaParams &p, int32_t j0, int32_t len, int32_t hv, int32_t v) {
@@ -35,12 +35,39 @@ static inline void zero_outputs(const GdnDeltaParams &p, int32_t j0, int32_t len
     store_act(p.out, global_row(p.token_indx, j0 + t) * p.out_stride + (int64_t)hv * p.V + v, 0.0f);
 }
 
+// The slots of one sequence of the bound group (gdn_xpu.h "State caches").
+struct SeqSlots {
+  const int32_t *cols;    // write slots: spec [n][t], non-spec the one slot [0]
+  int32_t read_slot;      // where the initial state comes from (when init)
+  bool skip, init;        // skip: graph padding (zero outputs, nothing read or written);
+                          // init: start from the read slot's state (else zeros)
+  int64_t start;          // non-spec: tokens already in the state (block checkpoints)
+};
+
+static inline SeqSlots seq_slots(const GdnDeltaParams &p, int32_t seq, bool spec) {
+  SeqSlots s;
+  const GdnSlotUse &u = p.slots;
+  s.cols = spec ? p.state_indices + (int64_t)seq * p.slot_cols : p.state_indices + seq;
+  s.start = !spec && u.start_pos ? u.start_pos[seq] : 0;
+  if (spec) {
+    // An explicit read slot may be pad ("nothing to read": zeros); the version-1 default read
+    // slot [n][A-1] being pad makes the sequence padding.
+    s.read_slot = u.read_indices ? u.read_indices[seq] : s.cols[p.num_accepted[seq] - 1];
+    s.skip = !u.read_indices && s.read_slot == p.pad_slot_id;
+    s.init = s.read_slot != p.pad_slot_id;
+  } else {
+    s.read_slot = u.read_indices ? u.read_indices[seq] : s.cols[0];
+    s.skip = s.cols[0] == p.pad_slot_id;
+    s.init = (!p.has_initial_state || p.has_initial_state[seq]) && s.read_slot != p.pad_slot_id;
+  }
+  return s;
+}
+
 // The token walk of one sequence of the bound group, as the recurrent kernels see it.
-struct RecurrentSeq {
+struct RecurrentSeq : SeqSlots {
   int32_t j0, len;        // compact tokens [j0, j0 + len)
-  const int32_t *cols;    // write slots: spec [n][t], non-spec the one slot
-  int32_t read_slot;
-  bool spec, init;        // init: start from the read slot's state (else zeros)
+  bool spec;
+  Checkpoints ckpt;       // non-spec: its block checkpoints
 };
 
 // False when the recurrent kernels have nothing to do for this sequence: no tokens, or a
@@ -50,8 +77,11 @@ static inline bool recurrent_seq(const GdnDeltaParams &p, int32_t seq, Recurrent
   r->len = p.query_start_loc[seq + 1] - r->j0;
   r->spec = p.group == GDN_GROUP_SPEC;
   if (r->len == 0 || (!r->spec && p.chunked && p.chunked[seq])) return false;
-  r->cols = r->spec ? p.state_indices + (int64_t)seq * p.slot_cols : p.state_indices + seq;
-  r->read_slot = r->spec ? r->cols[p.num_accepted[seq] - 1] : r->cols[0];
-  r->init = r->spec || !p.has_initial_state || p.has_initial_state[seq];
+  *static_cast<SeqSlots *>(r) = seq_slots(p, seq, r->spec);
+  r->ckpt = r->spec ? Checkpoints{nullptr, -1, 0, 0, 0, p.pad_slot_id} : checkpoints(p.slots, seq, r->start, 0, p.pad_slot_id);
   return true;
 }
+
+// The slot the walk stores the state after token t to (t ascending; pad_slot_id: none): spec
+// sequences their column t, non-spec sequences their checkpoint at a boundary.
+static inline int32_t token_store_slot(RecurrentSeq &r, int32_t t) { return r.spec ? r.cols[t] : r.ckpt.after(t); }

@@ -18,19 +18,26 @@ GDN_KERNEL(2) void gdn_chunk_prep(GdnDeltaParams p) {
   const int32_t h = hv / (p.HV / p.H);
   static syclexp::work_group_static<float[GDN_CHUNK_SIZE][GDN_CHUNK_SIZE]> A_s;   // A, strictly lower
   static syclexp::work_group_static<float[GDN_CHUNK_SIZE][GDN_CHUNK_SIZE]> T_s;   // (I + A)^-1, unit lower
-  static syclexp::work_group_static<float[GDN_CHUNK_SIZE]> G_s, B_s;
+  static syclexp::work_group_static<float[GDN_CHUNK_SIZE]> P_s, B_s, D_s;  // P, beta, d (delta_chunk.hpp)
+  static syclexp::work_group_static<int32_t[GDN_CHUNK_SIZE]> R_s;
   static syclexp::work_group_static<int64_t[GDN_CHUNK_SIZE]> row_s;
 
   const bool valid = i < len;
   const int64_t row = valid ? global_row(p.token_indx, jfirst + i) : 0;
   const float g = valid ? p.g[row * p.HV + hv] : 0.0f, b = valid ? p.beta[row * p.HV + hv] : 0.0f;
-  const float G = sycl::inclusive_scan_over_group(grp, g, sycl::plus<float>());
-  G_s[i] = G;
+  const bool reset = valid && is_reset(g);
+  const float P = sycl::inclusive_scan_over_group(grp, reset ? 0.0f : g, sycl::plus<float>());
+  const int32_t R = sycl::inclusive_scan_over_group(grp, reset ? i : -1, sycl::maximum<int32_t>());
+  const float d = decay_from_start(P, R);
+  P_s[i] = P;
+  R_s[i] = R;
   B_s[i] = b;
+  D_s[i] = d;
   row_s[i] = row;
   const int64_t pos = chunk_pos(p, hv, c);
-  p.chunk_g[pos + i] = G;
   sycl::group_barrier(grp);
+  p.chunk_dstart[pos + i] = d;
+  p.chunk_dend[pos + i] = valid ? decay_between(P_s[len - 1], R_s[len - 1], P, i) : 0.0f;
 
   const float *ki = p.kn + (row * p.H + h) * KD, *qi = p.qn + (row * p.H + h) * KD;
   float *aqk = p.chunk_aqk + (pos + i) * GDN_CHUNK_SIZE;
@@ -43,7 +50,7 @@ GDN_KERNEL(2) void gdn_chunk_prep(GdnDeltaParams p) {
         dk += ki[k] * kj[k];
         dq += qi[k] * kj[k];
       }
-      const float decay = sycl::exp(G - G_s[j]);
+      const float decay = decay_between(P, R, P_s[j], j);
       if (j < i) a = b * decay * dk;
       aq = decay * dq;
     }
@@ -67,7 +74,7 @@ GDN_KERNEL(2) void gdn_chunk_prep(GdnDeltaParams p) {
   float cw[GDN_CHUNK_SIZE], cu[GDN_CHUNK_SIZE];
   for (int32_t j = 0; j <= i; ++j) {
     cu[j] = T_s[i][j] * B_s[j];
-    cw[j] = cu[j] * sycl::exp(G_s[j]);
+    cw[j] = cu[j] * D_s[j];
   }
   float *w = p.chunk_w + (pos + i) * KD;
   for (int k = 0; k < KD; ++k) {

@@ -1,12 +1,24 @@
 // delta_chunk.hpp — the chunked (WY/UT) prefill form, shared by the generic kernels
 // (delta_chunk.cpp, GPUs) and the CPU device's variants (delta_chunk_cpu.cpp). Per chunk of
-// GDN_CHUNK_SIZE tokens and v-head, with G the cumulative log-decay inside the chunk:
-//   chunk prep  (all chunks in parallel)  A = tril(beta_i e^(Gi-Gj) k_i.k_j, -1), T = (I + A)^-1,
-//               W = T (beta e^G K), U = T (beta V), Aqk = tril(e^(Gi-Gj) q_i.k_j), G
+// GDN_CHUNK_SIZE tokens and v-head, with D[i][j] the decay from token j to token i (the product of
+// e^g over tokens j+1..i) and d_i the decay from the chunk's initial state to token i:
+//   chunk prep  (all chunks in parallel)  A = tril(beta_i D[i][j] k_i.k_j, -1), T = (I + A)^-1,
+//               W = T (beta d K), U = T (beta V), Aqk = tril(D[i][j] q_i.k_j), d, D[last][i]
 //   chunk scan  (per sequence, chunk after chunk, S[:, v] carried in registers)
-//               u = U - W S,  o = e^G (q S) + Aqk u,  S = e^Glast S + K^T (e^(Glast-G) u)
+//               u = U - W S,  o = d (q S) + Aqk u,  S = d_last S + K^T (D[last][.] u)
 // Chunks come from the device-built plan (gdn_chunk_plan, delta_prep.cpp); the workspace holds
 // row i of chunk c of v-head hv at (hv * chunk_capacity + c) * GDN_CHUNK_SIZE + i.
+//
+// Decays and resets (README "Non-finite gates"). Without resets D[i][j] = e^(G_i - G_j) and
+// d_i = e^(G_i), G the cumulative g: every exponent <= 0, so nothing overflows. A token whose
+// decay e^g is 0 -- g = -inf (a = +inf, an overflowing exp(A_log)), or g so negative that e^g
+// underflows -- is a RESET: the recurrence's S = e^g S zeroes the state there. Its g must not
+// enter G: e^(-inf - -inf) is NaN (a whole prefill and its saved state became NaN), and a huge
+// finite g would absorb the gates after it (f32 keeps 24 bits). So, with P_i the cumulative g of
+// the chunk's tokens <= i that are not resets and R_i the last reset at or before i (-1: none),
+//   D[i][j] = R_i > j ? 0 : e^(P_i - P_j)      d_i = R_i >= 0 ? 0 : e^(P_i)
+// exactly the products the recurrence forms, and finite wherever it is. is_reset() is the
+// recurrence's own e^g, so both paths agree on which tokens reset.
 #pragma once
 #include "delta.hpp"
 
@@ -15,6 +27,23 @@
 
 static inline int64_t chunk_pos(const GdnDeltaParams &p, int32_t hv, int32_t c) {
   return ((int64_t)hv * p.chunk_capacity + c) * GDN_CHUNK_SIZE;
+}
+
+static inline bool is_reset(float g) { return sycl::exp(g) == 0.0f; }
+// D[i][j] (j <= i) and d_i from P and R (above).
+static inline float decay_between(float Pi, int32_t Ri, float Pj, int32_t j) {
+  return Ri > j ? 0.0f : sycl::exp(Pi - Pj);
+}
+static inline float decay_from_start(float Pi, int32_t Ri) { return Ri >= 0 ? 0.0f : sycl::exp(Pi); }
+
+// S[:, v .. v+NL-1] of a work-item to slot, rounded to the state dtype.
+template <int NL>
+static inline void store_state_columns(const GdnDeltaParams &p, int32_t slot, int32_t hv, int32_t v,
+                                       typename Lanes<NL>::T *s) {
+  for (int32_t l = 0; l < NL; ++l) {
+    state_t *S = state_column(p, slot, hv, v + l);
+    for (int k = 0; k < KD; ++k) store_state(S + k * K_STRIDE, Lanes<NL>::at(s[k], l));
+  }
 }
 
 // The chunk scan over NL state columns per work-item (Lanes<NL>, common.hpp): one body, so the
@@ -26,18 +55,19 @@ static inline void chunk_scan_body(const GdnDeltaParams &p, int32_t e, int32_t h
   const int32_t *st = p.seq_table + (int64_t)e * GDN_TABLE_INTS;
   const int32_t seq = st[0], c0 = st[1], nc = st[2];
   if (nc == 0) return;  // an unused row of the table
-  const int32_t slot = p.state_indices[seq];
-  if (slot == p.pad_slot_id) {
-    const int32_t j0 = p.query_start_loc[seq], len = p.query_start_loc[seq + 1] - j0;
+  const SeqSlots ss = seq_slots(p, seq, false);
+  const int32_t j0 = p.query_start_loc[seq];
+  if (ss.skip) {
+    const int32_t len = p.query_start_loc[seq + 1] - j0;
     for (int32_t l = 0; l < NL; ++l) zero_outputs(p, j0, len, hv, v + l);
     return;
   }
   const int32_t h = hv / (p.HV / p.H);
-  const bool init = !p.has_initial_state || p.has_initial_state[seq];
+  Checkpoints ckpt = checkpoints(p.slots, seq, ss.start, 0, p.pad_slot_id);
   lane_t s[KD];  // s[k] = S[k, v .. v+NL-1]
   for (int32_t l = 0; l < NL; ++l) {
-    const float *S = state_column(p, slot, hv, v + l);
-    for (int k = 0; k < KD; ++k) L::at(s[k], l) = init ? S[k * K_STRIDE] : 0.0f;
+    const state_t *S = state_column(p, ss.read_slot, hv, v + l);
+    for (int k = 0; k < KD; ++k) L::at(s[k], l) = ss.init ? load_state(S + k * K_STRIDE) : 0.0f;
   }
   // Every product below is blocked so that SCAN_RB (rows) or SCAN_KB (state rows) independent
   // accumulators are in flight: one accumulator per dot product left the CPU device waiting on
@@ -47,7 +77,7 @@ static inline void chunk_scan_body(const GdnDeltaParams &p, int32_t e, int32_t h
   for (int32_t c = c0; c < c0 + nc; ++c) {
     const int32_t jfirst = p.chunk_table[(int64_t)c * GDN_TABLE_INTS + 1], len = p.chunk_table[(int64_t)c * GDN_TABLE_INTS + 2];
     const int64_t pos = chunk_pos(p, hv, c);
-    const float *G = p.chunk_g + pos;
+    const float *dstart = p.chunk_dstart + pos, *dend = p.chunk_dend + pos;
     for (int32_t i = 0; i < len; ++i) qk_off[i] = (global_row(p.token_indx, jfirst + i) * p.H + h) * KD;
     for (int32_t i0 = 0; i0 < len; i0 += SCAN_RB) {  // u = U - W S and q S, SCAN_RB rows at a time
       const float *w[SCAN_RB], *qi[SCAN_RB];
@@ -70,13 +100,13 @@ static inline void chunk_scan_body(const GdnDeltaParams &p, int32_t e, int32_t h
         qs[i0 + r] = q_s[r];
       }
     }
-    for (int32_t i0 = 0; i0 < len; i0 += SCAN_RB) {  // o = e^G (q S) + Aqk u (Aqk is 0 above the diagonal)
+    for (int32_t i0 = 0; i0 < len; i0 += SCAN_RB) {  // o = d (q S) + Aqk u (Aqk is 0 above the diagonal)
       const int32_t nr = sycl::min(SCAN_RB, len - i0);
       lane_t o[SCAN_RB];
       const float *aqk[SCAN_RB];
       for (int r = 0; r < SCAN_RB; ++r) {
         const int32_t i = r < nr ? i0 + r : i0;
-        o[r] = sycl::exp(G[i]) * qs[i];
+        o[r] = dstart[i] * qs[i];
         aqk[r] = p.chunk_aqk + (pos + i) * GDN_CHUNK_SIZE;
       }
       for (int32_t j = 0; j < i0 + nr; ++j) {
@@ -86,8 +116,8 @@ static inline void chunk_scan_body(const GdnDeltaParams &p, int32_t e, int32_t h
       for (int r = 0; r < nr; ++r)
         L::store_act(p.out, global_row(p.token_indx, jfirst + i0 + r) * p.out_stride + (int64_t)hv * p.V + v, o[r]);
     }
-    const float glast = G[len - 1], dlast = sycl::exp(glast);  // S = e^Glast S + K^T (e^(Glast-G) u)
-    for (int32_t j = 0; j < len; ++j) up[j] *= sycl::exp(glast - G[j]);
+    const float dlast = dstart[len - 1];  // S = d_last S + K^T (D[last][.] u)
+    for (int32_t j = 0; j < len; ++j) up[j] *= dend[j];
     for (int k0 = 0; k0 < KD; k0 += SCAN_KB) {
       lane_t acc[SCAN_KB];
       for (int kk = 0; kk < SCAN_KB; ++kk) acc[kk] = k0 + kk < KD ? s[k0 + kk] * dlast : lane_t(0.0f);
@@ -98,9 +128,9 @@ static inline void chunk_scan_body(const GdnDeltaParams &p, int32_t e, int32_t h
       }
       for (int kk = 0; kk < SCAN_KB && k0 + kk < KD; ++kk) s[k0 + kk] = acc[kk];
     }
+    // A block checkpoint is always a chunk end (gdn_chunk_plan aligns the chunks to it).
+    const int32_t ck = ckpt.after(jfirst + len - 1 - j0);
+    if (ck != p.pad_slot_id) store_state_columns<NL>(p, ck, hv, v, s);
   }
-  for (int32_t l = 0; l < NL; ++l) {
-    float *S = state_column(p, slot, hv, v + l);
-    for (int k = 0; k < KD; ++k) S[k * K_STRIDE] = L::at(s[k], l);
-  }
+  store_state_columns<NL>(p, ss.cols[0], hv, v, s);
 }

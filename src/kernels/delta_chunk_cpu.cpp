@@ -44,20 +44,32 @@ GDN_KERNEL(1) void gdn_chunk_prep_cpu(GdnDeltaParams p) {
   for (int32_t r = 0; r < ratio; ++r) {
     const int32_t hv = h * ratio + r;
     const int64_t pos = chunk_pos(p, hv, c);
-    float G[GDN_CHUNK_SIZE], B[GDN_CHUNK_SIZE], cu[GDN_CHUNK_SIZE];
+    // P, R and d of delta_chunk.hpp ("Decays and resets"): cumulative g without the resets, the
+    // last reset at or before each row, the decay from the chunk's initial state.
+    float P[GDN_CHUNK_SIZE], B[GDN_CHUNK_SIZE], D[GDN_CHUNK_SIZE], cu[GDN_CHUNK_SIZE];
+    int32_t R[GDN_CHUNK_SIZE];
     float acc = 0.0f;
+    int32_t last_reset = -1;
     for (int32_t i = 0; i < len; ++i) {
-      acc += p.g[rows[i] * p.HV + hv];
-      G[i] = acc;
+      const float g = p.g[rows[i] * p.HV + hv];
+      if (is_reset(g)) last_reset = i;
+      else acc += g;
+      P[i] = acc;
+      R[i] = last_reset;
       B[i] = p.beta[rows[i] * p.HV + hv];
-      p.chunk_g[pos + i] = acc;
+      D[i] = decay_from_start(acc, last_reset);
+      p.chunk_dstart[pos + i] = D[i];
     }
-    // A = beta_i e^(Gi-Gj) k_i.k_j (strictly lower); Aqk = e^(Gi-Gj) q_i.k_j (lower with diagonal).
+    for (int32_t i = 0; i < len; ++i) p.chunk_dend[pos + i] = decay_between(P[len - 1], R[len - 1], P[i], i);
+    // A = beta_i D[i][j] k_i.k_j (strictly lower); Aqk = D[i][j] q_i.k_j (lower with diagonal);
+    // D[i][j] = 0 for j < R_i (a reset in between).
     float A[GDN_CHUNK_SIZE][GDN_CHUNK_SIZE];
     for (int32_t i = 0; i < len; ++i) {
       float *aqk = p.chunk_aqk + (pos + i) * GDN_CHUNK_SIZE;
-      for (int32_t j = 0; j <= i; ++j) {
-        const float decay = sycl::exp(G[i] - G[j]);
+      const int32_t j0 = sycl::max(R[i], 0);
+      for (int32_t j = 0; j < j0; ++j) A[i][j] = aqk[j] = 0.0f;
+      for (int32_t j = j0; j <= i; ++j) {
+        const float decay = sycl::exp(P[i] - P[j]);
         A[i][j] = B[i] * decay * KK[i][j];
         aqk[j] = decay * QK[i][j];
       }
@@ -75,17 +87,15 @@ GDN_KERNEL(1) void gdn_chunk_prep_cpu(GdnDeltaParams p) {
       }
       for (int q = 0; q < GDN_CHUNK_SIZE / 16; ++q) T[rr][q] = t[q];
     }
-    // W = T (beta e^G K), U = T (beta V), row by row; the j loops carry KV16 (W) and up to
+    // W = T (beta d K), U = T (beta V), row by row; the j loops carry KV16 (W) and up to
     // PREP_VB (U) independent vector accumulators.
     const int64_t vcol = vcol0 + (int64_t)hv * p.V;
-    float eG[GDN_CHUNK_SIZE];
-    for (int32_t j = 0; j < len; ++j) eG[j] = sycl::exp(G[j]);
     for (int32_t i = 0; i < len; ++i) {
       vf16 w[KV16];
       for (int cc = 0; cc < KV16; ++cc) w[cc] = vf16(0.0f);
       for (int32_t j = 0; j <= i; ++j) {
         cu[j] = T[i][j / 16][j % 16] * B[j];
-        const float cw = cu[j] * eG[j];
+        const float cw = cu[j] * D[j];
         const float *kj = p.kn + (rows[j] * p.H + h) * KD;
         for (int cc = 0; cc < KV16; ++cc) w[cc] += cw * vload(kj + 16 * cc);
       }

@@ -12,15 +12,17 @@ static inline void recurrent_columns(const GdnDeltaParams &p, int32_t seq, int32
   static_assert(NL == 1 || !GDN_VK_LAYOUT, "vector lanes need contiguous columns (kv layout)");
   RecurrentSeq r;
   if (!recurrent_seq(p, seq, &r)) return;
-  if (r.read_slot == p.pad_slot_id) {
+  if (r.skip) {
     for (int32_t l = 0; l < NL; ++l) zero_outputs(p, r.j0, r.len, hv, v + l);
     return;
   }
   const int32_t h = hv / (p.HV / p.H);
   lane_t s[KD];
-  {
-    const float *S = state_column(p, r.read_slot, hv, v);
-    for (int k = 0; k < KD; ++k) s[k] = r.init ? L::load(S + k * K_STRIDE) : lane_t(0.0f);
+  if (r.init) {
+    const state_t *S = state_column(p, r.read_slot, hv, v);
+    for (int k = 0; k < KD; ++k) s[k] = L::load_state(S + k * K_STRIDE);
+  } else {
+    for (int k = 0; k < KD; ++k) s[k] = lane_t(0.0f);
   }
   for (int32_t t = 0; t < r.len; ++t) {
     const int64_t row = global_row(p.token_indx, r.j0 + t);
@@ -39,13 +41,14 @@ static inline void recurrent_columns(const GdnDeltaParams &p, int32_t seq, int32
       o += s[k] * qn[k];
     }
     L::store_act(p.out, row * p.out_stride + (int64_t)hv * p.V + v, o);
-    if (r.spec && r.cols[t] != p.pad_slot_id) {
-      float *S = state_column(p, r.cols[t], hv, v);
-      for (int k = 0; k < KD; ++k) L::store(S + k * K_STRIDE, s[k]);
+    const int32_t to = token_store_slot(r, t);  // spec write-back or block checkpoint
+    if (to != p.pad_slot_id) {
+      state_t *S = state_column(p, to, hv, v);
+      for (int k = 0; k < KD; ++k) L::store_state(S + k * K_STRIDE, s[k]);
     }
   }
   if (!r.spec) {
-    float *S = state_column(p, r.read_slot, hv, v);
-    for (int k = 0; k < KD; ++k) L::store(S + k * K_STRIDE, s[k]);
+    state_t *S = state_column(p, r.cols[0], hv, v);
+    for (int k = 0; k < KD; ++k) L::store_state(S + k * K_STRIDE, s[k]);
   }
 }

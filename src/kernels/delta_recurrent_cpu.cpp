@@ -29,20 +29,21 @@ GDN_KERNEL(2) void gdn_recurrent_kv_cpu(GdnDeltaParams p) {
 static inline void recurrent_rows_vk(const GdnDeltaParams &p, int32_t seq, int32_t hv, int32_t v0) {
   RecurrentSeq rs;
   if (!recurrent_seq(p, seq, &rs)) return;
-  const int32_t j0 = rs.j0, len = rs.len, *cols = rs.cols, read_slot = rs.read_slot;
+  const int32_t j0 = rs.j0, len = rs.len;
   const bool spec = rs.spec, init = rs.init;
   const int32_t nr = sycl::min(GDN_VK_ILV, p.V - v0);  // rows of this block (the last may be short)
-  if (read_slot == p.pad_slot_id) {
+  if (rs.skip) {
     for (int32_t r = 0; r < nr; ++r) zero_outputs(p, j0, len, hv, v0 + r);
     return;
   }
   const int32_t h = hv / (p.HV / p.H);
   const int64_t rows0 = (int64_t)hv * KD * p.V + (int64_t)v0 * KD;  // S[v0, 0] within a slot
+  state_t *const ssm = (state_t *)p.ssm;
   vf16 s[GDN_VK_ILV][KC];  // s[r][c] = S[v0 + r, 16c .. 16c+15]
   {
-    const float *S = p.ssm + (int64_t)read_slot * p.slot_stride + rows0;
+    const state_t *S = ssm + (int64_t)rs.read_slot * p.slot_stride + rows0;
     for (int32_t r = 0; r < GDN_VK_ILV; ++r)
-      for (int c = 0; c < KC; ++c) s[r][c] = init && r < nr ? vload(S + r * KD + 16 * c) : vf16(0.0f);
+      for (int c = 0; c < KC; ++c) s[r][c] = init && r < nr ? vload_state(S + r * KD + 16 * c) : vf16(0.0f);
   }
   for (int32_t t = 0; t < len; ++t) {
     // The same token setup as recurrent_columns'. Shared through a helper returning a struct it
@@ -71,16 +72,17 @@ static inline void recurrent_rows_vk(const GdnDeltaParams &p, int32_t seq, int32
     }
     for (int32_t r = 0; r < GDN_VK_ILV; ++r)
       for (int c = 0; c < KC; ++c) s[r][c] = s[r][c] * decay + k[c] * u[r];
-    if (spec && cols[t] != p.pad_slot_id) {
-      float *S = p.ssm + (int64_t)cols[t] * p.slot_stride + rows0;
+    const int32_t to = token_store_slot(rs, t);  // spec write-back or block checkpoint
+    if (to != p.pad_slot_id) {
+      state_t *S = ssm + (int64_t)to * p.slot_stride + rows0;
       for (int32_t r = 0; r < nr; ++r)
-        for (int c = 0; c < KC; ++c) vstore_stream(S + r * KD + 16 * c, s[r][c]);
+        for (int c = 0; c < KC; ++c) vstore_state_stream(S + r * KD + 16 * c, s[r][c]);
     }
   }
   if (!spec) {
-    float *S = p.ssm + (int64_t)read_slot * p.slot_stride + rows0;
+    state_t *S = ssm + (int64_t)rs.cols[0] * p.slot_stride + rows0;
     for (int32_t r = 0; r < nr; ++r)
-      for (int c = 0; c < KC; ++c) vstore(S + r * KD + 16 * c, s[r][c]);
+      for (int c = 0; c < KC; ++c) vstore_state(S + r * KD + 16 * c, s[r][c]);
   }
 }
 #undef KC

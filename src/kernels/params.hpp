@@ -10,7 +10,9 @@
 
 // Chunk plan, built on the device by gdn_chunk_plan (delta_prep.cpp) from non_spec_query_start_loc:
 // rows of GDN_TABLE_INTS int32 each.
-//   chunk table [chunk_capacity]: seq, first compact token, length (0 = unused row), 0
+//   chunk table [chunk_capacity]: seq, first compact token, length (0 = unused row), 0; with block
+//               checkpoints a sequence's chunks end where its request holds a multiple of
+//               GDN_CHUNK_SIZE tokens (non_spec_start_pos), so every checkpoint is a chunk end
 //   seq table   [seq_capacity]:   seq, first chunk, number of chunks (0 = unused row), 0
 //   chunked     [num non-spec sequences]: 1 when the sequence takes the chunk kernels, else 0
 enum { GDN_TABLE_INTS = 4 };
@@ -35,6 +37,16 @@ struct GdnConvStateView {
   int32_t pad0;
 };
 
+// Where a sequence of the bound group reads its initial state and stores block checkpoints
+// (gdn_xpu.h "State caches"); all null / 0 = the version-1 behaviour.
+struct GdnSlotUse {
+  const int32_t *read_indices;  // [num_seqs] read slot of each sequence, null = the group's default
+  const int32_t *start_pos;     // non-spec: [num_seqs] tokens already in the state, null = 0
+  const int32_t *ckpt_indices;  // non-spec: [num_seqs, ckpt_cols] checkpoint slots (null: none)
+  int32_t ckpt_interval;        // tokens between checkpoints (0: none)
+  int32_t ckpt_cols;
+};
+
 struct GdnConvParams {
   const void *x;            // [rows, conv_dim] act
   const void *weight;       // [conv_dim, W] act
@@ -50,6 +62,7 @@ struct GdnConvParams {
   int32_t num_seqs, conv_dim, width, slot_cols;
   int32_t pad_slot_id, silu, rolled, tile_len;  // tile_len: non-spec tokens per work-item (time tiling)
   int32_t num_tokens, pad1;                     // num_tokens: compact tokens of the bound group
+  GdnSlotUse slots;
 };
 
 // Per-row preprocessing: l2-normalized, scaled q and k, and the gates, all f32, by global row.
@@ -71,17 +84,21 @@ struct GdnPrepParams {
 struct GdnDeltaParams {
   const void *qkv;          // conv output rows (v is read from here), act
   const float *qn, *kn, *g, *beta;  // from the prep kernel, by global row
-  float *ssm;
+  void *ssm;                // state_t (common.hpp): the state dtype of the build
   void *out;                // [rows, HV, V] act
   const int32_t *query_start_loc, *state_indices, *token_indx, *num_accepted;
   const uint8_t *has_initial_state;
   int32_t *chunk_table, *seq_table, *chunked;  // the chunk plan (see GDN_TABLE_INTS); null: no chunking
-  float *chunk_w, *chunk_u, *chunk_aqk, *chunk_g;  // chunk workspace, rows by chunk: [HV][chunk_capacity][GDN_CHUNK_SIZE]
+  // Chunk workspace, rows by chunk: [HV][chunk_capacity][GDN_CHUNK_SIZE]. Per row i of a chunk:
+  // chunk_dstart = the decay from the chunk's initial state to i, chunk_dend = from i to the
+  // chunk's last token (products of e^g, 0 across a reset: delta_chunk.hpp).
+  float *chunk_w, *chunk_u, *chunk_aqk, *chunk_dstart, *chunk_dend;
   int64_t qkv_stride, out_stride, slot_stride;
   int32_t num_seqs, H, HV, K, V, v_offset;  // v_offset = 2*H*K: first v column in qkv
   int32_t slot_cols, pad_slot_id, group;    // group: GDN_GROUP_*
   int32_t chunk_capacity, seq_capacity;     // rows of the chunk and seq tables
   int32_t pad0;
+  GdnSlotUse slots;
 };
 
 struct GdnNormParams {

@@ -1,10 +1,39 @@
-/* test_c_api.c — the ABI from plain C: version, error API, struct sizes, and one real
- * causal_conv1d decode call checked against values computed here. Exit 0 = pass. */
+/* test_c_api.c — the ABI from plain C: version, error API, struct sizes, one real
+ * causal_conv1d decode call checked against values computed here, and the same call made by a
+ * caller built against the previous header (version-1 structs). Exit 0 = pass. */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "gdn_xpu.h"
+
+/* gdn_batch_t exactly as gdn_xpu.h of libgdn_xpu 0.1.0 declared it (struct version 1), i.e. what
+ * a caller compiled against the previous header passes. gdn_config_t and gdn_tensors_t have not
+ * changed since, so such a caller passes them at today's sizes. */
+typedef struct gdn_batch_v1 {
+  size_t struct_size;
+  int32_t num_prefills, num_decodes, num_spec_decodes, num_spec, num_actual_tokens, non_spec_token_count,
+      spec_token_count, pad_slot_id, validate, reserved0;
+  const int32_t *non_spec_query_start_loc;
+  const int32_t *non_spec_state_indices;
+  const uint8_t *has_initial_state;
+  const int32_t *non_spec_token_indx;
+  const int32_t *spec_query_start_loc;
+  const int32_t *spec_state_indices;
+  const int32_t *num_accepted_tokens;
+  const int32_t *spec_token_indx;
+} gdn_batch_v1_t;
+/* Append-only: every version-1 field sits where it sat. */
+#define SAME_OFFSET(f) _Static_assert(offsetof(gdn_batch_v1_t, f) == offsetof(gdn_batch_t, f), #f " moved")
+SAME_OFFSET(num_prefills);
+SAME_OFFSET(validate);
+SAME_OFFSET(non_spec_query_start_loc);
+SAME_OFFSET(has_initial_state);
+SAME_OFFSET(spec_state_indices);
+SAME_OFFSET(spec_token_indx);
+_Static_assert(sizeof(gdn_batch_v1_t) == offsetof(gdn_batch_t, non_spec_read_state_indices),
+               "version 2 starts right after version 1");
 
 static int failures = 0;
 #define CHECK(cond, ...)                                       \
@@ -78,8 +107,9 @@ int main(void) {
   batch.num_decodes = 1; batch.num_actual_tokens = 1; batch.non_spec_token_count = 1;
   batch.non_spec_query_start_loc = qsl; batch.non_spec_state_indices = slots;
   t.mixed_qkv = x; t.conv_weight = w; t.conv_state = state; t.conv_out = out;
-  float expect[C], slot0[C * L];
+  float expect[C], slot0[C * L], initial[SLOTS * C * L];
   memcpy(slot0, state, sizeof slot0);
+  memcpy(initial, state, sizeof initial);
   for (int c = 0; c < C; ++c) {
     const float *h = state + (1 * C + c) * L;
     float y = w[c * W + 0] * h[0] + w[c * W + 1] * h[1] + w[c * W + 2] * x[c];
@@ -93,6 +123,37 @@ int main(void) {
   CHECK(state[(1 * C + 5) * L + 0] == old1, "state shifted");
   CHECK(state[(1 * C + 5) * L + 1] == x[5], "newest input stored");
   CHECK(memcmp(slot0, state, sizeof slot0) == 0, "slot 0 was not addressed and must be unchanged");
+
+  /* The same call from a caller built against the previous header: a version-1 batch (its
+   * struct_size), followed in memory by bytes that are not part of it (0xA5 here), which the
+   * library must not read. Same result, bit for bit. */
+  {
+    float out_v2[C], state_v2[SLOTS * C * L];
+    memcpy(out_v2, out, sizeof out_v2);
+    memcpy(state_v2, state, sizeof state_v2);
+    memcpy(state, initial, sizeof initial);
+    for (int c = 0; c < C; ++c) out[c] = -1.0f;
+    struct {
+      gdn_batch_v1_t batch;
+      unsigned char after[sizeof(gdn_batch_t)];
+    } old;
+    memset(&old, 0xA5, sizeof old);
+    old.batch.struct_size = sizeof(gdn_batch_v1_t);
+    old.batch.num_prefills = 0; old.batch.num_decodes = 1; old.batch.num_spec_decodes = 0; old.batch.num_spec = 0;
+    old.batch.num_actual_tokens = 1; old.batch.non_spec_token_count = 1; old.batch.spec_token_count = 0;
+    old.batch.pad_slot_id = -1; old.batch.validate = GDN_VALIDATE_FULL; old.batch.reserved0 = 0;
+    old.batch.non_spec_query_start_loc = qsl; old.batch.non_spec_state_indices = slots;
+    old.batch.has_initial_state = NULL; old.batch.non_spec_token_indx = NULL; old.batch.spec_query_start_loc = NULL;
+    old.batch.spec_state_indices = NULL; old.batch.num_accepted_tokens = NULL; old.batch.spec_token_indx = NULL;
+    st = gdn_causal_conv1d(q, &cfg, (const gdn_batch_t *)&old.batch, &t);
+    CHECK(st == GDN_SUCCESS, "version-1 batch: %s", gdn_last_error());
+    gdn_queue_wait(q);
+    CHECK(memcmp(out, out_v2, sizeof out_v2) == 0, "version-1 batch: outputs differ from the version-2 call");
+    CHECK(memcmp(state, state_v2, sizeof state_v2) == 0, "version-1 batch: conv_state differs from the version-2 call");
+    old.batch.struct_size = sizeof(gdn_batch_v1_t) - 8; /* older than any version */
+    st = gdn_causal_conv1d(q, &cfg, (const gdn_batch_t *)&old.batch, &t);
+    CHECK(st == GDN_ERROR_BAD_STRUCT_SIZE, "a struct older than version 1 gave %d", (int)st);
+  }
 
   /* A bad slot index is refused and changes nothing. */
   slots[0] = 7;
