@@ -117,10 +117,12 @@ GDN_KERNEL(1) void gdn_chunk_prep_cpu(GdnDeltaParams p) {
   }
 }
 
-// Global: (seq_capacity*HV, V/16), local (1, 1): a work-item carries 16 state columns.
+// Global: (seq_capacity*HV, V/16 / GDN_SCAN_BLOCKS rounded up), local (1, 1): a work-item carries
+// GDN_SCAN_BLOCKS blocks of 16 state columns (all of a v-head's at V = 128, 64 KiB of f32 state)
+// and walks them inside the chunk loop (delta_chunk.hpp, chunk_scan_body).
 GDN_KERNEL(2) void gdn_chunk_scan_cpu(GdnDeltaParams p) {
   const auto it = item2();
   const int32_t e = (int32_t)(it.get_group(0) / p.HV), hv = (int32_t)(it.get_group(0) % p.HV);
-  const int32_t v = (int32_t)it.get_group(1) * 16;
-  if (e < p.seq_capacity && v < p.V) chunk_scan_body<16>(p, e, hv, v);
+  const int32_t v0 = (int32_t)it.get_group(1) * 16 * GDN_SCAN_BLOCKS;
+  if (e < p.seq_capacity && v0 < p.V) chunk_scan_body<16, GDN_SCAN_BLOCKS>(p, e, hv, v0);
 }
