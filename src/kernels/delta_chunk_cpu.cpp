@@ -124,5 +124,5 @@ GDN_KERNEL(2) void gdn_chunk_scan_cpu(GdnDeltaParams p) {
   const auto it = item2();
   const int32_t e = (int32_t)(it.get_group(0) / p.HV), hv = (int32_t)(it.get_group(0) % p.HV);
   const int32_t v0 = (int32_t)it.get_group(1) * 16 * GDN_SCAN_BLOCKS;
-  if (e < p.seq_capacity && v0 < p.V) chunk_scan_body<16, GDN_SCAN_BLOCKS>(p, e, hv, v0);
+  if (e < p.seq_capacity && v0 < p.V) chunk_scan_body<16, GDN_SCAN_BLOCKS, SCAN_CB>(p, e, hv, v0);
 }
