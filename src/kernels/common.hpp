@@ -81,6 +81,19 @@ typedef sycl::vec<float, 16> vf16;
 
 // The compiler's own vector type, for its builtins (shuffles, non-temporal stores); bit_cast to/from vf16.
 typedef float native_vf16 __attribute__((ext_vector_type(16)));
+// 16 contiguous floats as ONE vector move. A lane-by-lane loop (r[i] = p[i]) compiled to 16
+// scalar loads + 16 scalar stores through the stack per vector on the CPU device: ~57% of a
+// decode work-item's instructions in the recurrent kernels (README "Where the time goes").
+// memcpy of the whole vector is what load_bf16x16 does already; any alignment is fine.
+static inline vf16 vload(const float *p) {
+  native_vf16 r;
+  __builtin_memcpy(&r, p, sizeof(r));
+  return sycl::bit_cast<vf16>(r);
+}
+static inline void vstore(float *p, const vf16 &x) {
+  const native_vf16 r = sycl::bit_cast<native_vf16>(x);
+  __builtin_memcpy(p, &r, sizeof(r));
+}
 // 16 bf16 values as whole-vector integer operations: a lane-by-lane loop of bf16_to_float stayed
 // scalar on the CPU device and dominated the kernels that stream activations.
 typedef sycl::vec<uint16_t, 16> vu16;
@@ -113,6 +126,9 @@ static inline void store_f16x16(sycl::half *p, const vf16 &v) {
 #if defined(GDN_ACT_BF16)
 static inline vf16 load_act16(const void *p, int64_t i) { return load_bf16x16((const act_t *)p + i); }
 static inline void store_act16(void *p, int64_t i, const vf16 &v) { store_bf16x16((act_t *)p + i, v); }
+#elif defined(GDN_ACT_F32)
+static inline vf16 load_act16(const void *p, int64_t i) { return vload((const float *)p + i); }
+static inline void store_act16(void *p, int64_t i, const vf16 &v) { vstore((float *)p + i, v); }
 #else
 static inline vf16 load_act16(const void *p, int64_t i) {
   vf16 r;
@@ -144,21 +160,16 @@ static inline vf16 exp16(vf16 x) {
   const sycl::vec<int32_t, 16> bits = (n.convert<int32_t, sycl::rounding_mode::rtz>() + 127) << 23;
   return e * sycl::bit_cast<vf16>(bits);
 }
-static inline vf16 vload(const float *p) {
-  vf16 r;
-  for (int i = 0; i < 16; ++i) r[i] = p[i];
-  return r;
-}
-static inline void vstore(float *p, const vf16 &x) {
-  for (int i = 0; i < 16; ++i) p[i] = x[i];
-}
 // A store of data nothing reads in this call (speculative decoding's per-token states): a streaming
 // (non-temporal) store skips the read-for-ownership of each line, which cost the CPU device a
 // second pass over the written bytes (recurrent kernel ~5.9 -> ~4.8 ms at spec S=3, B=8 here).
 // It needs the 64-byte alignment of the vector; other addresses take the plain store.
 static inline void vstore_stream(float *p, const vf16 &x) {
-  if (((uintptr_t)p & 63u) == 0) __builtin_nontemporal_store(sycl::bit_cast<native_vf16>(x), (native_vf16 *)p);
-  else vstore(p, x);
+  if (((uintptr_t)p & 63u) == 0) {
+    __builtin_nontemporal_store(sycl::bit_cast<native_vf16>(x), (native_vf16 *)p);
+  } else {  // lane by lane: were both branches one vector store, the compiler would merge them
+    for (int i = 0; i < 16; ++i) p[i] = x[i];  // into one and drop the non-temporal hint
+  }
 }
 // 16 two-byte values h to p as vstore_stream does (a streaming store when p is 32-byte aligned).
 static inline void stream_16x2(void *p, const void *h) {
