@@ -7,33 +7,37 @@
 #include "delta_recurrent.hpp"
 
 #if !GDN_VK_LAYOUT
-// kv layout [.., K, V], V % 16 == 0: 16 consecutive state columns per work-item, s[k] = S[k, v..v+15].
+// kv layout [.., K, V]: NV x 16 consecutive state columns per work-item, s[k][j] = S[k, v+16j ..].
 // The same algebra as the vk kernel below (with d = e^g: u = beta (v - d S^T k), S' = d S + k u^T,
 // o = d S^T q + u (k.q)): one read pass gives both products, one pass updates (and writes back).
-// The products are sums over k of vectors: GDN_KV_ACC independent partial sums each, so the FMAs
-// are not one chain of KD dependent operations per token (latency-bound: the kv layout ran up to
-// ~1.8x the vk layout's time with drafts before).
-#define GDN_KV_ACC 4
+// Why NV vectors (GDN_KV_VECS): a work-item then reads and writes NV*64 contiguous bytes of each
+// of the K state rows (rows are V*4 bytes apart); with one vector (64 bytes per row, 16 columns)
+// the kv layout ran ~1.6x the vk layout's time at spec S=3 even on one thread, bound by that
+// access pattern, not by instructions. The NV column vectors are also NV independent FMA chains.
+template <int NV>
 static inline void recurrent_columns_kv(const GdnDeltaParams &p, int32_t seq, int32_t hv, int32_t v) {
   RecurrentSeq rs;
   if (!recurrent_seq(p, seq, &rs)) return;
   if (rs.skip) {
-    for (int32_t l = 0; l < 16; ++l) zero_outputs(p, rs.j0, rs.len, hv, v + l);
+    for (int32_t l = 0; l < 16 * NV; ++l) zero_outputs(p, rs.j0, rs.len, hv, v + l);
     return;
   }
   const int32_t h = hv / (p.HV / p.H);
-  vf16 s[KD];
+  vf16 s[KD][NV];
   if (rs.init) {
     const state_t *S = state_column(p, rs.read_slot, hv, v);
-    for (int k = 0; k < KD; ++k) s[k] = vload_state(S + k * p.V);
+    for (int k = 0; k < KD; ++k)
+      for (int j = 0; j < NV; ++j) s[k][j] = vload_state(S + k * p.V + 16 * j);
   } else {
-    for (int k = 0; k < KD; ++k) s[k] = vf16(0.0f);
+    for (int k = 0; k < KD; ++k)
+      for (int j = 0; j < NV; ++j) s[k][j] = vf16(0.0f);
   }
   for (int32_t t = 0; t < rs.len; ++t) {
     const int64_t row = global_row(p.token_indx, rs.j0 + t);
     const float *kn = p.kn + (row * p.H + h) * KD, *qn = p.qn + (row * p.H + h) * KD;
     const float decay = sycl::exp(p.g[row * p.HV + hv]), beta = p.beta[row * p.HV + hv];
-    const vf16 vv = load_act16(p.qkv, row * p.qkv_stride + p.v_offset + (int64_t)hv * p.V + v);
+    const int64_t vrow = row * p.qkv_stride + p.v_offset + (int64_t)hv * p.V + v;
+    const int64_t orow = row * p.out_stride + (int64_t)hv * p.V + v;
     float kdotq = 0.0f;
     if (KD % 16 == 0) {
       vf16 kq(0.0f);
@@ -42,35 +46,42 @@ static inline void recurrent_columns_kv(const GdnDeltaParams &p, int32_t seq, in
     } else {
       for (int k = 0; k < KD; ++k) kdotq += kn[k] * qn[k];
     }
-    vf16 ak[GDN_KV_ACC], aq[GDN_KV_ACC];
-    for (int a = 0; a < GDN_KV_ACC; ++a) ak[a] = aq[a] = vf16(0.0f);
-    for (int k = 0; k < KD; ++k) {  // fixed trip count: unrolled, k % GDN_KV_ACC is a constant
-      ak[k % GDN_KV_ACC] += s[k] * kn[k];
-      aq[k % GDN_KV_ACC] += s[k] * qn[k];
+    vf16 ak[NV], aq[NV];
+    for (int j = 0; j < NV; ++j) ak[j] = aq[j] = vf16(0.0f);
+    for (int k = 0; k < KD; ++k)
+      for (int j = 0; j < NV; ++j) {
+        ak[j] += s[k][j] * kn[k];
+        aq[j] += s[k][j] * qn[k];
+      }
+    vf16 u[NV];
+    for (int j = 0; j < NV; ++j) {
+      u[j] = beta * (load_act16(p.qkv, vrow + 16 * j) - decay * ak[j]);
+      store_act16(p.out, orow + 16 * j, decay * aq[j] + u[j] * kdotq);
     }
-    for (int a = 1; a < GDN_KV_ACC; ++a) ak[0] += ak[a], aq[0] += aq[a];
-    const vf16 u = beta * (vv - decay * ak[0]);
-    store_act16(p.out, row * p.out_stride + (int64_t)hv * p.V + v, decay * aq[0] + u * kdotq);
-    for (int k = 0; k < KD; ++k) s[k] = s[k] * decay + u * kn[k];
+    for (int k = 0; k < KD; ++k)
+      for (int j = 0; j < NV; ++j) s[k][j] = s[k][j] * decay + u[j] * kn[k];
     const int32_t to = token_store_slot(rs, t);  // spec write-back or block checkpoint
     if (to != p.pad_slot_id) {
       state_t *S = state_column(p, to, hv, v);
-      for (int k = 0; k < KD; ++k) vstore_state_stream(S + k * p.V, s[k]);
+      for (int k = 0; k < KD; ++k)
+        for (int j = 0; j < NV; ++j) vstore_state_stream(S + k * p.V + 16 * j, s[k][j]);
     }
   }
   if (!rs.spec) {  // nothing in this call reads it again: streaming, like the write-backs
     state_t *S = state_column(p, rs.cols[0], hv, v);
-    for (int k = 0; k < KD; ++k) vstore_state_stream(S + k * p.V, s[k]);
+    for (int k = 0; k < KD; ++k)
+      for (int j = 0; j < NV; ++j) vstore_state_stream(S + k * p.V + 16 * j, s[k][j]);
   }
 }
-#undef GDN_KV_ACC
 
-// Global (num_seqs*HV, V/16), local (1, 1).
+// Global (num_seqs*HV, V / (16 GDN_KV_VECS)), local (1, 1): GDN_KV_VECS vectors per work-item
+// when V % (16 GDN_KV_VECS) == 0, else V/16 work-items of one vector (plan.cpp chooses alike).
 GDN_KERNEL(2) void gdn_recurrent_kv_cpu(GdnDeltaParams p) {
   const auto it = item2();
   const int32_t seq = (int32_t)(it.get_group(0) / p.HV), hv = (int32_t)(it.get_group(0) % p.HV);
-  const int32_t v = (int32_t)it.get_group(1) * 16;
-  if (seq < p.num_seqs && v < p.V) recurrent_columns_kv(p, seq, hv, v);
+  if (seq >= p.num_seqs) return;
+  if (p.V % (16 * GDN_KV_VECS) == 0) recurrent_columns_kv<GDN_KV_VECS>(p, seq, hv, (int32_t)it.get_group(1) * 16 * GDN_KV_VECS);
+  else recurrent_columns_kv<1>(p, seq, hv, (int32_t)it.get_group(1) * 16);
 }
 
 #else
