@@ -94,10 +94,15 @@ Launch recurrent(const gdn_config_t &cfg, const Target &t, int64_t num_seqs) {
 void plan_delta(Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b, const Target &t) {
   const int64_t HV = cfg.num_v_heads, V = cfg.head_v_dim, rows = b.num_actual_tokens;
   const int64_t non_spec_seqs = (int64_t)b.num_prefills + b.num_decodes;
-  p.prep = kernel(Family::DeltaPrep, head_option(cfg), "gdn_prep");
-  p.prep.dims = 2;
-  p.prep.global[0] = (size_t)round_up(rows, kWorkGroup), p.prep.global[1] = (size_t)cfg.num_k_heads;
-  p.prep.local[0] = (size_t)kWorkGroup, p.prep.local[1] = 1;
+  if (t.cpu_variants && cfg.head_k_dim % GDN_CPU_LANES == 0) {
+    p.prep = kernel(Family::DeltaPrepCpu, head_option(cfg), "gdn_prep_cpu");
+    shape1(p.prep, rows, 1);  // a row per work-item, alone in its group
+  } else {
+    p.prep = kernel(Family::DeltaPrep, head_option(cfg), "gdn_prep");
+    p.prep.dims = 2;
+    p.prep.global[0] = (size_t)round_up(rows, kWorkGroup), p.prep.global[1] = (size_t)cfg.num_k_heads;
+    p.prep.local[0] = (size_t)kWorkGroup, p.prep.local[1] = 1;
+  }
   if (non_spec_seqs > 0 && b.non_spec_token_count > 0) {
     p.recurrent_non_spec = recurrent(cfg, t, non_spec_seqs);
     // Capacities from the counts: a chunked sequence has >= 2 tokens, and its chunks are its
