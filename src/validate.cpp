@@ -216,8 +216,7 @@ gdn_batch_t validate_batch_counts(const gdn_batch_t *in) {
 
 Checked validate_call(void *queue, const gdn_config_t *cfg_in, const gdn_batch_t *batch_in, const gdn_tensors_t *t_in, Op op) {
   if (!queue) fail(GDN_ERROR_BAD_QUEUE, "queue is NULL (pass a sycl::queue*, e.g. dpctl.SyclQueue.addressof_ref())");
-  Checked c;
-  c.q = *static_cast<sycl::queue *>(queue);
+  Checked c(*static_cast<sycl::queue *>(queue));
   c.cfg = validate_config(cfg_in);
   c.batch = validate_batch_counts(batch_in);
   c.t = copy_versioned(t_in, "tensors", gdn_tensors_init, kTensorsVersions);

@@ -20,6 +20,9 @@ struct HostMeta {
 };
 
 struct Checked {
+  // Made from the caller's queue: a default-constructed sycl::queue would be a new queue on the
+  // default device (an OpenCL command queue created and destroyed per call, ~3 us here).
+  explicit Checked(const sycl::queue &queue) : q(queue) {}
   sycl::queue q;
   gdn_config_t cfg;   // the caller's structs, copied and normalized (struct_size handled,
   gdn_batch_t batch;  // zero strides replaced by dense ones, scale filled in)
