@@ -10,6 +10,14 @@
 
 namespace gdn {
 
+// require() with the message built only when the check fails: these run on every call, and
+// building every message eagerly (std::to_string, "%g" formatting, heap strings) cost ~1 us a
+// call on the host path (issue 17).
+#define GDN_REQUIRE(ok, status, message)            \
+  do {                                              \
+    if (!(ok)) ::gdn::fail((status), (message));    \
+  } while (0)
+
 enum class Op { Conv, Delta, Attention };
 
 // Host copies of the metadata arrays that were read back.
