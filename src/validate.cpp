@@ -76,9 +76,9 @@ void check_stride(int64_t &stride, int64_t dense, const char *field) {
   if (stride < dense) fail(GDN_ERROR_BAD_LAYOUT, std::string(field) + " = " + str(stride) + " < row width " + str(dense));
 }
 
-void check_usm(const sycl::queue &q, const void *p, const char *field) {
+void check_usm(const sycl::context &ctx, const void *p, const char *field) {
   if (!p) return;
-  if (sycl::get_pointer_type(p, q.get_context()) == sycl::usm::alloc::unknown)
+  if (sycl::get_pointer_type(p, ctx) == sycl::usm::alloc::unknown)
     fail(GDN_ERROR_BAD_POINTER, std::string(field) + " is not a USM allocation of the queue's context");
 }
 
@@ -139,8 +139,9 @@ void check_pointers(const Checked &c) {
       {t.z, "tensors->z", act, act_t},
       {t.norm_weight, "tensors->norm_weight", act, act_t},
       {t.workspace, "tensors->workspace", 4, "f32 and int32 scratch"}};
+  const sycl::context ctx = q.get_context();  // once: each get_context() copies a shared_ptr
   for (const Array &a : arrays) {
-    check_usm(q, a.p, a.field);
+    check_usm(ctx, a.p, a.field);
     check_aligned(a.p, a.align, a.what, a.field);
   }
 }
