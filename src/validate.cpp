@@ -84,7 +84,7 @@ void check_usm(const sycl::context &ctx, const void *p, const char *field) {
 
 // Every array is aligned to its element size: what element loads need on any device. Wider vector
 // accesses are the kernels' own business and never a reason to refuse a view: they check and fall
-// back (common.hpp vstore_stream), or load through memcpy (load_act16).
+// back (common.hpp vstore_states_stream), or load through memcpy (load_act16).
 void check_aligned(const void *p, size_t align, const char *what, const char *field) {
   const size_t off = (size_t)((uintptr_t)p % align);
   if (p && off)
