@@ -32,7 +32,7 @@
  *    header passes its smaller struct_size and gets the defaults (gdn_*_init) for every field
  *    its header did not have; a caller built against a newer header may pass a larger struct
  *    whose fields unknown to this library are all zero. Versions of gdn_batch_t: 1 (0.1.0, ends
- *    after spec_token_indx), 2 (adds the state-cache fields from non_spec_read_state_indices on).
+ *    after spec_token_indx), 2 (0.2.0: adds the state-cache fields from non_spec_read_state_indices on).
  *
  * Python (pygdn) reads the text between GDN_CDEF_BEGIN and GDN_CDEF_END with cffi, so that
  * region holds plain C declarations only: no #if, no function-like macros.
@@ -65,7 +65,7 @@ extern "C" {
 
 /* Library version (semantic). meson.build checks these against the project version. */
 #define GDN_VERSION_MAJOR 0
-#define GDN_VERSION_MINOR 1
+#define GDN_VERSION_MINOR 2
 #define GDN_VERSION_PATCH 0
 /* Bumped whenever a struct layout or a function signature changes incompatibly (appending a
  * field to a struct does not: see "Structs are versioned" above). */

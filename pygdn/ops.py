@@ -16,7 +16,12 @@ import math as _math
 import typing as _t
 
 from ._lib import ffi as _ffi, last_error as _last_error, lib as _lib, status_name as _status_name
-from ._usm import NUMPY_DTYPES as _NUMPY_DTYPES, UsmView as _UsmView, as_queue as _as_queue
+from ._usm import NUMPY_DTYPES as _NUMPY_DTYPES, as_queue as _as_queue, usm_view as _usm_view
+
+# cffi types looked up once (a type given as a string is parsed or looked up on every use).
+_VOIDP = _ffi.typeof("void *")
+_BATCH_P = _ffi.typeof("gdn_batch_t *")
+_TENSORS_P = _ffi.typeof("gdn_tensors_t *")
 
 _DTYPES = {"f32": _lib.GDN_DTYPE_F32, "f16": _lib.GDN_DTYPE_F16, "bf16": _lib.GDN_DTYPE_BF16}
 _SSM_LAYOUTS = {"kv": _lib.GDN_SSM_KV, "vk": _lib.GDN_SSM_VK}
@@ -210,26 +215,45 @@ class Batch:
     def num_non_spec_seqs(self) -> int:
         return self.num_prefills + self.num_decodes
 
+    def __setattr__(self, name, value):
+        object.__setattr__(self, name, value)
+        if name not in BATCH_ARRAYS and name != "_counts_cache":  # a count or setting changed
+            object.__setattr__(self, "_counts_cache", None)
+
+    def _counts_c(self):
+        """(gdn_batch_t with the counts and settings, arrays NULL; ((field, message name, dtype,
+        elements the counts need), ...)), built once per set of count values like Config._to_c:
+        the ints only change through setattr. The arrays are read on every call (_to_c)."""
+        cached = getattr(self, "_counts_cache", None)
+        if cached is None:
+            c = _ffi.new(_BATCH_P)
+            _lib.gdn_batch_init(c)
+            for f in BATCH_COUNTS:
+                setattr(c, f, int(getattr(self, f)))
+            c.pad_slot_id = int(self.pad_slot_id)
+            c.validate = _choice({"full": _lib.GDN_VALIDATE_FULL, "counts": _lib.GDN_VALIDATE_COUNTS}, self.validate,
+                                 "validate")
+            counts = vars(self)
+            needs = tuple((field, f"batch.{field}", dtype, length(counts)) for field, (dtype, length) in BATCH_ARRAYS.items())
+            cached = (c, needs)
+            object.__setattr__(self, "_counts_cache", cached)
+        return cached
+
     def _to_c(self, queue, keep):
-        c = _ffi.new("gdn_batch_t *")
-        _lib.gdn_batch_init(c)
-        for f in BATCH_COUNTS:
-            setattr(c, f, int(getattr(self, f)))
-        c.pad_slot_id = int(self.pad_slot_id)
-        c.validate = _choice({"full": _lib.GDN_VALIDATE_FULL, "counts": _lib.GDN_VALIDATE_COUNTS}, self.validate, "validate")
-        counts = vars(self)
-        for field, (dtype, length) in BATCH_ARRAYS.items():
+        template, needs = self._counts_c()
+        c = _ffi.new(_BATCH_P, template[0])  # a copy: the caller owns it (a PreparedCall keeps it)
+        for field, name, dtype, need in needs:
             obj = getattr(self, field)
             if obj is None:
                 continue
-            v = _view(obj, f"batch.{field}", queue)
-            if v.dtype != dtype:
-                raise TypeError(f"batch.{field}: dtype {v.dtype}, expected {dtype}")
-            n, need = _math.prod(v.shape), length(counts)
+            address, shape, got, hold = _view(obj, name, queue)
+            if got != dtype:
+                raise TypeError(f"{name}: dtype {got}, expected {dtype}")
+            n = _math.prod(shape)
             if n < need:
-                raise ValueError(f"batch.{field}: {n} elements, the counts need {need}")
-            keep.append(v.hold)
-            setattr(c, field, _ffi.cast("void *", v.address))
+                raise ValueError(f"{name}: {n} elements, the counts need {need}")
+            keep.append(hold)
+            setattr(c, field, _ffi.cast(_VOIDP, address))
         return c
 
 
@@ -239,14 +263,15 @@ if _missing:  # the dataclass is written out for its readers; the header decides
 
 
 def _view(obj, name, queue):
-    v = _UsmView(obj, name, queue)
-    if not v.contiguous:
+    """(address, shape, dtype name, hold) of an array argument, after the checks every array gets."""
+    address, shape, dtype, contiguous, q, hold = _usm_view(obj, name, queue)
+    if not contiguous:
         raise ValueError(f"{name}: must be C-contiguous")
     # The same queue object is the common case; comparing contexts builds dpctl objects (~µs each).
     # (A DLPack tensor has no queue: its device and context were checked when it was consumed.)
-    if v.queue is not None and v.queue is not queue and v.queue.sycl_context != queue.sycl_context:
+    if q is not None and q is not queue and q.sycl_context != queue.sycl_context:
         raise ValueError(f"{name}: lives in another SYCL context than the queue")
-    return v
+    return address, shape, dtype, hold
 
 
 def _tensor_specs(cfg: Config, rows: int):
@@ -264,6 +289,10 @@ def _tensor_specs(cfg: Config, rows: int):
     }
 
 
+_TENSORS_INIT = _ffi.new(_TENSORS_P)  # gdn_tensors_init's defaults, copied by every call
+_lib.gdn_tensors_init(_TENSORS_INIT)
+
+
 def _marshal(queue, cfg: Config, batch: Batch, arrays: dict):
     """Check every argument and build the three C structs. Returns (c_cfg, c_batch, c_tensors,
     keep): keep holds every array object (and consumed DLPack tensor), so their memory outlives
@@ -271,8 +300,7 @@ def _marshal(queue, cfg: Config, batch: Batch, arrays: dict):
     keep = []
     c_cfg = cfg._to_c()
     c_batch = batch._to_c(queue, keep)
-    c_t = _ffi.new("gdn_tensors_t *")
-    _lib.gdn_tensors_init(c_t)
+    c_t = _ffi.new(_TENSORS_P, _TENSORS_INIT[0])
     specs = cfg._tensor_specs(batch.num_actual_tokens)
     for field, obj in arrays.items():
         if obj is None:
@@ -280,18 +308,18 @@ def _marshal(queue, cfg: Config, batch: Batch, arrays: dict):
         if field not in specs:
             raise TypeError(f"unknown array argument {field!r}")
         dtype, lead, inner = specs[field]
-        v = _view(obj, field, queue)
+        address, shape, got, hold = _view(obj, field, queue)
         if field == "workspace":
-            c_t.workspace_bytes = _math.prod(v.shape) * _NUMPY_DTYPES[v.dtype].itemsize
+            c_t.workspace_bytes = _math.prod(shape) * _NUMPY_DTYPES[got].itemsize
         else:
-            if v.dtype != dtype:
+            if got != dtype:
                 which = "state_dtype" if field == "ssm_state" else "act_dtype"
-                raise TypeError(f"{field}: dtype {v.dtype}, expected {dtype} (cfg.{which}={getattr(cfg, which)!r})")
-            if not v.shape or v.shape[0] < lead or _math.prod(v.shape[1:]) != inner:
-                raise ValueError(f"{field}: shape {v.shape}, expected [{'>=' if lead == batch.num_actual_tokens else ''}"
+                raise TypeError(f"{field}: dtype {got}, expected {dtype} (cfg.{which}={getattr(cfg, which)!r})")
+            if not shape or shape[0] < lead or _math.prod(shape[1:]) != inner:
+                raise ValueError(f"{field}: shape {shape}, expected [{'>=' if lead == batch.num_actual_tokens else ''}"
                                  f"{lead}, ...{inner} elements per row]")
-        keep.append(v.hold)
-        setattr(c_t, field, _ffi.cast("void *", v.address))
+        keep.append(hold)
+        setattr(c_t, field, _ffi.cast(_VOIDP, address))
     return c_cfg, c_batch, c_t, keep
 
 
@@ -343,7 +371,7 @@ class PreparedCall:
     def __init__(self, fn, queue, structs, op_name=""):
         self._fn, self._queue, self.op_name = fn, queue, op_name
         self._c_cfg, self._c_batch, self._c_t, self._keep = structs
-        self._q = _ffi.cast("void *", queue.addressof_ref())
+        self._q = _ffi.cast(_VOIDP, queue.addressof_ref())
 
     def run(self, wait: bool = True) -> None:
         _check(self._fn(self._q, self._c_cfg, self._c_batch, self._c_t))

@@ -24,6 +24,7 @@ const char *family_name(gdn::Family f) {
     case gdn::Family::Conv1d: return "conv1d.cpp";
     case gdn::Family::Conv1dCpu: return "conv1d_cpu.cpp";
     case gdn::Family::DeltaPrep: return "delta_prep.cpp";
+    case gdn::Family::DeltaPrepCpu: return "delta_prep_cpu.cpp";
     case gdn::Family::DeltaRecurrent: return "delta_recurrent.cpp";
     case gdn::Family::DeltaRecurrentCpu: return "delta_recurrent_cpu.cpp";
     case gdn::Family::DeltaChunk: return "delta_chunk.cpp";

@@ -66,18 +66,20 @@ class MetaReader {
 
 void check_start_loc(const std::vector<int32_t> &qsl, int32_t tokens, const char *field, const char *count_field) {
   if (qsl.empty()) return;
-  require(qsl[0] == 0, GDN_ERROR_BAD_START_LOC, std::string(field) + "[0] = " + str(qsl[0]) + ", expected 0");
+  GDN_REQUIRE(qsl[0] == 0, GDN_ERROR_BAD_START_LOC, std::string(field) + "[0] = " + str(qsl[0]) + ", expected 0");
   for (size_t i = 1; i < qsl.size(); ++i)
-    require(qsl[i] >= qsl[i - 1], GDN_ERROR_BAD_START_LOC,
+    GDN_REQUIRE(qsl[i] >= qsl[i - 1], GDN_ERROR_BAD_START_LOC,
             std::string(field) + " decreases at [" + str((int64_t)i) + "]: " + str(qsl[i - 1]) + " -> " + str(qsl[i]));
-  require(qsl.back() == tokens, GDN_ERROR_BAD_START_LOC,
+  GDN_REQUIRE(qsl.back() == tokens, GDN_ERROR_BAD_START_LOC,
           std::string(field) + "[last] = " + str(qsl.back()) + " but " + count_field + " = " + str(tokens));
 }
 
-void check_slot(int32_t slot, const gdn_batch_t &b, int32_t num_slots, const std::string &field) {
+// field() names the element; called only to build the error message.
+template <class Field>
+void check_slot(int32_t slot, const gdn_batch_t &b, int32_t num_slots, const Field &field) {
   if (slot == b.pad_slot_id) return;
-  require(slot >= 0 && slot < num_slots, GDN_ERROR_BAD_STATE_INDEX,
-          field + " = " + str(slot) + " is outside [0, num_slots=" + str(num_slots) + ") and is not pad_slot_id (" +
+  GDN_REQUIRE(slot >= 0 && slot < num_slots, GDN_ERROR_BAD_STATE_INDEX,
+          field() + " = " + str(slot) + " is outside [0, num_slots=" + str(num_slots) + ") and is not pad_slot_id (" +
               str(b.pad_slot_id) + ")");
 }
 
@@ -195,27 +197,27 @@ void check_values(const Checked &c) {
   check_start_loc(m.s_qsl, b.spec_token_count, "spec_query_start_loc", "spec_token_count");
 
   for (int32_t i = 0; i < nns; ++i) {
-    check_slot(m.ns_slots[(size_t)i], b, slots, "non_spec_state_indices[" + str(i) + "]");
-    if (!m.ns_read.empty()) check_slot(m.ns_read[(size_t)i], b, slots, "non_spec_read_state_indices[" + str(i) + "]");
+    check_slot(m.ns_slots[(size_t)i], b, slots, [&] { return "non_spec_state_indices[" + str(i) + "]"; });
+    if (!m.ns_read.empty()) check_slot(m.ns_read[(size_t)i], b, slots, [&] { return "non_spec_read_state_indices[" + str(i) + "]"; });
     if (!m.start_pos.empty())
-      require(m.start_pos[(size_t)i] >= 0, GDN_ERROR_BAD_COUNT,
+      GDN_REQUIRE(m.start_pos[(size_t)i] >= 0, GDN_ERROR_BAD_COUNT,
               "non_spec_start_pos[" + str(i) + "] = " + str(m.start_pos[(size_t)i]) + " is negative");
   }
   for (int32_t n = 0; n < b.num_spec_decodes; ++n) {
     const int32_t len = m.s_qsl[(size_t)n + 1] - m.s_qsl[(size_t)n];
-    require(len <= cols, GDN_ERROR_BAD_START_LOC,
+    GDN_REQUIRE(len <= cols, GDN_ERROR_BAD_START_LOC,
             "spec_query_start_loc: spec sequence " + str(n) + " has " + str(len) + " tokens > 1 + num_spec = " + str(cols));
     const int32_t a = m.accepted[(size_t)n];
-    require(a >= 1 && a <= cols, GDN_ERROR_BAD_ACCEPTED,
+    GDN_REQUIRE(a >= 1 && a <= cols, GDN_ERROR_BAD_ACCEPTED,
             "num_accepted_tokens[" + str(n) + "] = " + str(a) + " is outside [1, 1 + num_spec = " + str(cols) + "]");
     for (int32_t t = 0; t < cols; ++t)
-      check_slot(m.s_slots[(size_t)n * cols + t], b, slots, "spec_state_indices[" + str(n) + "][" + str(t) + "]");
-    if (!m.s_read.empty()) check_slot(m.s_read[(size_t)n], b, slots, "spec_read_state_indices[" + str(n) + "]");
+      check_slot(m.s_slots[(size_t)n * cols + t], b, slots, [&] { return "spec_state_indices[" + str(n) + "][" + str(t) + "]"; });
+    if (!m.s_read.empty()) check_slot(m.s_read[(size_t)n], b, slots, [&] { return "spec_read_state_indices[" + str(n) + "]"; });
   }
   const int64_t ck_cols = m.ckpt.empty() ? 0 : b.checkpoint_cols;
   for (int64_t e = 0; e < (int64_t)m.ckpt.size(); ++e)
     check_slot(m.ckpt[(size_t)e], b, slots,
-               "checkpoint_state_indices[" + str(e / ck_cols) + "][" + str(e % ck_cols) + "]");
+               [&] { return "checkpoint_state_indices[" + str(e / ck_cols) + "][" + str(e % ck_cols) + "]"; });
 }
 
 // The rules between uses of slots (writers, readers, checkpoints), on the sorted list of uses.
@@ -252,7 +254,7 @@ void check_slot_uses(const Checked &c) {
       if (len == 0 || m.ns_slots[(size_t)i] == pad) continue;  // padding stores no checkpoints
       const int64_t p = m.start_pos.empty() ? 0 : m.start_pos[(size_t)i];
       const int64_t crossed = (p + len) / I - p / I;  // tokens j with (p + j + 1) % I == 0
-      require(crossed <= b.checkpoint_cols, GDN_ERROR_BAD_COUNT,
+      GDN_REQUIRE(crossed <= b.checkpoint_cols, GDN_ERROR_BAD_COUNT,
               "non-spec sequence " + str(i) + " (non_spec_start_pos " + str(p) + ", " + str(len) + " tokens) crosses " +
                   str(crossed) + " checkpoint boundaries (checkpoint_interval " + str(I) + ") but checkpoint_cols = " +
                   str(b.checkpoint_cols));
@@ -273,10 +275,10 @@ void check_token_rows(const Checked &c) {
   auto own_rows = [&](const std::vector<int32_t> &tok, int32_t count, const char *field, uint8_t tag) {
     for (int32_t j = 0; j < count; ++j) {
       const int64_t row = tok.empty() ? j : tok[(size_t)j];
-      require(row >= 0 && row < b.num_actual_tokens, GDN_ERROR_BAD_TOKEN_INDEX,
+      GDN_REQUIRE(row >= 0 && row < b.num_actual_tokens, GDN_ERROR_BAD_TOKEN_INDEX,
               std::string(field) + "[" + str(j) + "] = " + str(row) + " is outside [0, num_actual_tokens=" +
                   str(b.num_actual_tokens) + ")" + (tok.empty() ? " (NULL index = identity)" : ""));
-      require(!owned[(size_t)row], GDN_ERROR_BAD_TOKEN_INDEX,
+      GDN_REQUIRE(!owned[(size_t)row], GDN_ERROR_BAD_TOKEN_INDEX,
               std::string(field) + "[" + str(j) + "] = row " + str(row) + " is already claimed by " +
                   (owned[(size_t)row] == 1 ? "a non-spec token" : "a spec token") +
                   (tok.empty() ? " (NULL index = identity)" : ""));

@@ -40,24 +40,39 @@ struct Kernels {
   }
 };
 
-// Submits the launch's kernel with params after dep; returns the new tail of the chain.
+// The kernels of one call, enqueued one after another. On an in-order queue the queue itself
+// orders them, so they are submitted without events: the runtime then creates, tracks and
+// releases no event per kernel (~1 us of host time each here, issue 17). On an out-of-order queue
+// each kernel depends on the previous one's event, and the last event is waited for.
+struct Chain {
+  sycl::queue &q;
+  const bool in_order;
+  sycl::event last;  // out-of-order queues (and GDN_XPU_PROFILE) only
+  explicit Chain(sycl::queue &queue) : q(queue), in_order(queue.is_in_order()) {}
+};
+
+// Submits the launch's kernel with params after the chain's previous kernel.
 template <class P>
-sycl::event launch(sycl::queue &q, const Kernels &ks, const Launch &l, const P &params, const sycl::event &dep) {
+void launch(Chain &ch, const Kernels &ks, const Launch &l, const P &params) {
   const sycl::kernel &k = ks.of(l);
   const auto t0 = std::chrono::steady_clock::now();
-  if (profiling()) sycl::event(dep).wait();
-  sycl::event ev = q.submit([&](sycl::handler &h) {
-    h.depends_on(dep);
+  if (profiling()) ch.last.wait();
+  auto submit = [&](sycl::handler &h) {
+    if (!ch.in_order) h.depends_on(ch.last);
     h.set_args(params);
     if (l.dims == 1) h.parallel_for(sycl::nd_range<1>{l.global[0], l.local[0]}, k);
     else h.parallel_for(sycl::nd_range<2>{{l.global[0], l.global[1]}, {l.local[0], l.local[1]}}, k);
-  });
+  };
+  if (ch.in_order && !profiling()) {
+    sycl::ext::oneapi::experimental::submit(ch.q, submit);
+    return;
+  }
+  ch.last = ch.q.submit(submit);
   if (profiling()) {
-    ev.wait();
+    ch.last.wait();
     std::fprintf(stderr, "libgdn_xpu: %-22s %9.3f ms\n", l.name,
                  std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
-  return ev;
 }
 
 // Binds one token group of the batch (GdnConvParams and GdnDeltaParams carry the same fields).
@@ -78,7 +93,7 @@ void bind_group(P &p, const Checked &c, bool spec) {
                        ckpt ? b.checkpoint_interval : 0, ckpt ? b.checkpoint_cols : 0};
 }
 
-sycl::event enqueue_conv(Checked &c, const Plan &plan, const Kernels &ks, void *conv_out, int64_t conv_out_stride, sycl::event ev) {
+void enqueue_conv(Chain &ch, Checked &c, const Plan &plan, const Kernels &ks, void *conv_out, int64_t conv_out_stride) {
   const gdn_config_t &cfg = c.cfg;
   const bool dim_major = cfg.conv_layout == GDN_CONV_DIM_MAJOR;
   GdnConvParams p{};
@@ -99,16 +114,15 @@ sycl::event enqueue_conv(Checked &c, const Plan &plan, const Kernels &ks, void *
     bind_group(p, c, false);
     p.tile_len = plan.conv_tile;
     p.num_tokens = c.batch.non_spec_token_count;
-    ev = launch(c.q, ks, plan.conv_non_spec, p, ev);
+    launch(ch, ks, plan.conv_non_spec, p);
   }
   if (plan.conv_spec.on) {
     bind_group(p, c, true);
-    ev = launch(c.q, ks, plan.conv_spec, p, ev);
+    launch(ch, ks, plan.conv_spec, p);
   }
-  return ev;
 }
 
-sycl::event enqueue_delta(Checked &c, const Plan &plan, const Kernels &ks, char *ws, const void *qkv, int64_t qkv_stride, sycl::event ev) {
+void enqueue_delta(Chain &ch, Checked &c, const Plan &plan, const Kernels &ks, char *ws, const void *qkv, int64_t qkv_stride) {
   const gdn_config_t &cfg = c.cfg;
   const gdn_tensors_t &t = c.t;
   const Layout &l = plan.layout;
@@ -118,7 +132,7 @@ sycl::event enqueue_delta(Checked &c, const Plan &plan, const Kernels &ks, char 
                          c.batch.num_actual_tokens, cfg.num_k_heads, cfg.num_v_heads, cfg.head_k_dim, cfg.scale,
                          cfg.l2norm_eps, (cfg.flags & GDN_FLAG_NO_QK_L2NORM) ? 0 : 1,
                          (cfg.flags & GDN_FLAG_L2NORM_DIV) ? 1 : 0};
-  ev = launch(c.q, ks, plan.prep, pp, ev);
+  launch(ch, ks, plan.prep, pp);
 
   GdnDeltaParams p{};
   p.qkv = qkv;
@@ -145,28 +159,27 @@ sycl::event enqueue_delta(Checked &c, const Plan &plan, const Kernels &ks, char 
       p.chunk_dend = reinterpret_cast<float *>(ws + l.cdend);
       p.chunk_capacity = plan.chunk_capacity;
       p.seq_capacity = plan.seq_capacity;
-      ev = launch(c.q, ks, plan.chunk_plan, p, ev);
+      launch(ch, ks, plan.chunk_plan, p);
     }
-    ev = launch(c.q, ks, plan.recurrent_non_spec, p, ev);
+    launch(ch, ks, plan.recurrent_non_spec, p);
     if (plan.seq_capacity > 0) {
-      ev = launch(c.q, ks, plan.chunk_prep, p, ev);
-      ev = launch(c.q, ks, plan.chunk_scan, p, ev);
+      launch(ch, ks, plan.chunk_prep, p);
+      launch(ch, ks, plan.chunk_scan, p);
     }
   }
   if (plan.recurrent_spec.on) {
     bind_group(p, c, true);
     p.group = GDN_GROUP_SPEC;
     p.chunked = nullptr;
-    ev = launch(c.q, ks, plan.recurrent_spec, p, ev);
+    launch(ch, ks, plan.recurrent_spec, p);
   }
-  return ev;
 }
 
-sycl::event enqueue_norm(Checked &c, const Plan &plan, const Kernels &ks, sycl::event ev) {
+void enqueue_norm(Chain &ch, Checked &c, const Plan &plan, const Kernels &ks) {
   const gdn_config_t &cfg = c.cfg;
   const GdnNormParams p{c.t.core_attn_out, c.t.z, c.t.norm_weight, c.t.out_stride, c.t.z_stride,
                         c.batch.num_actual_tokens, cfg.num_v_heads, cfg.head_v_dim, cfg.norm_eps};
-  return launch(c.q, ks, plan.norm, p, ev);
+  launch(ch, ks, plan.norm, p);
 }
 
 void run(Op op, void *queue, const gdn_config_t *cfg, const gdn_batch_t *batch, const gdn_tensors_t *tensors) {
@@ -181,13 +194,13 @@ void run(Op op, void *queue, const gdn_config_t *cfg, const gdn_batch_t *batch, 
   void *conv_out = plan.conv_out_in_workspace ? ws.ptr + plan.layout.conv_out : c.t.conv_out;
   const int64_t conv_out_stride = plan.conv_out_in_workspace ? c.conv_dim : c.t.conv_out_stride;
 
-  sycl::event ev;
-  if (op != Op::Delta) ev = enqueue_conv(c, plan, ks, conv_out, conv_out_stride, ev);
-  if (op != Op::Conv) ev = enqueue_delta(c, plan, ks, ws.ptr, conv_out, conv_out_stride, ev);
-  if (plan.norm.on) ev = enqueue_norm(c, plan, ks, ev);
+  Chain ch(c.q);
+  if (op != Op::Delta) enqueue_conv(ch, c, plan, ks, conv_out, conv_out_stride);
+  if (op != Op::Conv) enqueue_delta(ch, c, plan, ks, ws.ptr, conv_out, conv_out_stride);
+  if (plan.norm.on) enqueue_norm(ch, c, plan, ks);
   // Out-of-order queues give the caller no ordering after our last kernel: finish here.
   // (On an in-order queue the next call's kernels, which may reuse the workspace, run after ours.)
-  if (!c.q.is_in_order()) ev.wait_and_throw();
+  if (!ch.in_order) ch.last.wait_and_throw();
 }
 
 }  // namespace

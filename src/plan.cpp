@@ -82,7 +82,8 @@ Launch recurrent(const gdn_config_t &cfg, const Target &t, int64_t num_seqs) {
     shape2(l, groups, (V + GDN_VK_ROWS - 1) / GDN_VK_ROWS, 1);  // alone in its work-group
   } else if (t.cpu_variants && !vk && V % GDN_CPU_LANES == 0) {
     l = kernel(Family::DeltaRecurrentCpu, state_option(cfg), "gdn_recurrent_kv_cpu");
-    shape2(l, groups, V / GDN_CPU_LANES, 1);
+    const int64_t cols = V % (GDN_CPU_LANES * GDN_KV_VECS) == 0 ? GDN_CPU_LANES * GDN_KV_VECS : GDN_CPU_LANES;
+    shape2(l, groups, V / cols, 1);  // the kernel makes the same choice
   } else {
     l = kernel(Family::DeltaRecurrent, state_option(cfg), "gdn_recurrent");
     shape2(l, groups, V, kWorkGroup);
@@ -93,10 +94,15 @@ Launch recurrent(const gdn_config_t &cfg, const Target &t, int64_t num_seqs) {
 void plan_delta(Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b, const Target &t) {
   const int64_t HV = cfg.num_v_heads, V = cfg.head_v_dim, rows = b.num_actual_tokens;
   const int64_t non_spec_seqs = (int64_t)b.num_prefills + b.num_decodes;
-  p.prep = kernel(Family::DeltaPrep, head_option(cfg), "gdn_prep");
-  p.prep.dims = 2;
-  p.prep.global[0] = (size_t)round_up(rows, kWorkGroup), p.prep.global[1] = (size_t)cfg.num_k_heads;
-  p.prep.local[0] = (size_t)kWorkGroup, p.prep.local[1] = 1;
+  if (t.cpu_variants && cfg.head_k_dim % GDN_CPU_LANES == 0) {
+    p.prep = kernel(Family::DeltaPrepCpu, head_option(cfg), "gdn_prep_cpu");
+    shape1(p.prep, rows, 1);  // a row per work-item, alone in its group
+  } else {
+    p.prep = kernel(Family::DeltaPrep, head_option(cfg), "gdn_prep");
+    p.prep.dims = 2;
+    p.prep.global[0] = (size_t)round_up(rows, kWorkGroup), p.prep.global[1] = (size_t)cfg.num_k_heads;
+    p.prep.local[0] = (size_t)kWorkGroup, p.prep.local[1] = 1;
+  }
   if (non_spec_seqs > 0 && b.non_spec_token_count > 0) {
     p.recurrent_non_spec = recurrent(cfg, t, non_spec_seqs);
     // Capacities from the counts: a chunked sequence has >= 2 tokens, and its chunks are its

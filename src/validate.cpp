@@ -48,19 +48,19 @@ T copy_versioned(const T *in, const char *name, void (*init)(T *), const size_t 
   T out;
   init(&out);
   const size_t size = in->struct_size;
-  const std::string what = std::string(name) + "->struct_size = " + str((int64_t)size);
+  auto what = [&] { return std::string(name) + "->struct_size = " + str((int64_t)size); };  // for messages only
   if (size < versions[0])
-    fail(GDN_ERROR_BAD_STRUCT_SIZE, what + " is older than the oldest version this library accepts (" +
+    fail(GDN_ERROR_BAD_STRUCT_SIZE, what() + " is older than the oldest version this library accepts (" +
                                         str((int64_t)versions[0]) + " bytes, gdn_xpu.h of libgdn_xpu 0.1.0)");
   if (size < sizeof(T) && std::find(versions, versions + N, size) == versions + N) {
     std::string sizes;
     for (size_t v : versions) sizes += (sizes.empty() ? "" : ", ") + str((int64_t)v);
-    fail(GDN_ERROR_BAD_STRUCT_SIZE, what + " is the size of no version of this struct (" + sizes + " bytes)");
+    fail(GDN_ERROR_BAD_STRUCT_SIZE, what() + " is the size of no version of this struct (" + sizes + " bytes)");
   }
   const unsigned char *tail = reinterpret_cast<const unsigned char *>(in) + sizeof(T);
   for (size_t i = 0; i + sizeof(T) < size; ++i)
     if (tail[i])
-      fail(GDN_ERROR_UNSUPPORTED, what + ": the caller sets fields newer than this library (version " + gdn_version() + ")");
+      fail(GDN_ERROR_UNSUPPORTED, what() + ": the caller sets fields newer than this library (version " + gdn_version() + ")");
   std::memcpy(&out, in, std::min(size, sizeof(T)));
   out.struct_size = sizeof(T);
   return out;
@@ -76,15 +76,15 @@ void check_stride(int64_t &stride, int64_t dense, const char *field) {
   if (stride < dense) fail(GDN_ERROR_BAD_LAYOUT, std::string(field) + " = " + str(stride) + " < row width " + str(dense));
 }
 
-void check_usm(const sycl::queue &q, const void *p, const char *field) {
+void check_usm(const sycl::context &ctx, const void *p, const char *field) {
   if (!p) return;
-  if (sycl::get_pointer_type(p, q.get_context()) == sycl::usm::alloc::unknown)
+  if (sycl::get_pointer_type(p, ctx) == sycl::usm::alloc::unknown)
     fail(GDN_ERROR_BAD_POINTER, std::string(field) + " is not a USM allocation of the queue's context");
 }
 
 // Every array is aligned to its element size: what element loads need on any device. Wider vector
 // accesses are the kernels' own business and never a reason to refuse a view: they check and fall
-// back (common.hpp vstore_stream), or load through memcpy (load_act16).
+// back (common.hpp vstore_states_stream), or load through memcpy (load_act16).
 void check_aligned(const void *p, size_t align, const char *what, const char *field) {
   const size_t off = (size_t)((uintptr_t)p % align);
   if (p && off)
@@ -139,8 +139,9 @@ void check_pointers(const Checked &c) {
       {t.z, "tensors->z", act, act_t},
       {t.norm_weight, "tensors->norm_weight", act, act_t},
       {t.workspace, "tensors->workspace", 4, "f32 and int32 scratch"}};
+  const sycl::context ctx = q.get_context();  // once: each get_context() copies a shared_ptr
   for (const Array &a : arrays) {
-    check_usm(q, a.p, a.field);
+    check_usm(ctx, a.p, a.field);
     check_aligned(a.p, a.align, a.what, a.field);
   }
 }
@@ -160,13 +161,13 @@ gdn_config_t validate_config(const gdn_config_t *in) {
   gdn_config_t cfg = copy_versioned(in, "cfg", gdn_config_init, kConfigVersions);
   check_range(cfg.num_k_heads, 1, 1024, GDN_ERROR_BAD_SHAPE, "cfg->num_k_heads");
   check_range(cfg.num_v_heads, 1, 4096, GDN_ERROR_BAD_SHAPE, "cfg->num_v_heads");
-  require(cfg.num_v_heads % cfg.num_k_heads == 0, GDN_ERROR_BAD_SHAPE,
+  GDN_REQUIRE(cfg.num_v_heads % cfg.num_k_heads == 0, GDN_ERROR_BAD_SHAPE,
           "cfg->num_v_heads = " + str(cfg.num_v_heads) + " is not a multiple of num_k_heads = " + str(cfg.num_k_heads));
   check_range(cfg.head_k_dim, 1, 256, GDN_ERROR_BAD_SHAPE, "cfg->head_k_dim");
   check_range(cfg.head_v_dim, 1, 256, GDN_ERROR_BAD_SHAPE, "cfg->head_v_dim");
   check_range(cfg.conv_width, 2, 8, GDN_ERROR_BAD_SHAPE, "cfg->conv_width");
-  require(dtype_bytes(cfg.act_dtype) != 0, GDN_ERROR_BAD_DTYPE, "cfg->act_dtype = " + str(cfg.act_dtype) + " is not a gdn_dtype_t");
-  require(dtype_bytes(cfg.state_dtype) != 0, GDN_ERROR_BAD_DTYPE,
+  GDN_REQUIRE(dtype_bytes(cfg.act_dtype) != 0, GDN_ERROR_BAD_DTYPE, "cfg->act_dtype = " + str(cfg.act_dtype) + " is not a gdn_dtype_t");
+  GDN_REQUIRE(dtype_bytes(cfg.state_dtype) != 0, GDN_ERROR_BAD_DTYPE,
           "cfg->state_dtype = " + str(cfg.state_dtype) + " is not a gdn_dtype_t");
   check_range(cfg.ssm_layout, 0, 1, GDN_ERROR_BAD_LAYOUT, "cfg->ssm_layout");
   check_range(cfg.conv_layout, 0, 1, GDN_ERROR_BAD_LAYOUT, "cfg->conv_layout");
@@ -176,11 +177,11 @@ gdn_config_t validate_config(const gdn_config_t *in) {
   const int64_t conv_dim = 2LL * cfg.num_k_heads * cfg.head_k_dim + (int64_t)cfg.num_v_heads * cfg.head_v_dim;
   check_stride(cfg.conv_slot_stride, conv_dim * cfg.conv_state_len, "cfg->conv_slot_stride");
   check_stride(cfg.ssm_slot_stride, (int64_t)cfg.num_v_heads * cfg.head_k_dim * cfg.head_v_dim, "cfg->ssm_slot_stride");
-  require(cfg.scale >= 0.0f, GDN_ERROR_BAD_SHAPE, "cfg->scale = " + fstr(cfg.scale) + " is negative (0 = 1/sqrt(K))");
+  GDN_REQUIRE(cfg.scale >= 0.0f, GDN_ERROR_BAD_SHAPE, "cfg->scale = " + fstr(cfg.scale) + " is negative (0 = 1/sqrt(K))");
   if (cfg.scale == 0.0f) cfg.scale = 1.0f / std::sqrt((float)cfg.head_k_dim);
-  require(cfg.l2norm_eps > 0.0f, GDN_ERROR_BAD_SHAPE, "cfg->l2norm_eps = " + fstr(cfg.l2norm_eps) + " must be > 0");
-  require(cfg.norm_eps > 0.0f, GDN_ERROR_BAD_SHAPE, "cfg->norm_eps = " + fstr(cfg.norm_eps) + " must be > 0");
-  require((cfg.flags & ~GDN_FLAG_ALL) == 0, GDN_ERROR_UNSUPPORTED, "cfg->flags has unknown bits: " + str(cfg.flags));
+  GDN_REQUIRE(cfg.l2norm_eps > 0.0f, GDN_ERROR_BAD_SHAPE, "cfg->l2norm_eps = " + fstr(cfg.l2norm_eps) + " must be > 0");
+  GDN_REQUIRE(cfg.norm_eps > 0.0f, GDN_ERROR_BAD_SHAPE, "cfg->norm_eps = " + fstr(cfg.norm_eps) + " must be > 0");
+  GDN_REQUIRE((cfg.flags & ~GDN_FLAG_ALL) == 0, GDN_ERROR_UNSUPPORTED, "cfg->flags has unknown bits: " + str(cfg.flags));
   return cfg;
 }
 
@@ -194,20 +195,20 @@ gdn_batch_t validate_batch_counts(const gdn_batch_t *in) {
   check_range(b.non_spec_token_count, 0, INT32_MAX, GDN_ERROR_BAD_COUNT, "batch->non_spec_token_count");
   check_range(b.spec_token_count, 0, INT32_MAX, GDN_ERROR_BAD_COUNT, "batch->spec_token_count");
   check_range(b.validate, 0, 1, GDN_ERROR_BAD_COUNT, "batch->validate");
-  require((int64_t)b.non_spec_token_count + b.spec_token_count == b.num_actual_tokens, GDN_ERROR_BAD_COUNT,
+  GDN_REQUIRE((int64_t)b.non_spec_token_count + b.spec_token_count == b.num_actual_tokens, GDN_ERROR_BAD_COUNT,
           "non_spec_token_count (" + str(b.non_spec_token_count) + ") + spec_token_count (" + str(b.spec_token_count) +
               ") != num_actual_tokens (" + str(b.num_actual_tokens) + ")");
   const int64_t non_spec_seqs = (int64_t)b.num_prefills + b.num_decodes;
-  require(non_spec_seqs <= INT32_MAX, GDN_ERROR_BAD_COUNT, "num_prefills + num_decodes overflows int32");
-  require(non_spec_seqs > 0 || b.non_spec_token_count == 0, GDN_ERROR_BAD_COUNT,
+  GDN_REQUIRE(non_spec_seqs <= INT32_MAX, GDN_ERROR_BAD_COUNT, "num_prefills + num_decodes overflows int32");
+  GDN_REQUIRE(non_spec_seqs > 0 || b.non_spec_token_count == 0, GDN_ERROR_BAD_COUNT,
           "non_spec_token_count = " + str(b.non_spec_token_count) + " but there are no non-spec sequences");
-  require(b.num_spec_decodes > 0 || b.spec_token_count == 0, GDN_ERROR_BAD_COUNT,
+  GDN_REQUIRE(b.num_spec_decodes > 0 || b.spec_token_count == 0, GDN_ERROR_BAD_COUNT,
           "spec_token_count = " + str(b.spec_token_count) + " but num_spec_decodes = 0");
-  require((int64_t)b.spec_token_count <= (int64_t)b.num_spec_decodes * (b.num_spec + 1), GDN_ERROR_BAD_COUNT,
+  GDN_REQUIRE((int64_t)b.spec_token_count <= (int64_t)b.num_spec_decodes * (b.num_spec + 1), GDN_ERROR_BAD_COUNT,
           "spec_token_count = " + str(b.spec_token_count) + " > num_spec_decodes * (1 + num_spec) = " +
               str((int64_t)b.num_spec_decodes * (b.num_spec + 1)));
   check_range(b.checkpoint_interval, 0, INT32_MAX, GDN_ERROR_BAD_COUNT, "batch->checkpoint_interval");
-  require(b.checkpoint_interval % GDN_CHUNK_SIZE == 0, GDN_ERROR_BAD_COUNT,
+  GDN_REQUIRE(b.checkpoint_interval % GDN_CHUNK_SIZE == 0, GDN_ERROR_BAD_COUNT,
           "batch->checkpoint_interval = " + str(b.checkpoint_interval) + " is not a multiple of GDN_CHUNK_SIZE (" +
               str(GDN_CHUNK_SIZE) + ")");
   check_range(b.checkpoint_cols, 0, INT32_MAX, GDN_ERROR_BAD_COUNT, "batch->checkpoint_cols");
@@ -216,8 +217,7 @@ gdn_batch_t validate_batch_counts(const gdn_batch_t *in) {
 
 Checked validate_call(void *queue, const gdn_config_t *cfg_in, const gdn_batch_t *batch_in, const gdn_tensors_t *t_in, Op op) {
   if (!queue) fail(GDN_ERROR_BAD_QUEUE, "queue is NULL (pass a sycl::queue*, e.g. dpctl.SyclQueue.addressof_ref())");
-  Checked c;
-  c.q = *static_cast<sycl::queue *>(queue);
+  Checked c(*static_cast<sycl::queue *>(queue));
   c.cfg = validate_config(cfg_in);
   c.batch = validate_batch_counts(batch_in);
   c.t = copy_versioned(t_in, "tensors", gdn_tensors_init, kTensorsVersions);
@@ -237,7 +237,7 @@ Checked validate_call(void *queue, const gdn_config_t *cfg_in, const gdn_batch_t
   const bool conv = op != Op::Delta, delta = op != Op::Conv;
   const bool work = b.num_actual_tokens > 0;
   if (conv && b.num_spec_decodes > 0 && cfg.conv_spec_layout == GDN_CONV_SPEC_ROLLED)
-    require(cfg.conv_state_len >= cfg.conv_width - 1 + b.num_spec, GDN_ERROR_BAD_LAYOUT,
+    GDN_REQUIRE(cfg.conv_state_len >= cfg.conv_width - 1 + b.num_spec, GDN_ERROR_BAD_LAYOUT,
             "cfg->conv_state_len = " + str(cfg.conv_state_len) + " < W-1+num_spec = " +
                 str(cfg.conv_width - 1 + b.num_spec) + " needed by GDN_CONV_SPEC_ROLLED");
   if (work && c.num_non_spec_seqs > 0) {
@@ -259,7 +259,7 @@ Checked validate_call(void *queue, const gdn_config_t *cfg_in, const gdn_batch_t
   }
   if (work && delta) {
     if (op == Op::Delta) need(t.conv_out, "tensors->conv_out", "gdn_gated_delta_rule reads q|k|v from it");
-    require(!t.g == !t.beta, GDN_ERROR_NULL_POINTER, "tensors->g and tensors->beta must be given together");
+    GDN_REQUIRE(!t.g == !t.beta, GDN_ERROR_NULL_POINTER, "tensors->g and tensors->beta must be given together");
     if (!t.g) {
       need(t.a, "tensors->a", "no precomputed g/beta were given");
       need(t.b, "tensors->b", "no precomputed g/beta were given");

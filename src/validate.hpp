@@ -10,6 +10,14 @@
 
 namespace gdn {
 
+// require() with the message built only when the check fails: these run on every call, and
+// building every message eagerly (std::to_string, "%g" formatting, heap strings) cost ~1 us a
+// call on the host path (issue 17).
+#define GDN_REQUIRE(ok, status, message)            \
+  do {                                              \
+    if (!(ok)) ::gdn::fail((status), (message));    \
+  } while (0)
+
 enum class Op { Conv, Delta, Attention };
 
 // Host copies of the metadata arrays that were read back.
@@ -20,6 +28,9 @@ struct HostMeta {
 };
 
 struct Checked {
+  // Made from the caller's queue: a default-constructed sycl::queue would be a new queue on the
+  // default device (an OpenCL command queue created and destroyed per call, ~3 us here).
+  explicit Checked(const sycl::queue &queue) : q(queue) {}
   sycl::queue q;
   gdn_config_t cfg;   // the caller's structs, copied and normalized (struct_size handled,
   gdn_batch_t batch;  // zero strides replaced by dense ones, scale filled in)

@@ -11,11 +11,13 @@ unless they straddle a rounding midpoint, so every element is within one unit in
 (here the f32 error is ~1e-6 relative against ulps of 2^-8 and 2^-11). Rounding at any other point
 (per chunk, per token) moves most elements by one or more ulps and fails that count.
 
-Kernel builds: every test uses K = V = 16 and f32 activations, the shapes of test_delta_rule.py
+Kernel builds: every test uses K = 16, V = 16 (one test V = 64, a run-time size) and f32 activations, the shapes of test_delta_rule.py
 and test_attention.py, so the f32-state kernels are shared with those files. bf16 and f16 states add
 the recurrent and chunk builds of the CPU variants per ssm layout (8) and, for the generic kernels,
 of (kv, bf16) and (vk, f16) (4): 12 builds, ~19 s of cold compile on the 2-core test host.
 """
+import sys
+
 import numpy as np
 import pytest
 
@@ -161,6 +163,15 @@ def test_every_path(queue, state_dtype, ssm_layout, path):
     layer = Layer(queue, rng, cfg)
     x, a, b = tokens(rng, meta["num_actual_tokens"], cfg.conv_dim)
     layer.step(meta, x, a, b, op="attention" if path == "attention" else "delta")
+
+
+# The CPU device's kv-layout recurrent kernel holds 4 column vectors (64 state columns) per
+# work-item when V % 64 == 0 and one vector otherwise; V = 64 runs the wide form on every state dtype.
+@pytest.mark.parametrize("path", ["delta", "delta_recurrent"])
+@pytest.mark.parametrize("state_dtype", STATE_DTYPES)
+def test_every_path_wide_kv_rows(queue, monkeypatch, state_dtype, path):
+    monkeypatch.setattr(sys.modules[__name__], "V", 64)
+    test_every_path(queue, state_dtype, "kv", path)
 
 
 # ----------------------------------------------------------------------------- prefix caching

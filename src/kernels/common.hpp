@@ -81,6 +81,19 @@ typedef sycl::vec<float, 16> vf16;
 
 // The compiler's own vector type, for its builtins (shuffles, non-temporal stores); bit_cast to/from vf16.
 typedef float native_vf16 __attribute__((ext_vector_type(16)));
+// 16 contiguous floats as ONE vector move. A lane-by-lane loop (r[i] = p[i]) compiled to 16
+// scalar loads + 16 scalar stores through the stack per vector on the CPU device: ~57% of a
+// decode work-item's instructions in the recurrent kernels (README "Where the time goes").
+// memcpy of the whole vector is what load_bf16x16 does already; any alignment is fine.
+static inline vf16 vload(const float *p) {
+  native_vf16 r;
+  __builtin_memcpy(&r, p, sizeof(r));
+  return sycl::bit_cast<vf16>(r);
+}
+static inline void vstore(float *p, const vf16 &x) {
+  const native_vf16 r = sycl::bit_cast<native_vf16>(x);
+  __builtin_memcpy(p, &r, sizeof(r));
+}
 // 16 bf16 values as whole-vector integer operations: a lane-by-lane loop of bf16_to_float stayed
 // scalar on the CPU device and dominated the kernels that stream activations.
 typedef sycl::vec<uint16_t, 16> vu16;
@@ -90,13 +103,16 @@ static inline vf16 load_bf16x16(const uint16_t *p) {
   __builtin_memcpy(&h, p, sizeof(h));
   return sycl::bit_cast<vf16>(h.convert<uint32_t>() << 16u);
 }
-static inline void store_bf16x16(uint16_t *p, const vf16 &v) {
+static inline vu16 to_bf16x16(const vf16 &v) {
   const vu32 u = sycl::bit_cast<vu32>(v);
   const vu32 rounded = (u + 0x7fffu + ((u >> 16u) & 1u)) >> 16u;  // as float_to_bf16, lane-wise
   const vu32 nan = (u >> 16u) | 0x40u;
   // All-ones where NaN. A blend by bit masks: sycl::select on the CPU device went lane by lane.
   const vu32 is_nan = sycl::bit_cast<vu32>((u & 0x7fffffffu) > 0x7f800000u);
-  const vu16 h = ((rounded & ~is_nan) | (nan & is_nan)).convert<uint16_t>();
+  return ((rounded & ~is_nan) | (nan & is_nan)).convert<uint16_t>();
+}
+static inline void store_bf16x16(uint16_t *p, const vf16 &v) {
+  const vu16 h = to_bf16x16(v);
   __builtin_memcpy(p, &h, sizeof(h));
 }
 // 16 f16 values: one vector conversion each way (round to nearest even on the way down).
@@ -113,6 +129,9 @@ static inline void store_f16x16(sycl::half *p, const vf16 &v) {
 #if defined(GDN_ACT_BF16)
 static inline vf16 load_act16(const void *p, int64_t i) { return load_bf16x16((const act_t *)p + i); }
 static inline void store_act16(void *p, int64_t i, const vf16 &v) { store_bf16x16((act_t *)p + i, v); }
+#elif defined(GDN_ACT_F32)
+static inline vf16 load_act16(const void *p, int64_t i) { return vload((const float *)p + i); }
+static inline void store_act16(void *p, int64_t i, const vf16 &v) { vstore((float *)p + i, v); }
 #else
 static inline vf16 load_act16(const void *p, int64_t i) {
   vf16 r;
@@ -144,29 +163,23 @@ static inline vf16 exp16(vf16 x) {
   const sycl::vec<int32_t, 16> bits = (n.convert<int32_t, sycl::rounding_mode::rtz>() + 127) << 23;
   return e * sycl::bit_cast<vf16>(bits);
 }
-static inline vf16 vload(const float *p) {
-  vf16 r;
-  for (int i = 0; i < 16; ++i) r[i] = p[i];
-  return r;
+// A store of data nothing reads in this call (spec decoding's per-token states, a step's final
+// state): a streaming (non-temporal) store skips the read-for-ownership of each line, which cost
+// the CPU device a second pass over the written bytes (recurrent kernel ~5.9 -> ~4.8 ms at spec
+// S=3, B=8 here). It needs a 64-byte aligned address: vstore_states_stream checks once per state.
+static inline void vstore_nt(float *p, const vf16 &x) {
+  __builtin_nontemporal_store(sycl::bit_cast<native_vf16>(x), (native_vf16 *)p);
 }
-static inline void vstore(float *p, const vf16 &x) {
-  for (int i = 0; i < 16; ++i) p[i] = x[i];
-}
-// A store of data nothing reads in this call (speculative decoding's per-token states): a streaming
-// (non-temporal) store skips the read-for-ownership of each line, which cost the CPU device a
-// second pass over the written bytes (recurrent kernel ~5.9 -> ~4.8 ms at spec S=3, B=8 here).
-// It needs the 64-byte alignment of the vector; other addresses take the plain store.
-static inline void vstore_stream(float *p, const vf16 &x) {
-  if (((uintptr_t)p & 63u) == 0) __builtin_nontemporal_store(sycl::bit_cast<native_vf16>(x), (native_vf16 *)p);
-  else vstore(p, x);
-}
-// 16 two-byte values h to p as vstore_stream does (a streaming store when p is 32-byte aligned).
-static inline void stream_16x2(void *p, const void *h) {
-  typedef uint16_t native_vu16 __attribute__((ext_vector_type(16)));
-  native_vu16 v;
-  __builtin_memcpy(&v, h, sizeof(v));
-  if (((uintptr_t)p & 31u) == 0) __builtin_nontemporal_store(v, (native_vu16 *)p);
-  else __builtin_memcpy(p, &v, sizeof(v));
+// 32 two-byte values, h0 then h1, as ONE 64-byte streaming store. A streaming store of 16 narrowed
+// values (32 bytes) was folded by the compiler into a narrowing store (vpmovdw to memory), which
+// has no streaming form: the hint was silently dropped (seen in the generated assembly).
+static inline void store_32x2_nt(void *p, const vu16 &h0, const vu16 &h1) {
+  typedef uint16_t n16 __attribute__((ext_vector_type(16)));
+  typedef uint16_t n32 __attribute__((ext_vector_type(32)));
+  const n16 a = sycl::bit_cast<n16>(h0), b = sycl::bit_cast<n16>(h1);
+  const n32 c = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19,
+                                        20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
+  __builtin_nontemporal_store(c, (n32 *)p);
 }
 
 // The SSM state cache (gdn_config_t.state_dtype; README "State caches as engines keep them"): a
@@ -177,10 +190,8 @@ static inline float load_state(const state_t *p) { return bf16_to_float(*p); }
 static inline void store_state(state_t *p, float f) { *p = float_to_bf16(f); }
 static inline vf16 vload_state(const state_t *p) { return load_bf16x16(p); }
 static inline void vstore_state(state_t *p, const vf16 &x) { store_bf16x16(p, x); }
-static inline void vstore_state_stream(state_t *p, const vf16 &x) {
-  uint16_t h[16];
-  store_bf16x16(h, x);
-  stream_16x2(p, h);
+static inline void vstore_state2_nt(state_t *p, const vf16 &x0, const vf16 &x1) {
+  store_32x2_nt(p, to_bf16x16(x0), to_bf16x16(x1));
 }
 #elif defined(GDN_STATE_F16)
 // f16 bit patterns with the scalar bit-operation conversions above; the 16-lane helpers (the
@@ -190,10 +201,9 @@ static inline float load_state(const state_t *p) { return f16_to_float(*p); }
 static inline void store_state(state_t *p, float f) { *p = float_to_f16(f); }
 static inline vf16 vload_state(const state_t *p) { return load_f16x16((const sycl::half *)p); }
 static inline void vstore_state(state_t *p, const vf16 &x) { store_f16x16((sycl::half *)p, x); }
-static inline void vstore_state_stream(state_t *p, const vf16 &x) {
-  sycl::half h[16];
-  store_f16x16(h, x);
-  stream_16x2(p, h);
+static inline void vstore_state2_nt(state_t *p, const vf16 &x0, const vf16 &x1) {
+  store_32x2_nt(p, sycl::bit_cast<vu16>(x0.convert<sycl::half, sycl::rounding_mode::rte>()),
+                sycl::bit_cast<vu16>(x1.convert<sycl::half, sycl::rounding_mode::rte>()));
 }
 #else
 typedef float state_t;
@@ -201,8 +211,25 @@ static inline float load_state(const state_t *p) { return *p; }
 static inline void store_state(state_t *p, float f) { *p = f; }
 static inline vf16 vload_state(const state_t *p) { return vload(p); }
 static inline void vstore_state(state_t *p, const vf16 &x) { vstore(p, x); }
-static inline void vstore_state_stream(state_t *p, const vf16 &x) { vstore_stream(p, x); }
+static inline void vstore_state2_nt(state_t *p, const vf16 &x0, const vf16 &x1) {
+  vstore_nt(p, x0);
+  vstore_nt(p + 16, x1);
+}
 #endif
+// The vectors x[0..n) to p (contiguous), streaming when p is 64-byte aligned (pairs of vectors: 64
+// bytes of 2-byte states; an odd last vector takes a plain store). The fallback for a misaligned
+// view of the state (rare) goes lane by lane: a loop of plain VECTOR stores there was merged with
+// the streaming loop by the compiler, dropping the hint.
+static inline void vstore_states_stream(state_t *p, const vf16 *x, int n) {
+  if (((uintptr_t)p & 63u) == 0) {
+    int i = 0;
+    for (; i + 1 < n; i += 2) vstore_state2_nt(p + 16 * i, x[i], x[i + 1]);
+    if (i < n) vstore_state(p + 16 * i, x[i]);
+  } else {
+    for (int i = 0; i < n; ++i)
+      for (int l = 0; l < 16; ++l) store_state(p + 16 * i + l, x[i][l]);
+  }
+}
 
 // Horizontal sum as a tree (4 dependent adds, not 16: sums sit on the token's critical path).
 static inline float hsum(const vf16 &x) {

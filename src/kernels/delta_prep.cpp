@@ -1,24 +1,6 @@
-// delta_prep.cpp — the per-row preprocessing of the gated delta rule and the chunk plan.
-#include "delta.hpp"
-
-// The log-decay g = -exp(A_log) * softplus(x), x = a + dt_bias, as the value of that product
-// however large or small its factors (README "Non-finite gates"). Where both factors are normal
-// f32 numbers it is their product (rounded once, as it always was): -inf when it overflows
-// (decay 0, a reset), 0 when it underflows. Elsewhere -- exp(A_log) overflowing (A_log >~ 88.7) or
-// underflowing, softplus(x) = 0 (x <~ -87) or +inf -- the product is taken in log space,
-// -exp(A_log + log softplus(x)), with log softplus(x) = x below -15 (softplus(x) = e^x (1 - e^x/2
-// ...)): A_log = 100 with a = -200 is g = -e^-100 (no decay), never 0 * inf = NaN. A factor that is
-// exactly 0 (A_log = -inf or x = -inf) gives g = 0 even against an infinite other factor. NaN in
-// gives NaN out (it stays in its sequence). pygdn/reference.py gates() is the float64 twin.
-static inline float log_decay(float A_log, float x) {
-  const float e = sycl::exp(A_log), sp = softplus(x);
-  const float lo = 1.17549435e-38f, hi = 3.40282347e38f;  // FLT_MIN, FLT_MAX: normal numbers
-  if (e >= lo && e <= hi && sp >= lo && sp <= hi) return -e * sp;  // (NaN fails every comparison)
-  if (sycl::isnan(A_log) || sycl::isnan(x)) return A_log + x;
-  if (sycl::isinf(A_log) && A_log < 0.0f) return 0.0f;
-  if (sycl::isinf(x) && x < 0.0f) return 0.0f;
-  return -sycl::exp(A_log + (x < -15.0f ? x : sycl::log(sp)));
-}
+// delta_prep.cpp — the per-row preprocessing of the gated delta rule (generic kernel; the CPU
+// device's variant is delta_prep_cpu.cpp) and the chunk plan.
+#include "delta_prep.hpp"
 
 // Global (rows rounded up, H), local (16, 1): one work-item per (row, k-head) writes the
 // l2-normalized, scaled q and k of its row (f32) and the gates of the v-heads sharing the k-head.
@@ -34,30 +16,14 @@ GDN_KERNEL(2) void gdn_prep(GdnPrepParams p) {
     sq += q * q;
     sk += kk * kk;
   }
-  float rq = 1.0f, rk = 1.0f;
-  if (p.l2norm) {
-    rq = p.l2_div ? 1.0f / (sycl::sqrt(sq) + p.eps) : sycl::rsqrt(sq + p.eps);
-    rk = p.l2_div ? 1.0f / (sycl::sqrt(sk) + p.eps) : sycl::rsqrt(sk + p.eps);
-  }
-  rq *= p.scale;
+  const float rq = l2_factor(p, sq) * p.scale, rk = l2_factor(p, sk);
   float *qn = p.qn + (row * p.H + h) * KD, *kn = p.kn + (row * p.H + h) * KD;
   for (int k = 0; k < KD; ++k) {
     qn[k] = load_act(p.qkv, qbase + k) * rq;
     kn[k] = load_act(p.qkv, kbase + k) * rk;
   }
   const int32_t ratio = p.HV / p.H;
-  for (int32_t r = 0; r < ratio; ++r) {
-    const int32_t hv = h * ratio + r;
-    const int64_t gi = row * p.HV + hv;
-    if (p.g_in) {
-      p.g[gi] = p.g_in[gi];
-      p.beta[gi] = p.beta_in[gi];
-    } else {
-      const float a = load_act(p.a, row * p.ab_stride + hv), b = load_act(p.b, row * p.ab_stride + hv);
-      p.g[gi] = log_decay(p.A_log[hv], a + p.dt_bias[hv]);
-      p.beta[gi] = sigmoid(b);
-    }
-  }
+  prep_gates(p, row, h * ratio, ratio);
 }
 
 // The chunk plan of the non-spec sequences, built on the device from non_spec_query_start_loc

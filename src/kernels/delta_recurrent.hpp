@@ -1,6 +1,6 @@
 // delta_recurrent.hpp — the token recurrence over NL state columns of one (sequence, v-head):
-// S[:, v .. v+NL-1] in registers (NL = 1: the generic kernel, any layout; NL = 16: the CPU
-// device's kv-layout variant, where the 16 columns of a state row are contiguous). Per token:
+// S[:, v .. v+NL-1] in registers (the generic kernel: NL = 1, one column per work-item, any
+// layout; the CPU device's variants, one per layout, are in delta_recurrent_cpu.cpp). Per token:
 //   S = e^g S;  u = beta (v - S^T k);  S += k u^T;  o = S^T q.
 #pragma once
 #include "delta.hpp"

@@ -7,31 +7,116 @@
 #include "delta_recurrent.hpp"
 
 #if !GDN_VK_LAYOUT
-// kv layout [.., K, V], V % 16 == 0: 16 consecutive state columns per work-item (K vectors of
-// 16), the same recurrence as the generic kernel. Global (num_seqs*HV, V/16), local (1, 1).
+// kv layout [.., K, V]: NV x 16 consecutive state columns per work-item, s[k][j] = S[k, v+16j ..].
+// The same algebra as the vk kernel below (with d = e^g: u = beta (v - d S^T k), S' = d S + k u^T,
+// o = d S^T q + u (k.q)): one read pass gives both products, one pass updates (and writes back).
+// Why NV vectors (GDN_KV_VECS): a work-item then reads and writes NV*64 contiguous bytes of each
+// of the K state rows (rows are V*4 bytes apart); with one vector (64 bytes per row, 16 columns)
+// the kv layout ran ~1.6x the vk layout's time at spec S=3 even on one thread, bound by that
+// access pattern, not by instructions. The NV column vectors are also NV independent FMA chains.
+template <int NV>
+static inline void recurrent_columns_kv(const GdnDeltaParams &p, int32_t seq, int32_t hv, int32_t v) {
+  RecurrentSeq rs;
+  if (!recurrent_seq(p, seq, &rs)) return;
+  if (rs.skip) {
+    for (int32_t l = 0; l < 16 * NV; ++l) zero_outputs(p, rs.j0, rs.len, hv, v + l);
+    return;
+  }
+  const int32_t h = hv / (p.HV / p.H);
+  vf16 s[KD][NV];
+  if (rs.init) {
+    const state_t *S = state_column(p, rs.read_slot, hv, v);
+    for (int k = 0; k < KD; ++k)
+      for (int j = 0; j < NV; ++j) s[k][j] = vload_state(S + k * p.V + 16 * j);
+  } else {
+    for (int k = 0; k < KD; ++k)
+      for (int j = 0; j < NV; ++j) s[k][j] = vf16(0.0f);
+  }
+  for (int32_t t = 0; t < rs.len; ++t) {
+    const int64_t row = global_row(p.token_indx, rs.j0 + t);
+    const float *kn = p.kn + (row * p.H + h) * KD, *qn = p.qn + (row * p.H + h) * KD;
+    const float decay = sycl::exp(p.g[row * p.HV + hv]), beta = p.beta[row * p.HV + hv];
+    const int64_t vrow = row * p.qkv_stride + p.v_offset + (int64_t)hv * p.V + v;
+    const int64_t orow = row * p.out_stride + (int64_t)hv * p.V + v;
+    float kdotq = 0.0f;
+    if (KD % 16 == 0) {
+      vf16 kq(0.0f);
+      for (int c = 0; c < KD / 16; ++c) kq += vload(kn + 16 * c) * vload(qn + 16 * c);
+      kdotq = hsum(kq);
+    } else {
+      for (int k = 0; k < KD; ++k) kdotq += kn[k] * qn[k];
+    }
+    vf16 ak[NV], aq[NV];
+    for (int j = 0; j < NV; ++j) ak[j] = aq[j] = vf16(0.0f);
+    for (int k = 0; k < KD; ++k)
+      for (int j = 0; j < NV; ++j) {
+        ak[j] += s[k][j] * kn[k];
+        aq[j] += s[k][j] * qn[k];
+      }
+    vf16 u[NV];
+    for (int j = 0; j < NV; ++j) {
+      u[j] = beta * (load_act16(p.qkv, vrow + 16 * j) - decay * ak[j]);
+      store_act16(p.out, orow + 16 * j, decay * aq[j] + u[j] * kdotq);
+    }
+    for (int k = 0; k < KD; ++k)
+      for (int j = 0; j < NV; ++j) s[k][j] = s[k][j] * decay + u[j] * kn[k];
+    const int32_t to = token_store_slot(rs, t);  // spec write-back or block checkpoint
+    if (to != p.pad_slot_id) {
+      state_t *S = state_column(p, to, hv, v);
+      for (int k = 0; k < KD; ++k) vstore_states_stream(S + k * p.V, s[k], NV);
+    }
+  }
+  if (!rs.spec) {  // nothing in this call reads it again: streaming, like the write-backs
+    state_t *S = state_column(p, rs.cols[0], hv, v);
+    for (int k = 0; k < KD; ++k) vstore_states_stream(S + k * p.V, s[k], NV);
+  }
+}
+
+// Global (num_seqs*HV, V / (16 GDN_KV_VECS)), local (1, 1): GDN_KV_VECS vectors per work-item
+// when V % (16 GDN_KV_VECS) == 0, else V/16 work-items of one vector (plan.cpp chooses alike).
 GDN_KERNEL(2) void gdn_recurrent_kv_cpu(GdnDeltaParams p) {
   const auto it = item2();
   const int32_t seq = (int32_t)(it.get_group(0) / p.HV), hv = (int32_t)(it.get_group(0) % p.HV);
-  const int32_t v = (int32_t)it.get_group(1) * 16;
-  if (seq < p.num_seqs && v < p.V) recurrent_columns<16>(p, seq, hv, v);
+  if (seq >= p.num_seqs) return;
+  if (p.V % (16 * GDN_KV_VECS) == 0) recurrent_columns_kv<GDN_KV_VECS>(p, seq, hv, (int32_t)it.get_group(1) * 16 * GDN_KV_VECS);
+  else recurrent_columns_kv<1>(p, seq, hv, (int32_t)it.get_group(1) * 16);
 }
 
 #else
-// vk layout [.., V, K], K % 16 == 0: state ROWS S[v, :] (K/16 vectors each), GDN_VK_ILV rows
-// at once. Per token and row, with d = e^g:  u = beta (v - d S.k),  S' = d S + u k,
-// o = S'.q = d S.q + u (k.q), so one read pass over the row gives both dot products (k.q is
-// shared by every row) and one pass updates it. A row's step is a chain of dependent operations
-// (dot products, horizontal sums); GDN_VK_ILV independent rows let the core overlap the chains
-// (one row at a time was latency-bound: recurrent ~6 -> ~4 ms at spec S=3 B=8 on the 2-core
-// test host).
-#define GDN_VK_ILV 8
+// vk layout [.., V, K], K % 16 == 0: a work-item owns GDN_VK_ROWS = 16 state ROWS S[v0 + r, :]
+// (K/16 vectors each). Per token and row, with d = e^g:  u = beta (v - d S.k),  S' = d S + u k,
+// o = S'.q = d S.q + u (k.q), so one read pass over the rows gives both dot products (k.q is
+// shared by every row) and one pass updates them. The 16 rows' dot products are reduced together
+// (row_sums: one vector, lane r = row r), so u, v and o are vectors too: per token ~45 shuffles
+// and adds instead of 32 horizontal sums and 16 scalar u / v / o computations.
 #define KC (KD / 16)
+static_assert(GDN_VK_ROWS == 16, "a work-item's rows are the lanes of one vector");
+
+// r[i] = the sum of a[i]'s lanes, i = 0..15, by four rounds of pairwise folding: each round adds
+// two vectors' halves into one, so lane ranges of a vector hold partial sums of several rows.
+static inline vf16 row_sums(const vf16 *a) {
+  native_vf16 w[8], x[4], y[2];
+  for (int r = 0; r < 8; ++r) {  // w[r]: lanes 0-7 partials of row r, 8-15 of row r+8
+    const native_vf16 lo = sycl::bit_cast<native_vf16>(a[r]), hi = sycl::bit_cast<native_vf16>(a[r + 8]);
+    w[r] = __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+           __builtin_shufflevector(lo, hi, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  }
+  for (int r = 0; r < 4; ++r)  // x[r]: 4 lanes each of rows r, r+4, r+8, r+12
+    x[r] = __builtin_shufflevector(w[r], w[r + 4], 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27) +
+           __builtin_shufflevector(w[r], w[r + 4], 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+  for (int r = 0; r < 2; ++r)  // y[r]: 2 lanes each of rows r, r+2, ..., r+14
+    y[r] = __builtin_shufflevector(x[r], x[r + 2], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29) +
+           __builtin_shufflevector(x[r], x[r + 2], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+  return sycl::bit_cast<vf16>(  // lane r: row r
+      __builtin_shufflevector(y[0], y[1], 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30) +
+      __builtin_shufflevector(y[0], y[1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31));
+}
+
 static inline void recurrent_rows_vk(const GdnDeltaParams &p, int32_t seq, int32_t hv, int32_t v0) {
   RecurrentSeq rs;
   if (!recurrent_seq(p, seq, &rs)) return;
   const int32_t j0 = rs.j0, len = rs.len;
-  const bool spec = rs.spec, init = rs.init;
-  const int32_t nr = sycl::min(GDN_VK_ILV, p.V - v0);  // rows of this block (the last may be short)
+  const int32_t nr = sycl::min(16, p.V - v0);  // rows of this work-item (the last may be short)
   if (rs.skip) {
     for (int32_t r = 0; r < nr; ++r) zero_outputs(p, j0, len, hv, v0 + r);
     return;
@@ -39,14 +124,14 @@ static inline void recurrent_rows_vk(const GdnDeltaParams &p, int32_t seq, int32
   const int32_t h = hv / (p.HV / p.H);
   const int64_t rows0 = (int64_t)hv * KD * p.V + (int64_t)v0 * KD;  // S[v0, 0] within a slot
   state_t *const ssm = (state_t *)p.ssm;
-  vf16 s[GDN_VK_ILV][KC];  // s[r][c] = S[v0 + r, 16c .. 16c+15]
+  vf16 s[16][KC];  // s[r][c] = S[v0 + r, 16c .. 16c+15]; rows past nr stay zero
   {
     const state_t *S = ssm + (int64_t)rs.read_slot * p.slot_stride + rows0;
-    for (int32_t r = 0; r < GDN_VK_ILV; ++r)
-      for (int c = 0; c < KC; ++c) s[r][c] = init && r < nr ? vload_state(S + r * KD + 16 * c) : vf16(0.0f);
+    for (int32_t r = 0; r < 16; ++r)
+      for (int c = 0; c < KC; ++c) s[r][c] = rs.init && r < nr ? vload_state(S + r * KD + 16 * c) : vf16(0.0f);
   }
   for (int32_t t = 0; t < len; ++t) {
-    // The same token setup as recurrent_columns'. Shared through a helper returning a struct it
+    // The same token setup as the kv kernel's. Shared through a helper returning a struct it
     // measured 1.5x slower here (the CPU device's compiler), so it is written out twice.
     const int64_t row = global_row(p.token_indx, j0 + t);
     const float *kn = p.kn + (row * p.H + h) * KD, *qn = p.qn + (row * p.H + h) * KD;
@@ -59,44 +144,40 @@ static inline void recurrent_rows_vk(const GdnDeltaParams &p, int32_t seq, int32
       q[c] = vload(qn + 16 * c);
       kq += k[c] * q[c];
     }
-    const float kdotq = hsum(kq);
-    float u[GDN_VK_ILV];
-    for (int32_t r = 0; r < GDN_VK_ILV; ++r) {
-      vf16 ak(0.0f), aq(0.0f);
+    vf16 ak[16], aq[16];
+    for (int32_t r = 0; r < 16; ++r) {
+      ak[r] = aq[r] = vf16(0.0f);
       for (int c = 0; c < KC; ++c) {
-        ak += s[r][c] * k[c];
-        aq += s[r][c] * q[c];
+        ak[r] += s[r][c] * k[c];
+        aq[r] += s[r][c] * q[c];
       }
-      u[r] = r < nr ? beta * (load_act(p.qkv, vrow + r) - decay * hsum(ak)) : 0.0f;
-      if (r < nr) store_act(p.out, orow + r, decay * hsum(aq) + u[r] * kdotq);
     }
-    for (int32_t r = 0; r < GDN_VK_ILV; ++r)
-      for (int c = 0; c < KC; ++c) s[r][c] = s[r][c] * decay + k[c] * u[r];
+    vf16 vv, u, o;
+    if (nr == 16) vv = load_act16(p.qkv, vrow);
+    else for (int32_t r = 0; r < 16; ++r) vv[r] = r < nr ? load_act(p.qkv, vrow + r) : 0.0f;
+    u = beta * (vv - decay * row_sums(ak));
+    o = decay * row_sums(aq) + u * hsum(kq);
+    if (nr == 16) store_act16(p.out, orow, o);
+    else for (int32_t r = 0; r < nr; ++r) store_act(p.out, orow + r, o[r]);
+    for (int32_t r = 0; r < 16; ++r) {
+      const float ur = u[r];
+      for (int c = 0; c < KC; ++c) s[r][c] = s[r][c] * decay + k[c] * ur;
+    }
+    // Nothing in this call reads the stored states again: streaming stores.
     const int32_t to = token_store_slot(rs, t);  // spec write-back or block checkpoint
-    if (to != p.pad_slot_id) {
-      state_t *S = ssm + (int64_t)to * p.slot_stride + rows0;
-      for (int32_t r = 0; r < nr; ++r)
-        for (int c = 0; c < KC; ++c) vstore_state_stream(S + r * KD + 16 * c, s[r][c]);
-    }
+    if (to != p.pad_slot_id)
+      for (int32_t r = 0; r < nr; ++r) vstore_states_stream(ssm + (int64_t)to * p.slot_stride + rows0 + r * KD, s[r], KC);
   }
-  if (!spec) {
-    state_t *S = ssm + (int64_t)rs.cols[0] * p.slot_stride + rows0;
-    for (int32_t r = 0; r < nr; ++r)
-      for (int c = 0; c < KC; ++c) vstore_state(S + r * KD + 16 * c, s[r][c]);
-  }
+  if (!rs.spec)
+    for (int32_t r = 0; r < nr; ++r) vstore_states_stream(ssm + (int64_t)rs.cols[0] * p.slot_stride + rows0 + r * KD, s[r], KC);
 }
 #undef KC
 
-// Global (num_seqs*HV, V / GDN_VK_ROWS rounded up), local (1, 1): GDN_VK_ROWS rows per work-item
-// (blocks of GDN_VK_ILV rows, run in turn; fewer, larger work-items keep the CPU runtime's
-// per-work-group cost small), alone in its group.
+// Global (num_seqs*HV, V / GDN_VK_ROWS rounded up), local (1, 1).
 GDN_KERNEL(2) void gdn_recurrent_vk_cpu(GdnDeltaParams p) {
-  static_assert(GDN_VK_ROWS % GDN_VK_ILV == 0, "a work-item's rows are whole blocks");
   const auto it = item2();
   const int32_t seq = (int32_t)(it.get_group(0) / p.HV), hv = (int32_t)(it.get_group(0) % p.HV);
-  for (int32_t r = 0; r < GDN_VK_ROWS && seq < p.num_seqs; r += GDN_VK_ILV) {
-    const int32_t v = (int32_t)it.get_group(1) * GDN_VK_ROWS + r;
-    if (v < p.V) recurrent_rows_vk(p, seq, hv, v);
-  }
+  const int32_t v = (int32_t)it.get_group(1) * GDN_VK_ROWS;
+  if (seq < p.num_seqs && v < p.V) recurrent_rows_vk(p, seq, hv, v);
 }
 #endif

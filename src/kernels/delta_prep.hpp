@@ -1,0 +1,44 @@
+// delta_prep.hpp — the per-row preprocessing of the gated delta rule: what the generic gdn_prep
+// (delta_prep.cpp) and the CPU device's gdn_prep_cpu (delta_prep_cpu.cpp) share.
+#pragma once
+#include "delta.hpp"
+
+// The log-decay g = -exp(A_log) * softplus(x), x = a + dt_bias, as the value of that product
+// however large or small its factors (README "Non-finite gates"). Where both factors are normal
+// f32 numbers it is their product (rounded once, as it always was): -inf when it overflows
+// (decay 0, a reset), 0 when it underflows. Elsewhere -- exp(A_log) overflowing (A_log >~ 88.7) or
+// underflowing, softplus(x) = 0 (x <~ -87) or +inf -- the product is taken in log space,
+// -exp(A_log + log softplus(x)), with log softplus(x) = x below -15 (softplus(x) = e^x (1 - e^x/2
+// ...)): A_log = 100 with a = -200 is g = -e^-100 (no decay), never 0 * inf = NaN. A factor that is
+// exactly 0 (A_log = -inf or x = -inf) gives g = 0 even against an infinite other factor. NaN in
+// gives NaN out (it stays in its sequence). pygdn/reference.py gates() is the float64 twin.
+static inline float log_decay(float A_log, float x) {
+  const float e = sycl::exp(A_log), sp = softplus(x);
+  const float lo = 1.17549435e-38f, hi = 3.40282347e38f;  // FLT_MIN, FLT_MAX: normal numbers
+  if (e >= lo && e <= hi && sp >= lo && sp <= hi) return -e * sp;  // (NaN fails every comparison)
+  if (sycl::isnan(A_log) || sycl::isnan(x)) return A_log + x;
+  if (sycl::isinf(A_log) && A_log < 0.0f) return 0.0f;
+  if (sycl::isinf(x) && x < 0.0f) return 0.0f;
+  return -sycl::exp(A_log + (x < -15.0f ? x : sycl::log(sp)));
+}
+
+// The factor a row's q (times scale) or k is multiplied by, from its sum of squares.
+static inline float l2_factor(const GdnPrepParams &p, float sum_sq) {
+  if (!p.l2norm) return 1.0f;
+  return p.l2_div ? 1.0f / (sycl::sqrt(sum_sq) + p.eps) : sycl::rsqrt(sum_sq + p.eps);
+}
+
+// The gates g, beta of v-heads hv0 .. hv0+n-1 of a row.
+static inline void prep_gates(const GdnPrepParams &p, int64_t row, int32_t hv0, int32_t n) {
+  for (int32_t hv = hv0; hv < hv0 + n; ++hv) {
+    const int64_t gi = row * p.HV + hv;
+    if (p.g_in) {
+      p.g[gi] = p.g_in[gi];
+      p.beta[gi] = p.beta_in[gi];
+    } else {
+      const float a = load_act(p.a, row * p.ab_stride + hv), b = load_act(p.b, row * p.ab_stride + hv);
+      p.g[gi] = log_decay(p.A_log[hv], a + p.dt_bias[hv]);
+      p.beta[gi] = sigmoid(b);
+    }
+  }
+}
