@@ -123,7 +123,8 @@ void plan_delta(Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b, const Ta
     p.chunk_scan = kernel(family, state_option(cfg), cpu ? "gdn_chunk_scan_cpu" : "gdn_chunk_scan");
     if (cpu) {
       shape1(p.chunk_prep, (int64_t)p.chunk_capacity * cfg.num_k_heads, 1);  // per (chunk, k-head)
-      shape2(p.chunk_scan, p.seq_capacity * HV, V / GDN_CPU_LANES, 1);
+      const int64_t cols = GDN_CPU_LANES * GDN_SCAN_BLOCKS;  // per work-item, alone in its work-group
+      shape2(p.chunk_scan, p.seq_capacity * HV, (V + cols - 1) / cols, 1);
     } else {
       shape2(p.chunk_prep, p.chunk_capacity * HV, GDN_CHUNK_SIZE, GDN_CHUNK_SIZE);
       shape2(p.chunk_scan, p.seq_capacity * HV, V, kWorkGroup);

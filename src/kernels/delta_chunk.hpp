@@ -24,6 +24,7 @@
 
 #define SCAN_RB 4  // chunk_scan register blocking: rows of W / q per pass
 #define SCAN_KB 8  // and state rows per pass of the state update
+#define SCAN_CB 2  // and 16-column blocks per pass in the CPU variant (GDN_SCAN_BLOCKS per work-item)
 
 static inline int64_t chunk_pos(const GdnDeltaParams &p, int32_t hv, int32_t c) {
   return ((int64_t)hv * p.chunk_capacity + c) * GDN_CHUNK_SIZE;
@@ -46,91 +47,142 @@ static inline void store_state_columns(const GdnDeltaParams &p, int32_t slot, in
   }
 }
 
-// The chunk scan over NL state columns per work-item (Lanes<NL>, common.hpp): one body, so the
-// generic (NL = 1) and CPU (NL = 16) kernels carry the same algorithm.
-template <int NL>
-static inline void chunk_scan_body(const GdnDeltaParams &p, int32_t e, int32_t hv, int32_t v) {
+// One chunk for CB blocks of NL state columns, block b at columns v[b] .. v[b]+NL-1 with
+// s[b][k] = S[k, v[b] ..] (updated in place); blocks b >= cb repeat block cb-1: computed, not stored.
+//   u = U - W S,  o = d (q S) + Aqk u,  S = d_last S + K^T (D[last][.] u).
+// up and qs are scratch of GDN_CHUNK_SIZE rows per block. Every product is blocked so that
+// CB x SCAN_RB (rows) or CB x SCAN_KB (state rows) independent accumulators are in flight: one
+// accumulator per dot product left the CPU device waiting on the FMA latency, and each load
+// (a state or u vector, a broadcast of W, q, Aqk or k) now feeds several FMAs.
+template <int NL, int CB>
+static inline void chunk_scan_columns(const GdnDeltaParams &p, int64_t pos, int32_t jfirst, int32_t len,
+                                      const int64_t *qk_off, int32_t hv, const int32_t *v, int32_t cb,
+                                      typename Lanes<NL>::T *const *s, typename Lanes<NL>::T (*up)[GDN_CHUNK_SIZE],
+                                      typename Lanes<NL>::T (*qs)[GDN_CHUNK_SIZE]) {
+  typedef Lanes<NL> L;
+  typedef typename L::T lane_t;
+  const float *dstart = p.chunk_dstart + pos, *dend = p.chunk_dend + pos;
+  for (int32_t i0 = 0; i0 < len; i0 += SCAN_RB) {  // u = U - W S and q S, SCAN_RB rows at a time
+    const float *w[SCAN_RB], *qi[SCAN_RB];
+    for (int r = 0; r < SCAN_RB; ++r) {  // rows past len repeat row i0: computed, not stored
+      const int32_t i = i0 + r < len ? i0 + r : i0;
+      w[r] = p.chunk_w + (pos + i) * KD;
+      qi[r] = p.qn + qk_off[i];
+    }
+    lane_t ws[CB][SCAN_RB], q_s[CB][SCAN_RB];
+    for (int b = 0; b < CB; ++b)
+      for (int r = 0; r < SCAN_RB; ++r) ws[b][r] = q_s[b][r] = lane_t(0.0f);
+    for (int k = 0; k < KD; ++k) {
+      lane_t sk[CB];
+      for (int b = 0; b < CB; ++b) sk[b] = s[b][k];
+      for (int r = 0; r < SCAN_RB; ++r) {
+        const float wk = w[r][k], qk = qi[r][k];
+        for (int b = 0; b < CB; ++b) {
+          ws[b][r] += sk[b] * wk;
+          q_s[b][r] += sk[b] * qk;
+        }
+      }
+    }
+    for (int b = 0; b < CB; ++b)
+      for (int r = 0; r < SCAN_RB && i0 + r < len; ++r) {
+        up[b][i0 + r] = L::load(p.chunk_u + (pos + i0 + r) * p.V + v[b]) - ws[b][r];
+        qs[b][i0 + r] = q_s[b][r];
+      }
+  }
+  for (int32_t i0 = 0; i0 < len; i0 += SCAN_RB) {  // o = d (q S) + Aqk u (Aqk is 0 above the diagonal)
+    const int32_t nr = sycl::min(SCAN_RB, len - i0);
+    lane_t o[CB][SCAN_RB];
+    const float *aqk[SCAN_RB];
+    for (int r = 0; r < SCAN_RB; ++r) {
+      const int32_t i = r < nr ? i0 + r : i0;
+      for (int b = 0; b < CB; ++b) o[b][r] = dstart[i] * qs[b][i];
+      aqk[r] = p.chunk_aqk + (pos + i) * GDN_CHUNK_SIZE;
+    }
+    for (int32_t j = 0; j < i0 + nr; ++j) {
+      lane_t uj[CB];
+      for (int b = 0; b < CB; ++b) uj[b] = up[b][j];
+      for (int r = 0; r < SCAN_RB; ++r) {
+        const float a = aqk[r][j];
+        for (int b = 0; b < CB; ++b) o[b][r] += a * uj[b];
+      }
+    }
+    for (int r = 0; r < nr; ++r) {
+      const int64_t at = global_row(p.token_indx, jfirst + i0 + r) * p.out_stride + (int64_t)hv * p.V;
+      for (int b = 0; b < cb; ++b) L::store_act(p.out, at + v[b], o[b][r]);
+    }
+  }
+  const float dlast = dstart[len - 1];  // S = d_last S + K^T (D[last][.] u)
+  for (int32_t j = 0; j < len; ++j)
+    for (int b = 0; b < CB; ++b) up[b][j] *= dend[j];
+  for (int k0 = 0; k0 < KD; k0 += SCAN_KB) {
+    lane_t acc[CB][SCAN_KB];
+    for (int b = 0; b < CB; ++b)
+      for (int kk = 0; kk < SCAN_KB; ++kk) acc[b][kk] = k0 + kk < KD ? s[b][k0 + kk] * dlast : lane_t(0.0f);
+    for (int32_t j = 0; j < len; ++j) {
+      lane_t uj[CB];
+      for (int b = 0; b < CB; ++b) uj[b] = up[b][j];
+      const float *kj = p.kn + qk_off[j] + k0;
+      for (int kk = 0; kk < SCAN_KB && k0 + kk < KD; ++kk) {
+        const float x = kj[kk];
+        for (int b = 0; b < CB; ++b) acc[b][kk] += uj[b] * x;
+      }
+    }
+    for (int b = 0; b < cb; ++b)
+      for (int kk = 0; kk < SCAN_KB && k0 + kk < KD; ++kk) s[b][k0 + kk] = acc[b][kk];
+  }
+}
+
+// The chunk scan of one (sequence, v-head) over NB blocks of NL state columns from v0 on
+// (Lanes<NL>, common.hpp), CB blocks per pass: one body, so the generic (NL = NB = CB = 1) and CPU
+// (NL = 16) kernels carry the same algorithm. The blocks are walked INSIDE the chunk loop: a
+// chunk's W, q, k and Aqk (~112 KiB per v-head at K = 128) are read from memory once and reused
+// from the cache by every block. A work-item per block each walking the whole sequence alone
+// re-read them per block, from DRAM once a sequence's chunk data outgrew the caches (README
+// "Where the time goes").
+template <int NL, int NB, int CB>
+static inline void chunk_scan_body(const GdnDeltaParams &p, int32_t e, int32_t hv, int32_t v0) {
   typedef Lanes<NL> L;
   typedef typename L::T lane_t;
   const int32_t *st = p.seq_table + (int64_t)e * GDN_TABLE_INTS;
   const int32_t seq = st[0], c0 = st[1], nc = st[2];
   if (nc == 0) return;  // an unused row of the table
+  const int32_t nb = sycl::min(NB, (p.V - v0) / NL);  // the last group may hold fewer blocks
   const SeqSlots ss = seq_slots(p, seq, false);
   const int32_t j0 = p.query_start_loc[seq];
   if (ss.skip) {
     const int32_t len = p.query_start_loc[seq + 1] - j0;
-    for (int32_t l = 0; l < NL; ++l) zero_outputs(p, j0, len, hv, v + l);
+    for (int32_t l = 0; l < nb * NL; ++l) zero_outputs(p, j0, len, hv, v0 + l);
     return;
   }
   const int32_t h = hv / (p.HV / p.H);
   Checkpoints ckpt = checkpoints(p.slots, seq, ss.start, 0, p.pad_slot_id);
-  lane_t s[KD];  // s[k] = S[k, v .. v+NL-1]
-  for (int32_t l = 0; l < NL; ++l) {
-    const state_t *S = state_column(p, ss.read_slot, hv, v + l);
-    for (int k = 0; k < KD; ++k) L::at(s[k], l) = ss.init ? load_state(S + k * K_STRIDE) : 0.0f;
-  }
-  // Every product below is blocked so that SCAN_RB (rows) or SCAN_KB (state rows) independent
-  // accumulators are in flight: one accumulator per dot product left the CPU device waiting on
-  // the FMA latency, and each s[k] / up[j] load now feeds several FMAs.
-  lane_t up[GDN_CHUNK_SIZE], qs[GDN_CHUNK_SIZE];
+  lane_t s[NB][KD];  // s[b][k] = S[k, v0 + b NL .. v0 + (b+1) NL - 1]
+  for (int32_t b = 0; b < nb; ++b)
+    for (int32_t l = 0; l < NL; ++l) {
+      const state_t *S = state_column(p, ss.read_slot, hv, v0 + b * NL + l);
+      for (int k = 0; k < KD; ++k) L::at(s[b][k], l) = ss.init ? load_state(S + k * K_STRIDE) : 0.0f;
+    }
+  lane_t up[CB][GDN_CHUNK_SIZE], qs[CB][GDN_CHUNK_SIZE];
   int64_t qk_off[GDN_CHUNK_SIZE];  // offset of row i's q and k (qn and kn share the layout)
   for (int32_t c = c0; c < c0 + nc; ++c) {
     const int32_t jfirst = p.chunk_table[(int64_t)c * GDN_TABLE_INTS + 1], len = p.chunk_table[(int64_t)c * GDN_TABLE_INTS + 2];
     const int64_t pos = chunk_pos(p, hv, c);
-    const float *dstart = p.chunk_dstart + pos, *dend = p.chunk_dend + pos;
     for (int32_t i = 0; i < len; ++i) qk_off[i] = (global_row(p.token_indx, jfirst + i) * p.H + h) * KD;
-    for (int32_t i0 = 0; i0 < len; i0 += SCAN_RB) {  // u = U - W S and q S, SCAN_RB rows at a time
-      const float *w[SCAN_RB], *qi[SCAN_RB];
-      for (int r = 0; r < SCAN_RB; ++r) {  // rows past len repeat row i0: computed, not stored
-        const int32_t i = i0 + r < len ? i0 + r : i0;
-        w[r] = p.chunk_w + (pos + i) * KD;
-        qi[r] = p.qn + qk_off[i];
+    for (int32_t b0 = 0; b0 < nb; b0 += CB) {
+      const int32_t cb = sycl::min(CB, nb - b0);
+      lane_t *sb[CB];
+      int32_t vb[CB];
+      for (int b = 0; b < CB; ++b) {
+        const int32_t bb = b0 + (b < cb ? b : cb - 1);
+        sb[b] = s[bb];
+        vb[b] = v0 + bb * NL;
       }
-      lane_t ws[SCAN_RB], q_s[SCAN_RB];
-      for (int r = 0; r < SCAN_RB; ++r) ws[r] = q_s[r] = lane_t(0.0f);
-      for (int k = 0; k < KD; ++k) {
-        const lane_t sk = s[k];
-        for (int r = 0; r < SCAN_RB; ++r) {
-          ws[r] += sk * w[r][k];
-          q_s[r] += sk * qi[r][k];
-        }
-      }
-      for (int r = 0; r < SCAN_RB && i0 + r < len; ++r) {
-        up[i0 + r] = L::load(p.chunk_u + (pos + i0 + r) * p.V + v) - ws[r];
-        qs[i0 + r] = q_s[r];
-      }
-    }
-    for (int32_t i0 = 0; i0 < len; i0 += SCAN_RB) {  // o = d (q S) + Aqk u (Aqk is 0 above the diagonal)
-      const int32_t nr = sycl::min(SCAN_RB, len - i0);
-      lane_t o[SCAN_RB];
-      const float *aqk[SCAN_RB];
-      for (int r = 0; r < SCAN_RB; ++r) {
-        const int32_t i = r < nr ? i0 + r : i0;
-        o[r] = dstart[i] * qs[i];
-        aqk[r] = p.chunk_aqk + (pos + i) * GDN_CHUNK_SIZE;
-      }
-      for (int32_t j = 0; j < i0 + nr; ++j) {
-        const lane_t uj = up[j];
-        for (int r = 0; r < SCAN_RB; ++r) o[r] += aqk[r][j] * uj;
-      }
-      for (int r = 0; r < nr; ++r)
-        L::store_act(p.out, global_row(p.token_indx, jfirst + i0 + r) * p.out_stride + (int64_t)hv * p.V + v, o[r]);
-    }
-    const float dlast = dstart[len - 1];  // S = d_last S + K^T (D[last][.] u)
-    for (int32_t j = 0; j < len; ++j) up[j] *= dend[j];
-    for (int k0 = 0; k0 < KD; k0 += SCAN_KB) {
-      lane_t acc[SCAN_KB];
-      for (int kk = 0; kk < SCAN_KB; ++kk) acc[kk] = k0 + kk < KD ? s[k0 + kk] * dlast : lane_t(0.0f);
-      for (int32_t j = 0; j < len; ++j) {
-        const lane_t uj = up[j];
-        const float *kj = p.kn + qk_off[j] + k0;
-        for (int kk = 0; kk < SCAN_KB && k0 + kk < KD; ++kk) acc[kk] += uj * kj[kk];
-      }
-      for (int kk = 0; kk < SCAN_KB && k0 + kk < KD; ++kk) s[k0 + kk] = acc[kk];
+      chunk_scan_columns<NL, CB>(p, pos, jfirst, len, qk_off, hv, vb, cb, sb, up, qs);
     }
     // A block checkpoint is always a chunk end (gdn_chunk_plan aligns the chunks to it).
     const int32_t ck = ckpt.after(jfirst + len - 1 - j0);
-    if (ck != p.pad_slot_id) store_state_columns<NL>(p, ck, hv, v, s);
+    if (ck != p.pad_slot_id)
+      for (int32_t b = 0; b < nb; ++b) store_state_columns<NL>(p, ck, hv, v0 + b * NL, s[b]);
   }
-  store_state_columns<NL>(p, ss.cols[0], hv, v, s);
+  for (int32_t b = 0; b < nb; ++b) store_state_columns<NL>(p, ss.cols[0], hv, v0 + b * NL, s[b]);
 }

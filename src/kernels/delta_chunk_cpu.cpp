@@ -19,20 +19,22 @@ GDN_KERNEL(1) void gdn_chunk_prep_cpu(GdnDeltaParams p) {
   if (len == 0) return;  // an unused row of the table
   int64_t rows[GDN_CHUNK_SIZE];
   for (int32_t i = 0; i < len; ++i) rows[i] = global_row(p.token_indx, jfirst + i);
+  // The chunk's k rows, contiguous. In kn a head's rows lie H*K floats apart (8 KiB at H = 16, K =
+  // 128): the same few L1 sets for every row, so the W loop below, which walks all rows for each
+  // row, missed L1 on its k loads.
+  vf16 kc[GDN_CHUNK_SIZE][KV16];
+  for (int32_t i = 0; i < len; ++i)
+    for (int cc = 0; cc < KV16; ++cc) kc[i][cc] = vload(p.kn + (rows[i] * p.H + h) * KD + 16 * cc);
   float KK[GDN_CHUNK_SIZE][GDN_CHUNK_SIZE], QK[GDN_CHUNK_SIZE][GDN_CHUNK_SIZE];  // k_i.k_j (j < i) and q_i.k_j (j <= i)
   for (int32_t i = 0; i < len; ++i) {
-    const float *ki = p.kn + (rows[i] * p.H + h) * KD, *qi = p.qn + (rows[i] * p.H + h) * KD;
-    vf16 kv[KV16], qv[KV16];
-    for (int cc = 0; cc < KV16; ++cc) {
-      kv[cc] = vload(ki + 16 * cc);
-      qv[cc] = vload(qi + 16 * cc);
-    }
+    const float *qi = p.qn + (rows[i] * p.H + h) * KD;
+    vf16 qv[KV16];
+    for (int cc = 0; cc < KV16; ++cc) qv[cc] = vload(qi + 16 * cc);
     for (int32_t j = 0; j <= i; ++j) {
-      const float *kj = p.kn + (rows[j] * p.H + h) * KD;
       vf16 dk(0.0f), dq(0.0f);
       for (int cc = 0; cc < KV16; ++cc) {
-        const vf16 x = vload(kj + 16 * cc);
-        dk += kv[cc] * x;
+        const vf16 x = kc[j][cc];
+        dk += kc[i][cc] * x;
         dq += qv[cc] * x;
       }
       KK[i][j] = hsum(dk);
@@ -46,7 +48,7 @@ GDN_KERNEL(1) void gdn_chunk_prep_cpu(GdnDeltaParams p) {
     const int64_t pos = chunk_pos(p, hv, c);
     // P, R and d of delta_chunk.hpp ("Decays and resets"): cumulative g without the resets, the
     // last reset at or before each row, the decay from the chunk's initial state.
-    float P[GDN_CHUNK_SIZE], B[GDN_CHUNK_SIZE], D[GDN_CHUNK_SIZE], cu[GDN_CHUNK_SIZE];
+    float P[GDN_CHUNK_SIZE], B[GDN_CHUNK_SIZE], D[GDN_CHUNK_SIZE];
     int32_t R[GDN_CHUNK_SIZE];
     float acc = 0.0f;
     int32_t last_reset = -1;
@@ -75,52 +77,67 @@ GDN_KERNEL(1) void gdn_chunk_prep_cpu(GdnDeltaParams p) {
       }
       for (int32_t j = i + 1; j < GDN_CHUNK_SIZE; ++j) aqk[j] = 0.0f;  // chunk_scan reads row blocks past the diagonal
     }
-    // T = (I + A)^-1 row by row: T[r] = e_r - sum_{l<r} A[r][l] T[l], rows as 64-wide vectors.
+    // T = (I + A)^-1 row by row: T[r] = e_r - sum_{l<r} A[r][l] T[l], rows as 64-wide vectors,
+    // the sum over l in two halves (even, odd l): one chain of r dependent FMAs per row was the
+    // kernel's latency bound.
     vf16 T[GDN_CHUNK_SIZE][GDN_CHUNK_SIZE / 16];
     for (int32_t rr = 0; rr < len; ++rr) {
-      vf16 t[GDN_CHUNK_SIZE / 16];
-      for (int q = 0; q < GDN_CHUNK_SIZE / 16; ++q) t[q] = vf16(0.0f);
+      vf16 t[GDN_CHUNK_SIZE / 16], t1[GDN_CHUNK_SIZE / 16];
+      for (int q = 0; q < GDN_CHUNK_SIZE / 16; ++q) t[q] = t1[q] = vf16(0.0f);
       t[rr / 16][rr % 16] = 1.0f;
-      for (int32_t l = 0; l < rr; ++l) {
-        const float a = A[rr][l];
-        for (int q = 0; q < GDN_CHUNK_SIZE / 16; ++q) t[q] -= a * T[l][q];
+      int32_t l = 0;
+      for (; l + 1 < rr; l += 2) {
+        const float a = A[rr][l], a1 = A[rr][l + 1];
+        for (int q = 0; q < GDN_CHUNK_SIZE / 16; ++q) {
+          t[q] -= a * T[l][q];
+          t1[q] -= a1 * T[l + 1][q];
+        }
       }
-      for (int q = 0; q < GDN_CHUNK_SIZE / 16; ++q) T[rr][q] = t[q];
+      if (l < rr)
+        for (int q = 0; q < GDN_CHUNK_SIZE / 16; ++q) t[q] -= A[rr][l] * T[l][q];
+      for (int q = 0; q < GDN_CHUNK_SIZE / 16; ++q) T[rr][q] = t[q] + t1[q];
     }
-    // W = T (beta d K), U = T (beta V), row by row; the j loops carry KV16 (W) and up to
-    // PREP_VB (U) independent vector accumulators.
-    const int64_t vcol = vcol0 + (int64_t)hv * p.V;
+    // W = T (beta d K), U = T (beta V), row by row; the j loops carry KV16 (W) and PREP_VB (U)
+    // independent vector accumulators.
     for (int32_t i = 0; i < len; ++i) {
       vf16 w[KV16];
       for (int cc = 0; cc < KV16; ++cc) w[cc] = vf16(0.0f);
       for (int32_t j = 0; j <= i; ++j) {
-        cu[j] = T[i][j / 16][j % 16] * B[j];
-        const float cw = cu[j] * D[j];
-        const float *kj = p.kn + (rows[j] * p.H + h) * KD;
-        for (int cc = 0; cc < KV16; ++cc) w[cc] += cw * vload(kj + 16 * cc);
+        const float cw = T[i][j / 16][j % 16] * B[j] * D[j];
+        for (int cc = 0; cc < KV16; ++cc) w[cc] += cw * kc[j][cc];
       }
       float *wout = p.chunk_w + (pos + i) * KD;
       for (int cc = 0; cc < KV16; ++cc) vstore(wout + 16 * cc, w[cc]);
-      float *uout = p.chunk_u + (pos + i) * p.V;
-      for (int32_t vb0 = 0; vb0 < p.V; vb0 += 16 * PREP_VB) {
-        const int32_t nb = sycl::min(PREP_VB, (p.V - vb0) / 16);
+    }
+    // U per pass of PREP_VB column blocks, from the chunk's v rows widened once into vc
+    // (contiguous, as kc; zeros past V).
+    const int64_t vcol = vcol0 + (int64_t)hv * p.V;
+    for (int32_t vb0 = 0; vb0 < p.V; vb0 += 16 * PREP_VB) {
+      const int32_t nb = sycl::min(PREP_VB, (p.V - vb0) / 16);
+      vf16 vc[GDN_CHUNK_SIZE][PREP_VB];
+      for (int32_t j = 0; j < len; ++j)
+        for (int q = 0; q < PREP_VB; ++q)
+          vc[j][q] = q < nb ? load_act16(p.qkv, rows[j] * p.qkv_stride + vcol + vb0 + 16 * q) : vf16(0.0f);
+      for (int32_t i = 0; i < len; ++i) {
         vf16 u[PREP_VB];
         for (int q = 0; q < PREP_VB; ++q) u[q] = vf16(0.0f);
         for (int32_t j = 0; j <= i; ++j) {
-          const int64_t at = rows[j] * p.qkv_stride + vcol + vb0;
-          for (int q = 0; q < PREP_VB; ++q)
-            if (q < nb) u[q] += cu[j] * load_act16(p.qkv, at + 16 * q);
+          const float cu = T[i][j / 16][j % 16] * B[j];
+          for (int q = 0; q < PREP_VB; ++q) u[q] += cu * vc[j][q];
         }
+        float *uout = p.chunk_u + (pos + i) * p.V;
         for (int q = 0; q < nb; ++q) vstore(uout + vb0 + 16 * q, u[q]);
       }
     }
   }
 }
 
-// Global: (seq_capacity*HV, V/16), local (1, 1): a work-item carries 16 state columns.
+// Global: (seq_capacity*HV, V/16 / GDN_SCAN_BLOCKS rounded up), local (1, 1): a work-item carries
+// GDN_SCAN_BLOCKS blocks of 16 state columns (all of a v-head's at V = 128, 64 KiB of f32 state)
+// and walks them inside the chunk loop (delta_chunk.hpp, chunk_scan_body).
 GDN_KERNEL(2) void gdn_chunk_scan_cpu(GdnDeltaParams p) {
   const auto it = item2();
   const int32_t e = (int32_t)(it.get_group(0) / p.HV), hv = (int32_t)(it.get_group(0) % p.HV);
-  const int32_t v = (int32_t)it.get_group(1) * 16;
-  if (e < p.seq_capacity && v < p.V) chunk_scan_body<16>(p, e, hv, v);
+  const int32_t v0 = (int32_t)it.get_group(1) * 16 * GDN_SCAN_BLOCKS;
+  if (e < p.seq_capacity && v0 < p.V) chunk_scan_body<16, GDN_SCAN_BLOCKS, SCAN_CB>(p, e, hv, v0);
 }

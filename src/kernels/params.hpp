@@ -26,6 +26,7 @@ enum {
   GDN_CONV_SPEC_BLOCKS = 8,  // gdn_conv_spec_cpu: 16-channel blocks per work-item
   GDN_VK_ROWS = 16,          // gdn_recurrent_vk_cpu: state rows per work-item (one vector's lanes)
   GDN_KV_VECS = 4,           // gdn_recurrent_kv_cpu: 16-column vectors per work-item (V % 64 == 0)
+  GDN_SCAN_BLOCKS = 8,       // gdn_chunk_scan_cpu: 16-column state blocks per work-item (V = 128 in one)
   GDN_CONV_TILE_CPU = 64,    // gdn_conv_non_spec_cpu: tokens per time tile
   GDN_CONV_TILE = 16         // gdn_conv_non_spec (GPUs): shorter tiles, more work-items (untuned)
 };
