@@ -15,8 +15,8 @@ QUIET_SHARE = 0.05    # before a case, wait (within a time budget) for other pro
 
 class CpuWatch:
     """How much of the machine's CPU time went to OTHER processes over an interval (from
-    /proc/stat minus the rusage of this process and its children): a benchmark sharing 2 cores with other work
-    measures that work too, so rows with a high share are flagged."""
+    /proc/stat minus the rusage of this process and its children): a benchmark sharing 2 cores
+    with other work measures that work too, so rows with a high share are flagged."""
 
     def __init__(self):
         self.t, self.busy, self.own = time.perf_counter(), self._busy(), self._own()
