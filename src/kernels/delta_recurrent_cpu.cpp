@@ -77,9 +77,11 @@ static inline void recurrent_columns_kv(const GdnDeltaParams &p, int32_t seq, in
 GDN_KERNEL(2) void gdn_recurrent_kv_cpu(GdnDeltaParams p) {
   const auto it = item2();
   const int32_t seq = (int32_t)(it.get_group(0) / p.HV), hv = (int32_t)(it.get_group(0) % p.HV);
-  if (seq >= p.num_seqs) return;
-  if (p.V % (16 * GDN_KV_VECS) == 0) recurrent_columns_kv<GDN_KV_VECS>(p, seq, hv, (int32_t)it.get_group(1) * 16 * GDN_KV_VECS);
-  else recurrent_columns_kv<1>(p, seq, hv, (int32_t)it.get_group(1) * 16);
+  const bool wide = p.V % (16 * GDN_KV_VECS) == 0;
+  const int32_t v = (int32_t)it.get_group(1) * 16 * (wide ? GDN_KV_VECS : 1);
+  if (seq >= p.num_seqs || v >= p.V) return;
+  if (wide) recurrent_columns_kv<GDN_KV_VECS>(p, seq, hv, v);
+  else recurrent_columns_kv<1>(p, seq, hv, v);
 }
 
 #else
