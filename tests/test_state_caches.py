@@ -342,28 +342,31 @@ def test_state_caches_in_one_mixed_batch(queue, monkeypatch, kernels, ssm_layout
     a 300-token prefill of a request holding 100 tokens (not a multiple of 64) reading slot 1 and
     storing a checkpoint every 64 tokens (5 boundaries, the third not stored), a 70-token prefill
     from position 0 with one checkpoint and has_initial_state = 0, a decode whose token completes
-    a block (its checkpoint is its own write slot), a decode reading slot 1 too, a padded decode,
-    and spec sequences: one reading slot 1 explicitly, one reading its own second write slot."""
+    a block (its checkpoint is its own write slot), a decode reading slot 1 too, a decode in place
+    whose token completes a block stored to another slot (the CPU kernels store in place with
+    plain stores, elsewhere streaming), a padded decode, and spec sequences: one reading slot 1
+    explicitly, one reading its own second write slot."""
     if kernels == "generic":
         monkeypatch.setenv("GDN_XPU_GENERIC_KERNELS", "1")
     rng = np.random.default_rng(190)
     cfg = config(40, state_dtype, ssm_layout, "rolled")
     layer = Layer(queue, rng, cfg)
-    lens = [300, 70, 1, 1, 1]
+    lens = [300, 70, 1, 1, 1, 1]
     qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
     T_ns, s_lens = int(qsl[-1]), [3, 2]
     T = T_ns + sum(s_lens)
     rows = rng.permutation(T).astype(np.int32)
-    ckpt = np.full((5, 5), PAD, np.int32)
+    ckpt = np.full((6, 5), PAD, np.int32)
     ckpt[0] = [10, 11, PAD, 12, 13]
     ckpt[1, 0] = 14
     ckpt[2, 0] = 4  # the decode's own write slot: its boundary is its last token
-    meta = dict(num_prefills=2, num_decodes=3, num_spec_decodes=2, num_spec=2, num_actual_tokens=T,
+    ckpt[4, 0] = 15  # the in-place decode's boundary
+    meta = dict(num_prefills=2, num_decodes=4, num_spec_decodes=2, num_spec=2, num_actual_tokens=T,
                 non_spec_token_count=T_ns, spec_token_count=T - T_ns, non_spec_query_start_loc=qsl,
-                non_spec_state_indices=np.array([2, 3, 4, 5, PAD], np.int32),
-                non_spec_read_state_indices=np.array([1, 3, 4, 1, PAD], np.int32),
-                non_spec_start_pos=np.array([100, 0, 127, 9, 0], np.int32),
-                has_initial_state=np.array([1, 0, 1, 1, 1], np.uint8), non_spec_token_indx=rows[:T_ns].copy(),
+                non_spec_state_indices=np.array([2, 3, 4, 5, 6, PAD], np.int32),
+                non_spec_read_state_indices=np.array([1, 3, 4, 1, 6, PAD], np.int32),
+                non_spec_start_pos=np.array([100, 0, 127, 9, 191, 0], np.int32),
+                has_initial_state=np.array([1, 0, 1, 1, 1, 1], np.uint8), non_spec_token_indx=rows[:T_ns].copy(),
                 checkpoint_interval=64, checkpoint_cols=5, checkpoint_state_indices=ckpt,
                 spec_query_start_loc=np.array([0, 3, 5], np.int32),
                 spec_state_indices=np.array([[20, 21, 22], [23, 24, 25]], np.int32),

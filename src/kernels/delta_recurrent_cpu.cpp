@@ -6,6 +6,11 @@
 // kernels").
 #include "delta_recurrent.hpp"
 
+// Whether a store of this walk's state to slot `to` streams: not when it is in place, to the slot
+// the walk read its initial state from, whose lines are still in this core's caches
+// (vstore_states: plain stores there).
+static inline bool streaming_to(const RecurrentSeq &rs, int32_t to) { return !(rs.init && to == rs.read_slot); }
+
 #if !GDN_VK_LAYOUT
 // kv layout [.., K, V]: NV x 16 consecutive state columns per work-item, s[k][j] = S[k, v+16j ..].
 // The same algebra as the vk kernel below (with d = e^g: u = beta (v - d S^T k), S' = d S + k u^T,
@@ -14,6 +19,44 @@
 // of the K state rows (rows are V*4 bytes apart); with one vector (64 bytes per row, 16 columns)
 // the kv layout ran ~1.6x the vk layout's time at spec S=3 even on one thread, bound by that
 // access pattern, not by instructions. The NV column vectors are also NV independent FMA chains.
+// One token (a decode step): the work-item's K x 16 NV state block (32 KB at K = 128, NV = 4) is
+// read twice, once for the two products and once more from this core's caches for the update and
+// its store, instead of being held in registers (it spilled through the stack).
+template <int NV>
+static inline void single_token_columns_kv(const GdnDeltaParams &p, RecurrentSeq &rs, int32_t hv, int32_t v, int32_t h) {
+  const state_t *S = state_column(p, rs.read_slot, hv, v);  // read only when rs.init
+  const int64_t row = global_row(p.token_indx, rs.j0);
+  const float *kn = p.kn + (row * p.H + h) * KD, *qn = p.qn + (row * p.H + h) * KD;
+  const float decay = sycl::exp(p.g[row * p.HV + hv]), beta = p.beta[row * p.HV + hv];
+  const int64_t vrow = row * p.qkv_stride + p.v_offset + (int64_t)hv * p.V + v;
+  const int64_t orow = row * p.out_stride + (int64_t)hv * p.V + v;
+  float kdotq = 0.0f;
+  for (int k = 0; k < KD; ++k) kdotq += kn[k] * qn[k];
+  vf16 ak[NV], aq[NV], u[NV];
+  for (int j = 0; j < NV; ++j) ak[j] = aq[j] = vf16(0.0f);
+  if (rs.init)
+    for (int k = 0; k < KD; ++k)
+      for (int j = 0; j < NV; ++j) {
+        const vf16 x = vload_state(S + k * p.V + 16 * j);
+        ak[j] += x * kn[k];
+        aq[j] += x * qn[k];
+      }
+  for (int j = 0; j < NV; ++j) {
+    u[j] = beta * (load_act16(p.qkv, vrow + 16 * j) - decay * ak[j]);
+    store_act16(p.out, orow + 16 * j, decay * aq[j] + u[j] * kdotq);
+  }
+  const int32_t to = token_store_slot(rs, 0), last = rs.spec ? p.pad_slot_id : rs.cols[0];
+  state_t *const A = to != p.pad_slot_id ? state_column(p, to, hv, v) : nullptr;
+  state_t *const B = last != p.pad_slot_id ? state_column(p, last, hv, v) : nullptr;
+  const bool stream_a = streaming_to(rs, to), stream_b = streaming_to(rs, last);
+  for (int k = 0; k < KD; ++k) {
+    vf16 x[NV];
+    for (int j = 0; j < NV; ++j) x[j] = (rs.init ? vload_state(S + k * p.V + 16 * j) * decay : vf16(0.0f)) + u[j] * kn[k];
+    if (A) vstore_states(A + k * p.V, x, NV, stream_a);
+    if (B) vstore_states(B + k * p.V, x, NV, stream_b);
+  }
+}
+
 template <int NV>
 static inline void recurrent_columns_kv(const GdnDeltaParams &p, int32_t seq, int32_t hv, int32_t v) {
   RecurrentSeq rs;
@@ -23,6 +66,7 @@ static inline void recurrent_columns_kv(const GdnDeltaParams &p, int32_t seq, in
     return;
   }
   const int32_t h = hv / (p.HV / p.H);
+  if (rs.len == 1) return single_token_columns_kv<NV>(p, rs, hv, v, h);
   vf16 s[KD][NV];
   if (rs.init) {
     const state_t *S = state_column(p, rs.read_slot, hv, v);
@@ -63,12 +107,12 @@ static inline void recurrent_columns_kv(const GdnDeltaParams &p, int32_t seq, in
     const int32_t to = token_store_slot(rs, t);  // spec write-back or block checkpoint
     if (to != p.pad_slot_id) {
       state_t *S = state_column(p, to, hv, v);
-      for (int k = 0; k < KD; ++k) vstore_states_stream(S + k * p.V, s[k], NV);
+      for (int k = 0; k < KD; ++k) vstore_states(S + k * p.V, s[k], NV, streaming_to(rs, to));
     }
   }
-  if (!rs.spec) {  // nothing in this call reads it again: streaming, like the write-backs
+  if (!rs.spec) {  // nothing in this call reads it again: streaming (unless in place), like the write-backs
     state_t *S = state_column(p, rs.cols[0], hv, v);
-    for (int k = 0; k < KD; ++k) vstore_states_stream(S + k * p.V, s[k], NV);
+    for (int k = 0; k < KD; ++k) vstore_states(S + k * p.V, s[k], NV, streaming_to(rs, rs.cols[0]));
   }
 }
 
@@ -114,6 +158,58 @@ static inline vf16 row_sums(const vf16 *a) {
       __builtin_shufflevector(y[0], y[1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31));
 }
 
+// One token (a decode step): the state rows are read twice, once for the two dot products and once
+// more (from this core's caches by then) for the update and its store, instead of being held in
+// registers: 16 rows of K = 128 are 128 vectors, four times the register file, and the copy the
+// compiler kept on the stack cost a store and two loads per vector (with the in-place plain
+// stores, decode B=8 here: recurrent kernel 1.5 -> 0.9-1.3 ms, B=1 0.33 -> 0.14 ms).
+static inline void single_token_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, int32_t hv, int32_t v0,
+                                        int32_t nr, int32_t h, int64_t rows0) {
+  state_t *const ssm = (state_t *)p.ssm;
+  const state_t *S = ssm + (int64_t)rs.read_slot * p.slot_stride + rows0;  // read only when rs.init
+  const int64_t row = global_row(p.token_indx, rs.j0);
+  const float *kn = p.kn + (row * p.H + h) * KD, *qn = p.qn + (row * p.H + h) * KD;
+  const float decay = sycl::exp(p.g[row * p.HV + hv]), beta = p.beta[row * p.HV + hv];
+  const int64_t vrow = row * p.qkv_stride + p.v_offset + (int64_t)hv * p.V + v0;
+  const int64_t orow = row * p.out_stride + (int64_t)hv * p.V + v0;
+  vf16 k[KC], q[KC], kq(0.0f);
+  for (int c = 0; c < KC; ++c) {
+    k[c] = vload(kn + 16 * c);
+    q[c] = vload(qn + 16 * c);
+    kq += k[c] * q[c];
+  }
+  vf16 ak[16], aq[16];
+  for (int32_t r = 0; r < 16; ++r) {
+    ak[r] = aq[r] = vf16(0.0f);
+    if (rs.init && r < nr)
+      for (int c = 0; c < KC; ++c) {
+        const vf16 x = vload_state(S + r * KD + 16 * c);
+        ak[r] += x * k[c];
+        aq[r] += x * q[c];
+      }
+  }
+  vf16 vv, u, o;
+  if (nr == 16) vv = load_act16(p.qkv, vrow);
+  else for (int32_t r = 0; r < 16; ++r) vv[r] = r < nr ? load_act(p.qkv, vrow + r) : 0.0f;
+  u = beta * (vv - decay * row_sums(ak));
+  o = decay * row_sums(aq) + u * hsum(kq);
+  if (nr == 16) store_act16(p.out, orow, o);
+  else for (int32_t r = 0; r < nr; ++r) store_act(p.out, orow + r, o[r]);
+  // Where the new state goes: the token's store slot (a checkpoint, or a spec column) and, for a
+  // non-spec sequence, its slot.
+  const int32_t to = token_store_slot(rs, 0), last = rs.spec ? p.pad_slot_id : rs.cols[0];
+  state_t *const A = to != p.pad_slot_id ? ssm + (int64_t)to * p.slot_stride + rows0 : nullptr;
+  state_t *const B = last != p.pad_slot_id ? ssm + (int64_t)last * p.slot_stride + rows0 : nullptr;
+  const bool stream_a = streaming_to(rs, to), stream_b = streaming_to(rs, last);
+  for (int32_t r = 0; r < nr; ++r) {
+    const float ur = u[r];
+    vf16 x[KC];
+    for (int c = 0; c < KC; ++c) x[c] = (rs.init ? vload_state(S + r * KD + 16 * c) * decay : vf16(0.0f)) + k[c] * ur;
+    if (A) vstore_states(A + r * KD, x, KC, stream_a);
+    if (B) vstore_states(B + r * KD, x, KC, stream_b);
+  }
+}
+
 static inline void recurrent_rows_vk(const GdnDeltaParams &p, int32_t seq, int32_t hv, int32_t v0) {
   RecurrentSeq rs;
   if (!recurrent_seq(p, seq, &rs)) return;
@@ -125,6 +221,7 @@ static inline void recurrent_rows_vk(const GdnDeltaParams &p, int32_t seq, int32
   }
   const int32_t h = hv / (p.HV / p.H);
   const int64_t rows0 = (int64_t)hv * KD * p.V + (int64_t)v0 * KD;  // S[v0, 0] within a slot
+  if (len == 1) return single_token_rows_vk(p, rs, hv, v0, nr, h, rows0);
   state_t *const ssm = (state_t *)p.ssm;
   vf16 s[16][KC];  // s[r][c] = S[v0 + r, 16c .. 16c+15]; rows past nr stay zero
   {
@@ -165,13 +262,15 @@ static inline void recurrent_rows_vk(const GdnDeltaParams &p, int32_t seq, int32
       const float ur = u[r];
       for (int c = 0; c < KC; ++c) s[r][c] = s[r][c] * decay + k[c] * ur;
     }
-    // Nothing in this call reads the stored states again: streaming stores.
+    // Nothing in this call reads the stored states again: streaming stores unless in place.
     const int32_t to = token_store_slot(rs, t);  // spec write-back or block checkpoint
     if (to != p.pad_slot_id)
-      for (int32_t r = 0; r < nr; ++r) vstore_states_stream(ssm + (int64_t)to * p.slot_stride + rows0 + r * KD, s[r], KC);
+      for (int32_t r = 0; r < nr; ++r)
+        vstore_states(ssm + (int64_t)to * p.slot_stride + rows0 + r * KD, s[r], KC, streaming_to(rs, to));
   }
   if (!rs.spec)
-    for (int32_t r = 0; r < nr; ++r) vstore_states_stream(ssm + (int64_t)rs.cols[0] * p.slot_stride + rows0 + r * KD, s[r], KC);
+    for (int32_t r = 0; r < nr; ++r)
+      vstore_states(ssm + (int64_t)rs.cols[0] * p.slot_stride + rows0 + r * KD, s[r], KC, streaming_to(rs, rs.cols[0]));
 }
 #undef KC
 
