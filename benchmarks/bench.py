@@ -19,7 +19,9 @@ One run measures, on Qwen3-Next TP=1 shapes (H=16, HV=32, K=V=128, W=4; bf16 act
     a USM device-to-device queue.memcpy and an in-place read+write kernel on all the device's
     threads), and for prefill FLOP/s of the chunked algorithm against a numpy float32 2048^3
     matmul; decode / spec steps rotate over copies of their caches (>= 256 MiB together), so
-    the state comes from DRAM as in a model, not from the last-level cache;
+    the state comes from DRAM as in a model, not from the last-level cache; beside that, each
+    decode / spec row's share of its read/write bound (reads at a read-only, writes at a
+    write-only kernel's rate, overlapped: report.rw_bound_share);
   - the prefill sweep (pygdn alone, µs/token and CPU-µs/token): 512 .. 131072 tokens in one
     sequence and 16 x 8192 in two rounds, each point keeping its faster one (--quick: 512 and 2048,
     one round), and a prefill with block checkpoints every 256 tokens against none (when the build
@@ -182,7 +184,9 @@ def measure_machine(queue, torch_ok):
         + (f"{bw['usm_memcpy_GBps']:.2f} GB/s" if "usm_memcpy_GBps" in bw else f"failed ({bw.get('usm_memcpy_error')})")
         + (f", in-place read+write kernel (all threads) {bw['kernel_rw_GBps']:.2f} GB/s" if "kernel_rw_GBps" in bw
            else f", stream kernel not run ({bw.get('kernel_rw_error')})")
-        + f" (read+write bytes, best of 5); reference = the largest, {bw['reference_GBps']:.2f} GB/s")
+        + f" (read+write bytes, best of 5); reference = the largest, {bw['reference_GBps']:.2f} GB/s"
+        + (f"; read-only pass {bw['kernel_read_GBps']:.2f} GB/s, write-only pass {bw['kernel_write_GBps']:.2f} GB/s "
+           f"(the read/write bound of decode/spec rows)" if "kernel_write_GBps" in bw else ""))
     log(f"  peak: numpy float32 matmul 2048^3 {peak['numpy_matmul_GFLOPs']:.1f} GFLOP/s (best of 3)"
         + (f"; torch matmul {peak['torch_matmul_GFLOPs']:.1f} GFLOP/s (info)" if "torch_matmul_GFLOPs" in peak else "")
         + (f"; note OPENBLAS_CORETYPE={peak['OPENBLAS_CORETYPE']} is set in this environment"
@@ -266,6 +270,9 @@ def remeasure_bandwidth(queue, bw):
             f"{bw['reference_GBps']:.2f}); the rows above used the start value; the "
             f"tables and targets below use the larger.")
     bw["reference_GBps"] = max(bw["reference_GBps"], bw_end["reference_GBps"])
+    for k in ("kernel_read_GBps", "kernel_write_GBps"):  # the read/write bound: the larger too
+        if k in bw_end:
+            bw[k] = max(bw.get(k, 0.0), bw_end[k])
 
 
 def quiet_line(foreign):
@@ -304,7 +311,9 @@ def log_results(title, records, plan, sweep, checkpoints, foreign):
         log(f"  {name} did not run: {e}")
     log("")
     log("decode / spec decode per ssm cache format (traffic model: each state touched read once and written once per "
-        "stored state, in the state dtype's bytes, plus activations; '/vk' = time against the vk layout's; '!' = "
+        "stored state, in the state dtype's bytes, plus activations; '%rw' = the time the read/write bound allows "
+        "(reads at the read-only, writes at the write-only stream rate, overlapped) / the time; "
+        "'/vk' = time against the vk layout's; '!' = "
         "bf16-state results disagree with the f32-state step beyond 2e-2):")
     for line in variants_lines(ok_records, plan):
         log(line)

@@ -121,18 +121,21 @@ def traffic_bytes(case, state_dtype="f32"):
     written once per state written back (decode/prefill: once; spec: once per token, the
     per-token write-backs), in the state dtype's bytes; conv state read + written; mixed_qkv
     and a/b in, core_attn_out out, conv weight. Workspace intermediates are not counted."""
+    return sum(traffic_split(case, state_dtype))
+
+
+def traffic_split(case, state_dtype="f32"):
+    """traffic_bytes as (bytes read, bytes written)."""
     act = 2 if case.act == "bf16" else 4
     C, T, n = case.C, case.rows, case.batch
     sb = case.HV * case.K * case.V * STATE_BYTES[state_dtype]
-    acts = T * C * act + T * case.HV * case.V * act + 2 * T * case.HV * act + C * case.W * act
+    read = T * C * act + 2 * T * case.HV * act + C * case.W * act + n * sb + n * (case.W - 1) * C * act
+    written = T * case.HV * case.V * act
     if case.kind == "spec":
-        L = case.num_spec + 1
-        ssm = n * (1 + L) * sb
-        conv = n * ((case.W - 1) + (case.W - 2 + L)) * C * act
+        written += n * (case.num_spec + 1) * sb + n * (case.W - 2 + case.num_spec + 1) * C * act
     else:
-        ssm = n * 2 * sb
-        conv = n * 2 * (case.W - 1) * C * act
-    return ssm + conv + acts
+        written += n * sb + n * (case.W - 1) * C * act
+    return read, written
 
 
 def chunked_flops(case):
@@ -324,7 +327,8 @@ def run_case(queue, case, peers, plan, log, missing=()):
         # LATE_BUDGET_S of repeats per implementation (a slower one: its first call alone).
         plan["quiet_left_s"] = plan["retry_left_s"] = 0.0
     rec = {"kind": case.kind, "label": case.label, "batch": case.batch, "num_spec": case.num_spec,
-           "tokens": case.rows, "lens": list(case.lens), "act": case.act, "bytes": traffic_bytes(case)}
+           "tokens": case.rows, "lens": list(case.lens), "act": case.act, "bytes": traffic_bytes(case),
+           "bytes_read_written": traffic_split(case)}
     if case.kind == "spec":
         rec["num_accepted"] = [int(v) for v in case.meta["num_accepted_tokens"]]
     if case.kind == "prefill":
@@ -357,6 +361,7 @@ def run_case(queue, case, peers, plan, log, missing=()):
         # The same step with the ssm cache in the "kv" layout [slots, HV, K, V], and with a bf16
         # state cache in both layouts (when this build has it; the bytes counted are then bf16's).
         rec["bytes_bf16_state"] = traffic_bytes(case, "bf16")
+        rec["bytes_read_written_bf16_state"] = traffic_split(case, "bf16")
         for name, layout, sd in VARIANTS:
             if name in plan["unsupported"]:
                 continue
@@ -377,6 +382,8 @@ def run_case(queue, case, peers, plan, log, missing=()):
     reps_part = max(1, reps_ours // 2)
     for part in ("conv", "delta"):
         run = ours_r.call(f"{part}_only") if rotating else getattr(ours, f"{part}_only")
+        for _ in range(len(ours_r) - 1 if rotating else 0):
+            run()  # every copy's first part call makes its conv_out array: not timed
         impls[f"ours_{part}"] = (run, reps_part, first_call_s(run))
     for name, why in missing:
         rec[name] = {"error": why, "not_installed": True}

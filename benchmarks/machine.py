@@ -53,6 +53,8 @@ def measure_bandwidth(queue):
         res["usm_memcpy_error"] = f"{type(e).__name__}: {e}"
     try:
         res["kernel_rw_GBps"] = kernel_stream_GBps(queue, nbytes)
+        res["kernel_read_GBps"] = kernel_stream_GBps(queue, nbytes, kind="read")
+        res["kernel_write_GBps"] = kernel_stream_GBps(queue, nbytes, kind="write")
     except Exception as e:  # noqa: BLE001
         res["kernel_rw_error"] = f"{type(e).__name__}: {e}"
     res["reference_GBps"] = max(res["numpy_copy_GBps"], res.get("usm_memcpy_GBps", 0.0), res.get("kernel_rw_GBps", 0.0))
@@ -63,24 +65,40 @@ def measure_bandwidth(queue):
 # all of the device's threads (numpy's copy runs on one thread; USM memcpy may not use them all).
 # An OpenCL C program built by the device's runtime through dpctl: measurement only, it exists
 # where the queue's backend is OpenCL (the SYCL CPU device); elsewhere the other references stand.
+# Beside it, a read-only and a write-only pass: a spec step writes its state L times for one read,
+# and on the 2-core test host reads and writes each stream at about half the read+write rate
+# while overlapping each other (README "Performance"), so the read/write bound of a row is
+# max(read bytes / read rate, written bytes / write rate), reported beside the issue's metric.
 _STREAM_SRC = r"""
 __kernel void gdn_bench_rw(__global float16 *p, int n16, float d) {
   __global float16 *b = p + (long)get_group_id(0) * n16;
   for (int i = 0; i < n16; ++i) b[i] = b[i] * d;
 }
+__kernel void gdn_bench_r(__global float16 *p, int n16, float d) {
+  __global float16 *b = p + (long)get_group_id(0) * n16;
+  float16 s = 0.0f;
+  for (int i = 0; i < n16; ++i) s += b[i];
+  if (s.s0 == d) b[0] = s;  /* never true here (d = 1, the sum is n16): keeps the reads */
+}
+__kernel void gdn_bench_w(__global float16 *p, int n16, float d) {
+  __global float16 *b = p + (long)get_group_id(0) * n16;
+  for (int i = 0; i < n16; ++i) b[i] = (float16)(d);
+}
 """
+_STREAM_KERNELS = {"rw": ("gdn_bench_rw", 2), "read": ("gdn_bench_r", 1), "write": ("gdn_bench_w", 1)}
 
 
-def kernel_stream_GBps(queue, nbytes, chunk=64 << 10):
-    """(read + write bytes) / best time of 5 of an in-place read-modify-write pass over nbytes,
-    chunk bytes per work-group."""
+def kernel_stream_GBps(queue, nbytes, chunk=64 << 10, kind="rw"):
+    """Bytes moved / best time of 5 of a pass over nbytes, chunk bytes per work-group: kind "rw"
+    an in-place read-modify-write (read + write bytes), "read" a read-only, "write" a write-only pass."""
     import ctypes
 
     import dpctl.memory as dpmem
     import dpctl.program as dpprog
     if queue.sycl_device.backend.name != "opencl":
         raise RuntimeError(f"backend {queue.sycl_device.backend.name}: the stream kernel is OpenCL C")
-    k = dpprog.create_program_from_source(queue, _STREAM_SRC).get_sycl_kernel("gdn_bench_rw")
+    name, moved = _STREAM_KERNELS[kind]
+    k = dpprog.create_program_from_source(queue, _STREAM_SRC).get_sycl_kernel(name)
     buf = dpmem.MemoryUSMDevice(nbytes, queue=queue)
     buf.copy_from_host(np.ones(nbytes // 4, np.float32).view(np.uint8))  # real pages, not the zero page
     args = [buf, ctypes.c_int(chunk // 64), ctypes.c_float(1.0)]
@@ -91,7 +109,7 @@ def kernel_stream_GBps(queue, nbytes, chunk=64 << 10):
         queue.wait()
         if i:  # the first pass builds nothing but warms the runtime's threads
             ts.append(time.perf_counter() - t)
-    return 2 * nbytes / min(ts) / 1e9
+    return moved * nbytes / min(ts) / 1e9
 
 
 def measure_peak(torch_ok):

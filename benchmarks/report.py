@@ -23,10 +23,24 @@ def _peer_cell(rec, name):
     return f"{_fmt_ms(p['median_s'])} {p['ratio']:6.2f}x{bad:1s} "
 
 
+def rw_bound_share(rec, name, plan):
+    """Of a decode / spec row's implementation `name` (ours or a cache-format variant): the time of
+    its read/write bound (bytes read at the read-only stream rate and bytes written at the
+    write-only rate, overlapped: the larger of the two) over its measured time; None when the
+    run has no read/write rates."""
+    bw, v = plan["bw"], rec.get(name, {})
+    rw = rec.get("bytes_read_written_bf16_state" if "bf16" in name else "bytes_read_written")
+    if not (bw.get("kernel_read_GBps") and bw.get("kernel_write_GBps") and rw and "median_s" in v):
+        return None
+    return max(rw[0] / bw["kernel_read_GBps"], rw[1] / bw["kernel_write_GBps"]) / 1e9 / v["median_s"]
+
+
 def row_line(rec, plan):
     bw = plan["bw"]["reference_GBps"]
     o = rec["ours"]
     extra = f"{o['GBps']:6.2f} GB/s {100 * o['GBps'] / bw:5.1f}%"
+    share = rw_bound_share(rec, "ours", plan)
+    extra += f" (r/w bound {100 * share:.0f}%)" if share is not None else ""
     if "GFLOPs" in o:
         extra += f" {o['GFLOPs']:6.1f} GF/s {100 * o['GFLOPs'] / plan['peak']['numpy_matmul_GFLOPs']:5.1f}%"
     kv, b16 = rec.get("ours_kv_layout", {}), rec.get("ours_bf16_state", {})
@@ -52,9 +66,10 @@ VARIANT_LABELS = (("ours", "f32 vk"), ("ours_kv_layout", "f32 kv"), ("ours_bf16_
 
 def variants_lines(records, plan):
     """Decode / spec rows once per ssm cache format: time, traffic rate and % of the measured
-    bandwidth (bytes of the state dtype), and the kv layout's time against the vk layout's."""
+    bandwidth (bytes of the state dtype), % of the read/write bound (rw_bound_share), and the kv
+    layout's time against the vk layout's."""
     bw = plan["bw"]["reference_GBps"]
-    lines = [f"{'case':<18s} " + " | ".join(f"{lab + ' ms':>10s} {'GB/s':>6s} {'%BW':>5s} {'/vk':>5s}"
+    lines = [f"{'case':<18s} " + " | ".join(f"{lab + ' ms':>10s} {'GB/s':>6s} {'%BW':>5s} {'%rw':>4s} {'/vk':>5s}"
                                             for _, lab in VARIANT_LABELS)]
     for r in records:
         if r["kind"] not in ("decode", "spec"):
@@ -63,7 +78,7 @@ def variants_lines(records, plan):
         for name, lab in VARIANT_LABELS:
             v = r.get(name)
             if not v or "median_s" not in v:
-                cells.append(f"{'-':>10s} {'':>6s} {'':>5s} {'':>5s}")
+                cells.append(f"{'-':>10s} {'':>6s} {'':>5s} {'':>4s} {'':>5s}")
                 continue
             vs_vk = ""
             if name == "ours_kv_layout":
@@ -71,7 +86,9 @@ def variants_lines(records, plan):
             elif name == "ours_bf16_state_kv" and "median_s" in r.get("ours_bf16_state", {}):
                 vs_vk = f"{v['median_s'] / r['ours_bf16_state']['median_s']:5.2f}"
             bad = "" if v.get("agreement_vs_ours", {}).get("ok", True) else "!"
-            cells.append(f"{v['median_s'] * 1e3:9.3f}{bad:1s} {v['GBps']:6.2f} {100 * v['GBps'] / bw:4.0f}% {vs_vk:>5s}")
+            share = rw_bound_share(r, name, plan)
+            rw = f"{100 * share:3.0f}%" if share is not None else ""
+            cells.append(f"{v['median_s'] * 1e3:9.3f}{bad:1s} {v['GBps']:6.2f} {100 * v['GBps'] / bw:4.0f}% {rw:>4s} {vs_vk:>5s}")
         lines.append(f"{r['label']:<18s} " + " | ".join(cells))
     for name, lab in VARIANT_LABELS:
         if name in plan.get("unsupported", {}):
@@ -138,9 +155,12 @@ def _bw_target(out, records, plan, name, key, sd, pick, share, base, bw, need_sp
     missing = [f"spec S={s}" if s else "decode" for s in need_specs
                if ("spec" if s else "decode", s) not in ran]
     ok = worst[0] >= share and not missing
+    shares = [(rw_bound_share(r, key, plan), r["label"]) for r in rows]
     detail = (f"min {100 * worst[0]:.1f}% ({worst[1]}) of {bw:.2f} GB/s; all: "
               + ", ".join(f"{lab} {100 * f:.0f}%" for f, lab in vals)
-              + (f"; not run here: {', '.join(missing)} (full run)" if missing else ""))
+              + (f"; not run here: {', '.join(missing)} (full run)" if missing else "")
+              + ("; info, of each row's read/write bound: " + ", ".join(f"{lab} {100 * f:.0f}%" for f, lab in shares)
+                 if shares and all(f is not None for f, _ in shares) else ""))
     _target(out, 17, name, None if missing and worst[0] >= share else ok, detail, _rows_foreign(rows, base))
 
 
