@@ -53,6 +53,7 @@ void plan_conv(Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b, const Tar
   const int64_t conv_dim = 2LL * cfg.num_k_heads * cfg.head_k_dim + (int64_t)cfg.num_v_heads * cfg.head_v_dim;
   const bool cpu = t.cpu_variants && conv_dim % GDN_CPU_LANES == 0;
   const Family family = cpu ? Family::Conv1dCpu : Family::Conv1d;
+  const int64_t per_item = GDN_CPU_LANES * GDN_CONV_BLOCKS;  // *_cpu: channels of a work-item, alone in its group
   const int64_t non_spec_seqs = (int64_t)b.num_prefills + b.num_decodes;
   if (non_spec_seqs > 0 && b.non_spec_token_count > 0) {
     // Time tiles (conv1d.hpp): long enough to amortize re-reading the W-1 window and a binary
@@ -60,12 +61,11 @@ void plan_conv(Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b, const Tar
     p.conv_tile = cpu ? GDN_CONV_TILE_CPU : GDN_CONV_TILE;
     const int64_t tiles = (b.non_spec_token_count + p.conv_tile - 1) / p.conv_tile;
     p.conv_non_spec = kernel(family, act_option(cfg), cpu ? "gdn_conv_non_spec_cpu" : "gdn_conv_non_spec");
-    if (cpu) shape2(p.conv_non_spec, tiles, conv_dim / GDN_CPU_LANES, 1);  // *_cpu: one work-item per group
+    if (cpu) shape2(p.conv_non_spec, tiles, (conv_dim + per_item - 1) / per_item, 1);
     else shape2(p.conv_non_spec, tiles, conv_dim, 64);
   }
   if (b.num_spec_decodes > 0 && b.spec_token_count > 0) {
     p.conv_spec = kernel(family, act_option(cfg), cpu ? "gdn_conv_spec_cpu" : "gdn_conv_spec");
-    const int64_t per_item = GDN_CPU_LANES * GDN_CONV_SPEC_BLOCKS;  // alone in its work-group
     if (cpu) shape2(p.conv_spec, b.num_spec_decodes, (conv_dim + per_item - 1) / per_item, 1);
     else shape2(p.conv_spec, b.num_spec_decodes, conv_dim, 64);
   }

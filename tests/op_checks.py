@@ -31,9 +31,9 @@ CONV_MODES = {
 }
 
 
-def run_conv(queue, rng, dtype, width, layout, spec_layout, mode, bias=True, silu=True):
+def run_conv(queue, rng, dtype, width, layout, spec_layout, mode, bias=True, silu=True, dims=CONV_DIMS):
     kw = CONV_MODES[mode]
-    H, HV, K, V = CONV_DIMS
+    H, HV, K, V = dims
     meta = make_batch(rng, num_slots=CONV_SLOTS, **kw)
     num_spec = meta["num_spec"]
     state_len = width - 1 + (num_spec if spec_layout == "rolled" else 0) + 1  # one spare column

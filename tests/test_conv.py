@@ -21,6 +21,14 @@ def test_conv_modes(queue, dtype, width, mode):
         run_conv(queue, rng, dtype, width, "dim_major" if layout == "time_major" else "time_major", "rolled", mode)
 
 
+# The CPU device's conv kernels give a work-item GDN_CONV_BLOCKS (8) blocks of 16 channels:
+# conv_dim 144 (H=1, K=16, HV=7, V=16) is nine blocks, a full group and a group of one.
+@pytest.mark.parametrize("mode", ["mixed_padded", "time_tiles"])
+@pytest.mark.parametrize("layout", ["dim_major", "time_major"])
+def test_conv_partial_channel_group(queue, layout, mode):
+    run_conv(queue, np.random.default_rng(9), "f32", 4, layout, "rolled", mode, dims=(1, 7, 16, 16))
+
+
 @pytest.mark.parametrize("layout", ["dim_major", "time_major"])
 @pytest.mark.parametrize("spec_layout", ["snapshot", "rolled"])
 def test_conv_no_bias_no_silu(queue, layout, spec_layout):

@@ -95,24 +95,30 @@ static inline void conv_spec_channels(const GdnConvParams &p, int32_t seq, int32
   }
 }
 
-// Prefill and plain decode sequences, tiled over time: the work-item of (tile, channel block)
-// convolves the compact tokens [tile*tile_len, +tile_len) of every sequence overlapping the tile.
+// Prefill and plain decode sequences, tiled over time: the work-item of (tile, channel group)
+// convolves the compact tokens [tile*tile_len, +tile_len) of every sequence overlapping the tile,
+// for NB blocks of N channels from c (fewer where conv_dim ends), block by block within each
+// sequence: a decode batch's sequences are one token each, and a sequence's slot rows are then
+// read NB blocks at a time, contiguously, instead of N channels of every sequence in turn.
 // (One work-item per whole sequence strode a long prefill's rows one page apart and ran 5-10x
 // slower on the CPU device; tiles also give a single long prefill parallelism.)
 // A tile re-reads the W-1 inputs before its first token from x, so tiles are independent. The
 // state is touched only by the owner, the tile holding the sequence's first token: it reads the
 // slot, takes the sequence's first W-1 tokens even past its tile end (so later tiles never need
 // the old state) and writes the new state, the last W-1 inputs of [old state, x of the sequence].
-template <int N, int WIDTH>
+template <int N, int WIDTH, int NB>
 static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int32_t c) {
   typedef Lanes<N> L;
   typedef typename L::T T;
   const int32_t *qsl = p.query_start_loc;
   const int32_t t0 = tile * p.tile_len, t1 = sycl::min(t0 + p.tile_len, p.num_tokens);
   const int32_t width = WIDTH ? WIDTH : p.width, w1 = width - 1;
-  T w[GDN_MAX_WIDTH], hist[GDN_MAX_WIDTH];
-  load_weights<N>(p.weight, c, width, w);
-  const T bias = p.bias ? L::load_act(p.bias, c, 1) : T(0.0f);
+  const int32_t nb = sycl::min(NB, (p.conv_dim - c) / N);
+  T w[NB][GDN_MAX_WIDTH], bias[NB];
+  for (int32_t b = 0; b < nb; ++b) {
+    load_weights<N>(p.weight, c + N * b, width, w[b]);
+    bias[b] = p.bias ? L::load_act(p.bias, c + N * b, 1) : T(0.0f);
+  }
   int32_t lo = 0, hi = p.num_seqs;  // the last sequence starting at or before t0 holds token t0
   while (hi - lo > 1) {
     const int32_t mid = (lo + hi) / 2;
@@ -128,32 +134,37 @@ static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int3
     const int32_t slot = p.state_indices[seq];
     if (slot == p.pad_slot_id) {  // graph padding: zero outputs, no state access
       for (int32_t j = first; j < end; ++j)
-        L::store_act(p.out, global_row(p.token_indx, j) * p.out_stride + c, T(0.0f));
+        for (int32_t b = 0; b < nb; ++b) L::store_act(p.out, global_row(p.token_indx, j) * p.out_stride + c + N * b, T(0.0f));
       continue;
     }
     const int32_t read = p.slots.read_indices ? p.slots.read_indices[seq] : slot;
     const bool init = (!p.has_initial_state || p.has_initial_state[seq]) && read != p.pad_slot_id;
-    for (int32_t i = 0; i < w1; ++i) {
-      if (owner)
-        hist[i] = init ? L::load_act(p.state.base, state_off(p.state, read, c, i), p.state.chan_stride) : T(0.0f);
-      else  // first >= j0 + W-1: the window lies inside the sequence
-        hist[i] = L::load_act(p.x, global_row(p.token_indx, first - w1 + i) * p.x_stride + c, 1);
-    }
     // Block checkpoints (gdn_xpu.h "State caches"): the history after each boundary token, stored
     // by the tile that convolves that token (tiles never share a token).
-    Checkpoints ckpt = checkpoints(p.slots, seq, p.slots.start_pos ? p.slots.start_pos[seq] : 0, first - j0, p.pad_slot_id);
-    for (int32_t j = first; j < end; ++j) {
-      const int64_t row = global_row(p.token_indx, j);
-      const T x = L::load_act(p.x, row * p.x_stride + c, 1);
-      L::store_act(p.out, row * p.out_stride + c, conv_token(w, bias, hist, width, x, p.silu));
-      const int32_t to = ckpt.after(j - j0);
-      if (to != p.pad_slot_id)
-        for (int32_t i = 0; i < w1; ++i) L::store_act(p.state.base, state_off(p.state, to, c, i), hist[i], p.state.chan_stride);
+    const Checkpoints ckpt0 = checkpoints(p.slots, seq, p.slots.start_pos ? p.slots.start_pos[seq] : 0, first - j0, p.pad_slot_id);
+    for (int32_t b = 0; b < nb; ++b) {
+      const int32_t cb = c + N * b;
+      T hist[GDN_MAX_WIDTH];
+      for (int32_t i = 0; i < w1; ++i) {
+        if (owner)
+          hist[i] = init ? L::load_act(p.state.base, state_off(p.state, read, cb, i), p.state.chan_stride) : T(0.0f);
+        else  // first >= j0 + W-1: the window lies inside the sequence
+          hist[i] = L::load_act(p.x, global_row(p.token_indx, first - w1 + i) * p.x_stride + cb, 1);
+      }
+      Checkpoints ckpt = ckpt0;
+      for (int32_t j = first; j < end; ++j) {
+        const int64_t row = global_row(p.token_indx, j);
+        const T x = L::load_act(p.x, row * p.x_stride + cb, 1);
+        L::store_act(p.out, row * p.out_stride + cb, conv_token(w[b], bias[b], hist, width, x, p.silu));
+        const int32_t to = ckpt.after(j - j0);
+        if (to != p.pad_slot_id)
+          for (int32_t i = 0; i < w1; ++i) L::store_act(p.state.base, state_off(p.state, to, cb, i), hist[i], p.state.chan_stride);
+      }
+      if (!owner) continue;
+      for (int32_t j = sycl::max(end, j1 - w1); j < j1; ++j)  // the inputs other tiles convolve
+        push_history(hist, width, L::load_act(p.x, global_row(p.token_indx, j) * p.x_stride + cb, 1));
+      for (int32_t i = 0; i < w1; ++i)
+        L::store_act(p.state.base, state_off(p.state, slot, cb, i), hist[i], p.state.chan_stride);
     }
-    if (!owner) continue;
-    for (int32_t j = sycl::max(end, j1 - w1); j < j1; ++j)  // the inputs other tiles convolve
-      push_history(hist, width, L::load_act(p.x, global_row(p.token_indx, j) * p.x_stride + c, 1));
-    for (int32_t i = 0; i < w1; ++i)
-      L::store_act(p.state.base, state_off(p.state, slot, c, i), hist[i], p.state.chan_stride);
   }
 }

@@ -6,24 +6,25 @@
 #include "conv1d.hpp"
 
 // Speculative sequences. Global (num spec sequences,
-// conv_dim / (16 * GDN_CONV_SPEC_BLOCKS) rounded up), local (1, 1). A work-item owns
-// GDN_CONV_SPEC_BLOCKS (params.hpp) blocks of 16 consecutive channels as vectors, run in turn.
+// conv_dim / (16 * GDN_CONV_BLOCKS) rounded up), local (1, 1). A work-item owns
+// GDN_CONV_BLOCKS (params.hpp) blocks of 16 consecutive channels as vectors, run in turn.
 GDN_KERNEL(2) void gdn_conv_spec_cpu(GdnConvParams p) {
   const auto it = item2();
   const int32_t seq = (int32_t)it.get_group(0);
-  for (int32_t blk = 0; blk < GDN_CONV_SPEC_BLOCKS && seq < p.num_seqs; ++blk) {
-    const int32_t c = ((int32_t)it.get_group(1) * GDN_CONV_SPEC_BLOCKS + blk) * 16;
+  for (int32_t blk = 0; blk < GDN_CONV_BLOCKS && seq < p.num_seqs; ++blk) {
+    const int32_t c = ((int32_t)it.get_group(1) * GDN_CONV_BLOCKS + blk) * 16;
     if (c >= p.conv_dim) break;
     if (p.width == 4) conv_spec_channels<16, 4>(p, seq, c);
     else conv_spec_channels<16, 0>(p, seq, c);
   }
 }
 
-// Prefill and decode sequences, tiled over time: global (num tiles, conv_dim / 16), local (1, 1).
+// Prefill and decode sequences, tiled over time: global (num tiles, conv_dim / (16 *
+// GDN_CONV_BLOCKS) rounded up), local (1, 1): GDN_CONV_BLOCKS blocks of 16 channels per work-item.
 GDN_KERNEL(2) void gdn_conv_non_spec_cpu(GdnConvParams p) {
   const auto it = item2();
-  const int32_t c = (int32_t)it.get_group(1) * 16;
+  const int32_t c = (int32_t)it.get_group(1) * 16 * GDN_CONV_BLOCKS;
   if (c >= p.conv_dim) return;
-  if (p.width == 4) conv_non_spec_tile<16, 4>(p, (int32_t)it.get_group(0), c);
-  else conv_non_spec_tile<16, 0>(p, (int32_t)it.get_group(0), c);
+  if (p.width == 4) conv_non_spec_tile<16, 4, GDN_CONV_BLOCKS>(p, (int32_t)it.get_group(0), c);
+  else conv_non_spec_tile<16, 0, GDN_CONV_BLOCKS>(p, (int32_t)it.get_group(0), c);
 }

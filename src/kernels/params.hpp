@@ -23,7 +23,7 @@ enum { GDN_GROUP_NON_SPEC = 0, GDN_GROUP_SPEC = 1 };
 // Shapes of the CPU-device kernel variants, used by the host for launch ranges and by the kernels.
 enum {
   GDN_CPU_LANES = 16,        // channels / state columns per vector (vf16)
-  GDN_CONV_SPEC_BLOCKS = 8,  // gdn_conv_spec_cpu: 16-channel blocks per work-item
+  GDN_CONV_BLOCKS = 8,       // gdn_conv_spec_cpu, gdn_conv_non_spec_cpu: 16-channel blocks per work-item
   GDN_VK_ROWS = 16,          // gdn_recurrent_vk_cpu: state rows per work-item (one vector's lanes)
   GDN_KV_VECS = 4,           // gdn_recurrent_kv_cpu: 16-column vectors per work-item (V % 64 == 0)
   GDN_SCAN_BLOCKS = 8,       // gdn_chunk_scan_cpu: 16-column state blocks per work-item (V = 128 in one)
