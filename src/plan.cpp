@@ -82,8 +82,7 @@ Launch recurrent(const gdn_config_t &cfg, const Target &t, int64_t num_seqs) {
     shape2(l, groups, (V + GDN_VK_ROWS - 1) / GDN_VK_ROWS, 1);  // alone in its work-group
   } else if (t.cpu_variants && !vk && V % GDN_CPU_LANES == 0) {
     l = kernel(Family::DeltaRecurrentCpu, state_option(cfg), "gdn_recurrent_kv_cpu");
-    const int64_t cols = V % (GDN_CPU_LANES * GDN_KV_VECS) == 0 ? GDN_CPU_LANES * GDN_KV_VECS : GDN_CPU_LANES;
-    shape2(l, groups, V / cols, 1);  // the kernel makes the same choice
+    shape2(l, groups, V / (GDN_CPU_LANES * gdn_kv_cpu_vecs((int32_t)V)), 1);  // alone in its work-group
   } else {
     l = kernel(Family::DeltaRecurrent, state_option(cfg), "gdn_recurrent");
     shape2(l, groups, V, kWorkGroup);

@@ -11,7 +11,7 @@ unless they straddle a rounding midpoint, so every element is within one unit in
 (here the f32 error is ~1e-6 relative against ulps of 2^-8 and 2^-11). Rounding at any other point
 (per chunk, per token) moves most elements by one or more ulps and fails that count.
 
-Kernel builds: every test uses K = 16, V = 16 (one test V = 64, a run-time size) and f32 activations, the shapes of test_delta_rule.py
+Kernel builds: every test uses K = 16, V = 16 (two tests V = 64 and 128, a run-time size) and f32 activations, the shapes of test_delta_rule.py
 and test_attention.py, so the f32-state kernels are shared with those files. bf16 and f16 states add
 the recurrent and chunk builds of the CPU variants per ssm layout (8) and, for the generic kernels,
 of (kv, bf16) and (vk, f16) (4): 12 builds, ~19 s of cold compile on the 2-core test host.
@@ -165,12 +165,14 @@ def test_every_path(queue, state_dtype, ssm_layout, path):
     layer.step(meta, x, a, b, op="attention" if path == "attention" else "delta")
 
 
-# The CPU device's kv-layout recurrent kernel holds 4 column vectors (64 state columns) per
-# work-item when V % 64 == 0 and one vector otherwise; V = 64 runs the wide form on every state dtype.
+# The CPU device's kv-layout recurrent kernel gives a work-item whole rows when V = 128 (8 column
+# vectors; several tokens are walked 4 vectors at a time, twice), 4 vectors when V % 64 == 0 and
+# one otherwise (params.hpp gdn_kv_cpu_vecs): V = 64 and 128 run the wide forms on every state dtype.
 @pytest.mark.parametrize("path", ["delta", "delta_recurrent"])
 @pytest.mark.parametrize("state_dtype", STATE_DTYPES)
-def test_every_path_wide_kv_rows(queue, monkeypatch, state_dtype, path):
-    monkeypatch.setattr(sys.modules[__name__], "V", 64)
+@pytest.mark.parametrize("v", [64, 128])
+def test_every_path_wide_kv_rows(queue, monkeypatch, v, state_dtype, path):
+    monkeypatch.setattr(sys.modules[__name__], "V", v)
     test_every_path(queue, state_dtype, "kv", path)
 
 
@@ -374,6 +376,13 @@ def test_state_caches_in_one_mixed_batch(queue, monkeypatch, kernels, ssm_layout
                 spec_token_indx=rows[T_ns:].copy())
     x, a, b = tokens(rng, T, cfg.conv_dim)
     layer.step(meta, x, a, b)
+
+
+def test_state_caches_in_one_mixed_batch_kv_whole_rows(queue, monkeypatch):
+    """The same batch with V = 128 in the kv layout: the CPU kernel's whole-row work-items, the
+    spec and prefill walks in two halves, each storing its own checkpoints."""
+    monkeypatch.setattr(sys.modules[__name__], "V", 128)
+    test_state_caches_in_one_mixed_batch(queue, monkeypatch, "cpu", "kv", "f32")
 
 
 # ----------------------------------------------------------------------------- widening and rounding, bit for bit

@@ -12,16 +12,15 @@
 static inline bool streaming_to(const RecurrentSeq &rs, int32_t to) { return !(rs.init && to == rs.read_slot); }
 
 #if !GDN_VK_LAYOUT
-// kv layout [.., K, V]: NV x 16 consecutive state columns per work-item, s[k][j] = S[k, v+16j ..].
-// The same algebra as the vk kernel below (with d = e^g: u = beta (v - d S^T k), S' = d S + k u^T,
-// o = d S^T q + u (k.q)): one read pass gives both products, one pass updates (and writes back).
-// Why NV vectors (GDN_KV_VECS): a work-item then reads and writes NV*64 contiguous bytes of each
-// of the K state rows (rows are V*4 bytes apart); with one vector (64 bytes per row, 16 columns)
-// the kv layout ran ~1.6x the vk layout's time at spec S=3 even on one thread, bound by that
-// access pattern, not by instructions. The NV column vectors are also NV independent FMA chains.
-// One token (a decode step): the work-item's K x 16 NV state block (32 KB at K = 128, NV = 4) is
-// read twice, once for the two products and once more from this core's caches for the update and
-// its store, instead of being held in registers (it spilled through the stack).
+// kv layout [.., K, V]: a work-item owns 16 NV consecutive state columns, NV = gdn_kv_cpu_vecs(V)
+// (params.hpp): whole rows when V = 128, s[k][j] = S[k, v+16j ..]. The same algebra as the vk
+// kernel below (with d = e^g: u = beta (v - d S^T k), S' = d S + k u^T, o = d S^T q + u (k.q)):
+// one read pass gives both products, one pass updates (and writes back).
+// One token (a decode step): the work-item's K x 16 NV block (64 KB at K = V = 128) is read twice,
+// once for the two products and once more from this core's caches for the update and its store,
+// instead of being held in registers (it spilled through the stack). Whole rows per work-item:
+// with half rows (64 of 128 columns) decode B=8 took 1.64 ms here against 1.07 with whole rows
+// (same run): two work-items reading alternate 256-byte halves of every 512-byte row.
 template <int NV>
 static inline void single_token_columns_kv(const GdnDeltaParams &p, RecurrentSeq &rs, int32_t hv, int32_t v, int32_t h) {
   const state_t *S = state_column(p, rs.read_slot, hv, v);  // read only when rs.init
@@ -57,16 +56,14 @@ static inline void single_token_columns_kv(const GdnDeltaParams &p, RecurrentSeq
   }
 }
 
+// Several tokens (spec decoding, a recurrent prefill): the state block stays in registers (on the
+// stack) across the tokens, NV <= GDN_KV_VECS vectors wide. Why NV vectors: the walk reads and
+// writes NV*64 contiguous bytes of each of the K state rows; with one vector (64 bytes per row) the
+// kv layout ran ~1.6x the vk layout's time at spec S=3 even on one thread, bound by that access
+// pattern, not by instructions; 128 columns at once (a 64 KB block on the stack) measured no
+// better than 64. The NV column vectors are also NV independent FMA chains.
 template <int NV>
-static inline void recurrent_columns_kv(const GdnDeltaParams &p, int32_t seq, int32_t hv, int32_t v) {
-  RecurrentSeq rs;
-  if (!recurrent_seq(p, seq, &rs)) return;
-  if (rs.skip) {
-    for (int32_t l = 0; l < 16 * NV; ++l) zero_outputs(p, rs.j0, rs.len, hv, v + l);
-    return;
-  }
-  const int32_t h = hv / (p.HV / p.H);
-  if (rs.len == 1) return single_token_columns_kv<NV>(p, rs, hv, v, h);
+static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int32_t hv, int32_t v, int32_t h) {
   vf16 s[KD][NV];
   if (rs.init) {
     const state_t *S = state_column(p, rs.read_slot, hv, v);
@@ -116,15 +113,30 @@ static inline void recurrent_columns_kv(const GdnDeltaParams &p, int32_t seq, in
   }
 }
 
-// Global (num_seqs*HV, V / (16 GDN_KV_VECS)), local (1, 1): GDN_KV_VECS vectors per work-item
-// when V % (16 GDN_KV_VECS) == 0, else V/16 work-items of one vector (plan.cpp chooses alike).
+// The 16 NV columns from v of (seq, hv): one token in one pass over whole rows, several tokens
+// walked GDN_KV_VECS vectors at a time (rs copied: each walk advances its own checkpoints).
+template <int NV>
+static inline void recurrent_columns_kv(const GdnDeltaParams &p, int32_t seq, int32_t hv, int32_t v) {
+  RecurrentSeq rs;
+  if (!recurrent_seq(p, seq, &rs)) return;
+  if (rs.skip) {
+    for (int32_t l = 0; l < 16 * NV; ++l) zero_outputs(p, rs.j0, rs.len, hv, v + l);
+    return;
+  }
+  const int32_t h = hv / (p.HV / p.H);
+  if (rs.len == 1) return single_token_columns_kv<NV>(p, rs, hv, v, h);
+  constexpr int NW = NV < GDN_KV_VECS ? NV : GDN_KV_VECS;
+  for (int j = 0; j < NV; j += NW) walk_columns_kv<NW>(p, rs, hv, v + 16 * j, h);
+}
+
+// Global (num_seqs*HV, V / (16 gdn_kv_cpu_vecs(V))), local (1, 1) (plan.cpp).
 GDN_KERNEL(2) void gdn_recurrent_kv_cpu(GdnDeltaParams p) {
   const auto it = item2();
   const int32_t seq = (int32_t)(it.get_group(0) / p.HV), hv = (int32_t)(it.get_group(0) % p.HV);
-  const bool wide = p.V % (16 * GDN_KV_VECS) == 0;
-  const int32_t v = (int32_t)it.get_group(1) * 16 * (wide ? GDN_KV_VECS : 1);
+  const int32_t nv = gdn_kv_cpu_vecs(p.V), v = (int32_t)it.get_group(1) * 16 * nv;
   if (seq >= p.num_seqs || v >= p.V) return;
-  if (wide) recurrent_columns_kv<GDN_KV_VECS>(p, seq, hv, v);
+  if (nv == GDN_KV_ROW_VECS) recurrent_columns_kv<GDN_KV_ROW_VECS>(p, seq, hv, v);
+  else if (nv == GDN_KV_VECS) recurrent_columns_kv<GDN_KV_VECS>(p, seq, hv, v);
   else recurrent_columns_kv<1>(p, seq, hv, v);
 }
 

@@ -25,11 +25,18 @@ enum {
   GDN_CPU_LANES = 16,        // channels / state columns per vector (vf16)
   GDN_CONV_BLOCKS = 8,       // gdn_conv_spec_cpu, gdn_conv_non_spec_cpu: 16-channel blocks per work-item
   GDN_VK_ROWS = 16,          // gdn_recurrent_vk_cpu: state rows per work-item (one vector's lanes)
-  GDN_KV_VECS = 4,           // gdn_recurrent_kv_cpu: 16-column vectors per work-item (V % 64 == 0)
+  GDN_KV_VECS = 4,           // gdn_recurrent_kv_cpu: 16-column vectors of a multi-token walk
+  GDN_KV_ROW_VECS = 8,       // ... and of a work-item when they make whole rows (V = 128)
   GDN_SCAN_BLOCKS = 8,       // gdn_chunk_scan_cpu: 16-column state blocks per work-item (V = 128 in one)
   GDN_CONV_TILE_CPU = 64,    // gdn_conv_non_spec_cpu: tokens per time tile
   GDN_CONV_TILE = 16         // gdn_conv_non_spec (GPUs): shorter tiles, more work-items (untuned)
 };
+
+// gdn_recurrent_kv_cpu's 16-column vectors per work-item, V % 16 == 0: whole rows when V is
+// 16 GDN_KV_ROW_VECS, else GDN_KV_VECS when they divide V, else one.
+static inline int32_t gdn_kv_cpu_vecs(int32_t V) {
+  return V == 16 * GDN_KV_ROW_VECS ? GDN_KV_ROW_VECS : V % (16 * GDN_KV_VECS) == 0 ? GDN_KV_VECS : 1;
+}
 
 // How a kernel finds a conv-state element: slot*slot_stride + channel*chan_stride + col*col_stride.
 struct GdnConvStateView {
