@@ -79,7 +79,7 @@ Launch recurrent(const gdn_config_t &cfg, const Target &t, int64_t num_seqs) {
   Launch l;
   if (t.cpu_variants && vk && cfg.head_k_dim % GDN_CPU_LANES == 0) {
     l = kernel(Family::DeltaRecurrentCpu, state_option(cfg), "gdn_recurrent_vk_cpu");
-    shape2(l, groups, (V + GDN_VK_ROWS - 1) / GDN_VK_ROWS, 1);  // alone in its work-group
+    shape2(l, groups, (V + GDN_VK_ITEM_ROWS - 1) / GDN_VK_ITEM_ROWS, 1);  // alone in its work-group
   } else if (t.cpu_variants && !vk && V % GDN_CPU_LANES == 0) {
     l = kernel(Family::DeltaRecurrentCpu, state_option(cfg), "gdn_recurrent_kv_cpu");
     shape2(l, groups, V / (GDN_CPU_LANES * gdn_kv_cpu_vecs((int32_t)V)), 1);  // alone in its work-group

@@ -286,11 +286,14 @@ static inline void recurrent_rows_vk(const GdnDeltaParams &p, int32_t seq, int32
 }
 #undef KC
 
-// Global (num_seqs*HV, V / GDN_VK_ROWS rounded up), local (1, 1).
+// Global (num_seqs*HV, V / GDN_VK_ITEM_ROWS rounded up), local (1, 1): a work-item walks its
+// GDN_VK_ITEM_ROWS rows (at V = 128: the whole state of its head, 64 KB contiguous) 16 at a time.
+// (A work-item per 16 rows: decode B=8 1.01 ms against 0.90 here, same run.)
 GDN_KERNEL(2) void gdn_recurrent_vk_cpu(GdnDeltaParams p) {
   const auto it = item2();
   const int32_t seq = (int32_t)(it.get_group(0) / p.HV), hv = (int32_t)(it.get_group(0) % p.HV);
-  const int32_t v = (int32_t)it.get_group(1) * GDN_VK_ROWS;
-  if (seq < p.num_seqs && v < p.V) recurrent_rows_vk(p, seq, hv, v);
+  const int32_t v = (int32_t)it.get_group(1) * GDN_VK_ITEM_ROWS;
+  if (seq >= p.num_seqs) return;
+  for (int32_t r = v; r < sycl::min(p.V, v + GDN_VK_ITEM_ROWS); r += GDN_VK_ROWS) recurrent_rows_vk(p, seq, hv, r);
 }
 #endif
