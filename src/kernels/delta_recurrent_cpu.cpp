@@ -170,81 +170,31 @@ static inline vf16 row_sums(const vf16 *a) {
       __builtin_shufflevector(y[0], y[1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31));
 }
 
-// One token (a decode step): the state rows are read twice, once for the two dot products and once
-// more (from this core's caches by then) for the update and its store, instead of being held in
-// registers: 16 rows of K = 128 are 128 vectors, four times the register file, and the copy the
-// compiler kept on the stack cost a store and two loads per vector (with the in-place plain
-// stores, decode B=8 here: recurrent kernel 1.5 -> 0.9-1.3 ms, B=1 0.33 -> 0.14 ms).
-static inline void single_token_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, int32_t hv, int32_t v0,
-                                        int32_t nr, int32_t h, int64_t rows0) {
+// The walk of 16 rows from v0 (nr of them real) over the sequence's tokens, in one of two forms:
+// HOLD (several tokens): the rows stay in registers across the tokens (on the stack, as far as
+// they do not fit); one token (a decode step, !HOLD): the rows are read twice, once for the two
+// dot products and once more (from this core's caches by then) for the update and its store,
+// instead of being held: 16 rows of K = 128 are 128 vectors, four times the register file, and
+// the copy the compiler kept on the stack cost a store and two loads per vector (with the in-place
+// plain stores, decode B=8 here: recurrent kernel 1.5 -> 0.9-1.3 ms, B=1 0.33 -> 0.14 ms).
+template <bool HOLD>
+static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, int32_t hv, int32_t v0, int32_t nr,
+                                int32_t h, int64_t rows0) {
   state_t *const ssm = (state_t *)p.ssm;
   const state_t *S = ssm + (int64_t)rs.read_slot * p.slot_stride + rows0;  // read only when rs.init
-  const int64_t row = global_row(p.token_indx, rs.j0);
-  const float *kn = p.kn + (row * p.H + h) * KD, *qn = p.qn + (row * p.H + h) * KD;
-  const float decay = sycl::exp(p.g[row * p.HV + hv]), beta = p.beta[row * p.HV + hv];
-  const int64_t vrow = row * p.qkv_stride + p.v_offset + (int64_t)hv * p.V + v0;
-  const int64_t orow = row * p.out_stride + (int64_t)hv * p.V + v0;
-  vf16 k[KC], q[KC], kq(0.0f);
-  for (int c = 0; c < KC; ++c) {
-    k[c] = vload(kn + 16 * c);
-    q[c] = vload(qn + 16 * c);
-    kq += k[c] * q[c];
-  }
-  vf16 ak[16], aq[16];
-  for (int32_t r = 0; r < 16; ++r) {
-    ak[r] = aq[r] = vf16(0.0f);
-    if (rs.init && r < nr)
-      for (int c = 0; c < KC; ++c) {
-        const vf16 x = vload_state(S + r * KD + 16 * c);
-        ak[r] += x * k[c];
-        aq[r] += x * q[c];
-      }
-  }
-  vf16 vv, u, o;
-  if (nr == 16) vv = load_act16(p.qkv, vrow);
-  else for (int32_t r = 0; r < 16; ++r) vv[r] = r < nr ? load_act(p.qkv, vrow + r) : 0.0f;
-  u = beta * (vv - decay * row_sums(ak));
-  o = decay * row_sums(aq) + u * hsum(kq);
-  if (nr == 16) store_act16(p.out, orow, o);
-  else for (int32_t r = 0; r < nr; ++r) store_act(p.out, orow + r, o[r]);
-  // Where the new state goes: the token's store slot (a checkpoint, or a spec column) and, for a
-  // non-spec sequence, its slot.
-  const int32_t to = token_store_slot(rs, 0), last = rs.spec ? p.pad_slot_id : rs.cols[0];
-  state_t *const A = to != p.pad_slot_id ? ssm + (int64_t)to * p.slot_stride + rows0 : nullptr;
-  state_t *const B = last != p.pad_slot_id ? ssm + (int64_t)last * p.slot_stride + rows0 : nullptr;
-  const bool stream_a = streaming_to(rs, to), stream_b = streaming_to(rs, last);
-  for (int32_t r = 0; r < nr; ++r) {
-    const float ur = u[r];
-    vf16 x[KC];
-    for (int c = 0; c < KC; ++c) x[c] = (rs.init ? vload_state(S + r * KD + 16 * c) * decay : vf16(0.0f)) + k[c] * ur;
-    if (A) vstore_states(A + r * KD, x, KC, stream_a);
-    if (B) vstore_states(B + r * KD, x, KC, stream_b);
-  }
-}
-
-static inline void recurrent_rows_vk(const GdnDeltaParams &p, int32_t seq, int32_t hv, int32_t v0) {
-  RecurrentSeq rs;
-  if (!recurrent_seq(p, seq, &rs)) return;
-  const int32_t j0 = rs.j0, len = rs.len;
-  const int32_t nr = sycl::min(16, p.V - v0);  // rows of this work-item (the last may be short)
-  if (rs.skip) {
-    for (int32_t r = 0; r < nr; ++r) zero_outputs(p, j0, len, hv, v0 + r);
-    return;
-  }
-  const int32_t h = hv / (p.HV / p.H);
-  const int64_t rows0 = (int64_t)hv * KD * p.V + (int64_t)v0 * KD;  // S[v0, 0] within a slot
-  if (len == 1) return single_token_rows_vk(p, rs, hv, v0, nr, h, rows0);
-  state_t *const ssm = (state_t *)p.ssm;
-  vf16 s[16][KC];  // s[r][c] = S[v0 + r, 16c .. 16c+15]; rows past nr stay zero
-  {
-    const state_t *S = ssm + (int64_t)rs.read_slot * p.slot_stride + rows0;
+  vf16 s[HOLD ? 16 : 1][KC];  // HOLD: s[r][c] = S[v0 + r, 16c .. 16c+15]; rows past nr stay zero
+  // Row r, vector c of the state before the token.
+  auto state_in = [&](int32_t r, int c) -> vf16 {
+    if constexpr (HOLD) return s[r][c];
+    else return rs.init && r < nr ? vload_state(S + r * KD + 16 * c) : vf16(0.0f);
+  };
+  if constexpr (HOLD)
     for (int32_t r = 0; r < 16; ++r)
       for (int c = 0; c < KC; ++c) s[r][c] = rs.init && r < nr ? vload_state(S + r * KD + 16 * c) : vf16(0.0f);
-  }
-  for (int32_t t = 0; t < len; ++t) {
-    // The same token setup as the kv kernel's. Shared through a helper returning a struct it
+  for (int32_t t = 0; t < rs.len; ++t) {
+    // The same token setup as the kv walk's. Shared through a helper returning a struct it
     // measured 1.5x slower here (the CPU device's compiler), so it is written out twice.
-    const int64_t row = global_row(p.token_indx, j0 + t);
+    const int64_t row = global_row(p.token_indx, rs.j0 + t);
     const float *kn = p.kn + (row * p.H + h) * KD, *qn = p.qn + (row * p.H + h) * KD;
     const float decay = sycl::exp(p.g[row * p.HV + hv]), beta = p.beta[row * p.HV + hv];
     const int64_t vrow = row * p.qkv_stride + p.v_offset + (int64_t)hv * p.V + v0;
@@ -259,8 +209,9 @@ static inline void recurrent_rows_vk(const GdnDeltaParams &p, int32_t seq, int32
     for (int32_t r = 0; r < 16; ++r) {
       ak[r] = aq[r] = vf16(0.0f);
       for (int c = 0; c < KC; ++c) {
-        ak[r] += s[r][c] * k[c];
-        aq[r] += s[r][c] * q[c];
+        const vf16 x = state_in(r, c);
+        ak[r] += x * k[c];
+        aq[r] += x * q[c];
       }
     }
     vf16 vv, u, o;
@@ -270,19 +221,45 @@ static inline void recurrent_rows_vk(const GdnDeltaParams &p, int32_t seq, int32
     o = decay * row_sums(aq) + u * hsum(kq);
     if (nr == 16) store_act16(p.out, orow, o);
     else for (int32_t r = 0; r < nr; ++r) store_act(p.out, orow + r, o[r]);
-    for (int32_t r = 0; r < 16; ++r) {
-      const float ur = u[r];
-      for (int c = 0; c < KC; ++c) s[r][c] = s[r][c] * decay + k[c] * ur;
+    // Where the state after the token goes: its store slot (a spec write-back or a checkpoint)
+    // and, for the one token of a non-spec sequence, the sequence's slot. Nothing in this call
+    // reads the stored states again: streaming stores unless in place.
+    const int32_t to = token_store_slot(rs, t), last = !HOLD && !rs.spec ? rs.cols[0] : p.pad_slot_id;
+    state_t *const A = to != p.pad_slot_id ? ssm + (int64_t)to * p.slot_stride + rows0 : nullptr;
+    state_t *const B = last != p.pad_slot_id ? ssm + (int64_t)last * p.slot_stride + rows0 : nullptr;
+    const bool stream_a = streaming_to(rs, to), stream_b = streaming_to(rs, last);
+    if constexpr (HOLD) {  // (storing each row right after its update: no faster, some spec rows slower)
+      for (int32_t r = 0; r < 16; ++r)
+        for (int c = 0; c < KC; ++c) s[r][c] = s[r][c] * decay + k[c] * u[r];
+      if (A)
+        for (int32_t r = 0; r < nr; ++r) vstore_states(A + r * KD, s[r], KC, stream_a);
+    } else {
+      for (int32_t r = 0; r < nr; ++r) {
+        vf16 x[KC];
+        for (int c = 0; c < KC; ++c) x[c] = state_in(r, c) * decay + k[c] * u[r];
+        if (A) vstore_states(A + r * KD, x, KC, stream_a);
+        if (B) vstore_states(B + r * KD, x, KC, stream_b);
+      }
     }
-    // Nothing in this call reads the stored states again: streaming stores unless in place.
-    const int32_t to = token_store_slot(rs, t);  // spec write-back or block checkpoint
-    if (to != p.pad_slot_id)
-      for (int32_t r = 0; r < nr; ++r)
-        vstore_states(ssm + (int64_t)to * p.slot_stride + rows0 + r * KD, s[r], KC, streaming_to(rs, to));
   }
-  if (!rs.spec)
-    for (int32_t r = 0; r < nr; ++r)
-      vstore_states(ssm + (int64_t)rs.cols[0] * p.slot_stride + rows0 + r * KD, s[r], KC, streaming_to(rs, rs.cols[0]));
+  if constexpr (HOLD)
+    if (!rs.spec)
+      for (int32_t r = 0; r < nr; ++r)
+        vstore_states(ssm + (int64_t)rs.cols[0] * p.slot_stride + rows0 + r * KD, s[r], KC, streaming_to(rs, rs.cols[0]));
+}
+
+static inline void recurrent_rows_vk(const GdnDeltaParams &p, int32_t seq, int32_t hv, int32_t v0) {
+  RecurrentSeq rs;
+  if (!recurrent_seq(p, seq, &rs)) return;
+  const int32_t nr = sycl::min(16, p.V - v0);  // rows of this pass (the last may be short)
+  if (rs.skip) {
+    for (int32_t r = 0; r < nr; ++r) zero_outputs(p, rs.j0, rs.len, hv, v0 + r);
+    return;
+  }
+  const int32_t h = hv / (p.HV / p.H);
+  const int64_t rows0 = (int64_t)hv * KD * p.V + (int64_t)v0 * KD;  // S[v0, 0] within a slot
+  if (rs.len == 1) walk_rows_vk<false>(p, rs, hv, v0, nr, h, rows0);
+  else walk_rows_vk<true>(p, rs, hv, v0, nr, h, rows0);
 }
 #undef KC
 
