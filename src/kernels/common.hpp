@@ -257,8 +257,7 @@ static inline float hsum(const vf16 &x) {
 
 // N consecutive channels / state columns of a work-item: one float (generic kernels, GPUs) or
 // one vf16 (the CPU device's variants). One algorithm body serves both through these members:
-//   load/store       N floats at p (contiguous)
-//   load_state/store_state  N states at p (contiguous), widened / rounded
+//   load             N floats at p (contiguous)
 //   load_act(p,i,s)  activations i, i+s, ... (s = 1: contiguous) widened to float
 //   store_act(p,i,v,s) N activations at i, i+s, ..., rounded
 //   at(x,l)          lane l
@@ -266,9 +265,6 @@ template <int N> struct Lanes;
 template <> struct Lanes<1> {
   typedef float T;
   static T load(const float *p) { return *p; }
-  static void store(float *p, const T &x) { *p = x; }
-  static T load_state(const state_t *p) { return ::load_state(p); }
-  static void store_state(state_t *p, const T &x) { ::store_state(p, x); }
   static T load_act(const void *p, int64_t i, int64_t = 1) { return ::load_act(p, i); }
   static void store_act(void *p, int64_t i, const T &v, int64_t = 1) { ::store_act(p, i, v); }
   static float &at(T &x, int) { return x; }
@@ -276,9 +272,6 @@ template <> struct Lanes<1> {
 template <> struct Lanes<16> {
   typedef vf16 T;
   static T load(const float *p) { return vload(p); }
-  static void store(float *p, const T &x) { vstore(p, x); }
-  static T load_state(const state_t *p) { return vload_state(p); }
-  static void store_state(state_t *p, const T &x) { vstore_state(p, x); }
   static T load_act(const void *p, int64_t i, int64_t step = 1) {
     if (step == 1) return load_act16(p, i);
     vf16 r;

@@ -9,5 +9,5 @@ GDN_KERNEL(2) void gdn_recurrent(GdnDeltaParams p) {
   const auto it = item2();
   const int32_t seq = (int32_t)(it.get_group(0) / p.HV), hv = (int32_t)(it.get_group(0) % p.HV);
   const int32_t v = (int32_t)it.get_global_id(1);
-  if (seq < p.num_seqs && v < p.V) recurrent_columns<1>(p, seq, hv, v);
+  if (seq < p.num_seqs && v < p.V) recurrent_column(p, seq, hv, v);
 }

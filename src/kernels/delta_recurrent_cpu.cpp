@@ -16,63 +16,30 @@ static inline bool streaming_to(const RecurrentSeq &rs, int32_t to) { return !(r
 // (params.hpp): whole rows when V = 128, s[k][j] = S[k, v+16j ..]. The same algebra as the vk
 // kernel below (with d = e^g: u = beta (v - d S^T k), S' = d S + k u^T, o = d S^T q + u (k.q)):
 // one read pass gives both products, one pass updates (and writes back).
-// One token (a decode step): the work-item's K x 16 NV block (64 KB at K = V = 128) is read twice,
-// once for the two products and once more from this core's caches for the update and its store,
-// instead of being held in registers (it spilled through the stack). Whole rows per work-item:
-// with half rows (64 of 128 columns) decode B=8 took 1.64 ms here against 1.07 with whole rows
-// (same run): two work-items reading alternate 256-byte halves of every 512-byte row.
-template <int NV>
-static inline void single_token_columns_kv(const GdnDeltaParams &p, RecurrentSeq &rs, int32_t hv, int32_t v, int32_t h) {
-  const state_t *S = state_column(p, rs.read_slot, hv, v);  // read only when rs.init
-  const int64_t row = global_row(p.token_indx, rs.j0);
-  const float *kn = p.kn + (row * p.H + h) * KD, *qn = p.qn + (row * p.H + h) * KD;
-  const float decay = sycl::exp(p.g[row * p.HV + hv]), beta = p.beta[row * p.HV + hv];
-  const int64_t vrow = row * p.qkv_stride + p.v_offset + (int64_t)hv * p.V + v;
-  const int64_t orow = row * p.out_stride + (int64_t)hv * p.V + v;
-  float kdotq = 0.0f;
-  for (int k = 0; k < KD; ++k) kdotq += kn[k] * qn[k];
-  vf16 ak[NV], aq[NV], u[NV];
-  for (int j = 0; j < NV; ++j) ak[j] = aq[j] = vf16(0.0f);
-  if (rs.init)
-    for (int k = 0; k < KD; ++k)
-      for (int j = 0; j < NV; ++j) {
-        const vf16 x = vload_state(S + k * p.V + 16 * j);
-        ak[j] += x * kn[k];
-        aq[j] += x * qn[k];
-      }
-  for (int j = 0; j < NV; ++j) {
-    u[j] = beta * (load_act16(p.qkv, vrow + 16 * j) - decay * ak[j]);
-    store_act16(p.out, orow + 16 * j, decay * aq[j] + u[j] * kdotq);
-  }
-  const int32_t to = token_store_slot(rs, 0), last = rs.spec ? p.pad_slot_id : rs.cols[0];
-  state_t *const A = to != p.pad_slot_id ? state_column(p, to, hv, v) : nullptr;
-  state_t *const B = last != p.pad_slot_id ? state_column(p, last, hv, v) : nullptr;
-  const bool stream_a = streaming_to(rs, to), stream_b = streaming_to(rs, last);
-  for (int k = 0; k < KD; ++k) {
-    vf16 x[NV];
-    for (int j = 0; j < NV; ++j) x[j] = (rs.init ? vload_state(S + k * p.V + 16 * j) * decay : vf16(0.0f)) + u[j] * kn[k];
-    if (A) vstore_states(A + k * p.V, x, NV, stream_a);
-    if (B) vstore_states(B + k * p.V, x, NV, stream_b);
-  }
-}
-
-// Several tokens (spec decoding, a recurrent prefill): the state block stays in registers (on the
-// stack) across the tokens, NV <= GDN_KV_VECS vectors wide. Why NV vectors: the walk reads and
-// writes NV*64 contiguous bytes of each of the K state rows; with one vector (64 bytes per row) the
-// kv layout ran ~1.6x the vk layout's time at spec S=3 even on one thread, bound by that access
-// pattern, not by instructions; 128 columns at once (a 64 KB block on the stack) measured no
-// better than 64. The NV column vectors are also NV independent FMA chains.
-template <int NV>
+// The walk of the 16 NV columns from v over the sequence's tokens, in one of two forms (as the vk
+// kernel's walk_rows_vk below): HOLD (several tokens: spec decoding, a recurrent prefill): the
+// K x 16 NV block stays in registers (on the stack) across the tokens, NV <= GDN_KV_VECS. Why
+// NV vectors: the walk reads and writes NV*64 contiguous bytes of each of the K state rows; with
+// one vector (64 bytes per row) the kv layout ran ~1.6x the vk layout's time at spec S=3 even on
+// one thread, bound by that access pattern, not by instructions; 128 columns at once (a 64 KB
+// block on the stack) measured no better than 64. The NV column vectors are also NV independent
+// FMA chains. One token (a decode step, !HOLD): the block (64 KB at K = V = 128, whole rows) is
+// read twice, once for the two products and once more from this core's caches for the update and
+// its store, instead of being held (it spilled through the stack). Whole rows per work-item: with
+// half rows (64 of 128 columns) decode B=8 took 1.64 ms here against 1.07 with whole rows (same
+// run): two work-items reading alternate 256-byte halves of every 512-byte row.
+template <int NV, bool HOLD>
 static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int32_t hv, int32_t v, int32_t h) {
-  vf16 s[KD][NV];
-  if (rs.init) {
-    const state_t *S = state_column(p, rs.read_slot, hv, v);
+  const state_t *S = state_column(p, rs.read_slot, hv, v);  // read only when rs.init
+  vf16 s[HOLD ? KD : 1][NV];
+  // Row k, vector j of the state block before the token.
+  auto state_in = [&](int k, int j) -> vf16 {
+    if constexpr (HOLD) return s[k][j];
+    else return rs.init ? vload_state(S + k * p.V + 16 * j) : vf16(0.0f);
+  };
+  if constexpr (HOLD)
     for (int k = 0; k < KD; ++k)
-      for (int j = 0; j < NV; ++j) s[k][j] = vload_state(S + k * p.V + 16 * j);
-  } else {
-    for (int k = 0; k < KD; ++k)
-      for (int j = 0; j < NV; ++j) s[k][j] = vf16(0.0f);
-  }
+      for (int j = 0; j < NV; ++j) s[k][j] = rs.init ? vload_state(S + k * p.V + 16 * j) : vf16(0.0f);
   for (int32_t t = 0; t < rs.len; ++t) {
     const int64_t row = global_row(p.token_indx, rs.j0 + t);
     const float *kn = p.kn + (row * p.H + h) * KD, *qn = p.qn + (row * p.H + h) * KD;
@@ -87,30 +54,45 @@ static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int
     } else {
       for (int k = 0; k < KD; ++k) kdotq += kn[k] * qn[k];
     }
-    vf16 ak[NV], aq[NV];
+    vf16 ak[NV], aq[NV], u[NV];
     for (int j = 0; j < NV; ++j) ak[j] = aq[j] = vf16(0.0f);
-    for (int k = 0; k < KD; ++k)
-      for (int j = 0; j < NV; ++j) {
-        ak[j] += s[k][j] * kn[k];
-        aq[j] += s[k][j] * qn[k];
-      }
-    vf16 u[NV];
+    if (HOLD || rs.init)
+      for (int k = 0; k < KD; ++k)
+        for (int j = 0; j < NV; ++j) {
+          const vf16 x = state_in(k, j);
+          ak[j] += x * kn[k];
+          aq[j] += x * qn[k];
+        }
     for (int j = 0; j < NV; ++j) {
       u[j] = beta * (load_act16(p.qkv, vrow + 16 * j) - decay * ak[j]);
       store_act16(p.out, orow + 16 * j, decay * aq[j] + u[j] * kdotq);
     }
-    for (int k = 0; k < KD; ++k)
-      for (int j = 0; j < NV; ++j) s[k][j] = s[k][j] * decay + u[j] * kn[k];
-    const int32_t to = token_store_slot(rs, t);  // spec write-back or block checkpoint
-    if (to != p.pad_slot_id) {
-      state_t *S = state_column(p, to, hv, v);
-      for (int k = 0; k < KD; ++k) vstore_states(S + k * p.V, s[k], NV, streaming_to(rs, to));
+    // Where the state after the token goes: its store slot (a spec write-back or a checkpoint)
+    // and, for the one token of a non-spec sequence, the sequence's slot. Nothing in this call
+    // reads the stored states again: streaming stores unless in place.
+    const int32_t to = token_store_slot(rs, t), last = !HOLD && !rs.spec ? rs.cols[0] : p.pad_slot_id;
+    state_t *const A = to != p.pad_slot_id ? state_column(p, to, hv, v) : nullptr;
+    state_t *const B = last != p.pad_slot_id ? state_column(p, last, hv, v) : nullptr;
+    const bool stream_a = streaming_to(rs, to), stream_b = streaming_to(rs, last);
+    if constexpr (HOLD) {
+      for (int k = 0; k < KD; ++k)
+        for (int j = 0; j < NV; ++j) s[k][j] = s[k][j] * decay + u[j] * kn[k];
+      if (A)
+        for (int k = 0; k < KD; ++k) vstore_states(A + k * p.V, s[k], NV, stream_a);
+    } else {
+      for (int k = 0; k < KD; ++k) {
+        vf16 x[NV];
+        for (int j = 0; j < NV; ++j) x[j] = state_in(k, j) * decay + u[j] * kn[k];
+        if (A) vstore_states(A + k * p.V, x, NV, stream_a);
+        if (B) vstore_states(B + k * p.V, x, NV, stream_b);
+      }
     }
   }
-  if (!rs.spec) {  // nothing in this call reads it again: streaming (unless in place), like the write-backs
-    state_t *S = state_column(p, rs.cols[0], hv, v);
-    for (int k = 0; k < KD; ++k) vstore_states(S + k * p.V, s[k], NV, streaming_to(rs, rs.cols[0]));
-  }
+  if constexpr (HOLD)
+    if (!rs.spec) {
+      state_t *const B = state_column(p, rs.cols[0], hv, v);
+      for (int k = 0; k < KD; ++k) vstore_states(B + k * p.V, s[k], NV, streaming_to(rs, rs.cols[0]));
+    }
 }
 
 // The 16 NV columns from v of (seq, hv): one token in one pass over whole rows, several tokens
@@ -124,9 +106,9 @@ static inline void recurrent_columns_kv(const GdnDeltaParams &p, int32_t seq, in
     return;
   }
   const int32_t h = hv / (p.HV / p.H);
-  if (rs.len == 1) return single_token_columns_kv<NV>(p, rs, hv, v, h);
+  if (rs.len == 1) return walk_columns_kv<NV, false>(p, rs, hv, v, h);
   constexpr int NW = NV < GDN_KV_VECS ? NV : GDN_KV_VECS;
-  for (int j = 0; j < NV; j += NW) walk_columns_kv<NW>(p, rs, hv, v + 16 * j, h);
+  for (int j = 0; j < NV; j += NW) walk_columns_kv<NW, true>(p, rs, hv, v + 16 * j, h);
 }
 
 // Global (num_seqs*HV, V / (16 gdn_kv_cpu_vecs(V))), local (1, 1) (plan.cpp).
