@@ -132,9 +132,11 @@ void enqueue_delta(Chain &ch, Checked &c, const Plan &plan, const Kernels &ks, c
                          c.batch.num_actual_tokens, cfg.num_k_heads, cfg.num_v_heads, cfg.head_k_dim, cfg.scale,
                          cfg.l2norm_eps, (cfg.flags & GDN_FLAG_NO_QK_L2NORM) ? 0 : 1,
                          (cfg.flags & GDN_FLAG_L2NORM_DIV) ? 1 : 0};
-  launch(ch, ks, plan.prep, pp);
+  if (plan.prep.on) launch(ch, ks, plan.prep, pp);
 
   GdnDeltaParams p{};
+  p.prep_inline = plan.prep_inline ? 1 : 0;
+  p.prep = pp;
   p.qkv = qkv;
   p.qn = qn, p.kn = kn, p.g = g, p.beta = beta;
   p.ssm = t.ssm_state;

@@ -130,6 +130,14 @@ void plan_delta(Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b, const Ta
     }
   }
   if (b.num_spec_decodes > 0 && b.spec_token_count > 0) p.recurrent_spec = recurrent(cfg, t, b.num_spec_decodes);
+  // A call without chunk kernels whose recurrent kernels are CPU variants launches no gdn_prep:
+  // they prepare each token's q, k and gates themselves (GdnDeltaParams.prep_inline), one launch
+  // less per decode step (a launch costs the CPU device's runtime microseconds of host time).
+  // The workspace layout keeps the prep outputs all the same (it does not depend on the target).
+  auto cpu_or_off = [](const Launch &l) { return !l.on || l.family == Family::DeltaRecurrentCpu; };
+  p.prep_inline = p.seq_capacity == 0 && cfg.head_k_dim % GDN_CPU_LANES == 0 && cpu_or_off(p.recurrent_non_spec) &&
+                  cpu_or_off(p.recurrent_spec);
+  if (p.prep_inline) p.prep.on = false;
 }
 
 Layout plan_layout(const Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b, bool delta) {

@@ -46,6 +46,7 @@ struct Plan {
   int32_t conv_tile = 0;          // tokens per time tile of the non-spec conv
   int32_t chunk_capacity = 0;     // rows of the device-built chunk table (0: no chunked path)
   int32_t seq_capacity = 0;       // rows of its sequence table
+  bool prep_inline = false;       // no gdn_prep: the recurrent CPU kernels prepare their tokens
   bool conv_out_in_workspace = false;
   Layout layout;
 

@@ -28,17 +28,39 @@ static inline float l2_factor(const GdnPrepParams &p, float sum_sq) {
   return p.l2_div ? 1.0f / (sycl::sqrt(sum_sq) + p.eps) : sycl::rsqrt(sum_sq + p.eps);
 }
 
-// The gates g, beta of v-heads hv0 .. hv0+n-1 of a row.
+// The gates g, beta of v-head hv of a row.
+static inline void gates(const GdnPrepParams &p, int64_t row, int32_t hv, float *g, float *beta) {
+  const int64_t gi = row * p.HV + hv;
+  if (p.g_in) {
+    *g = p.g_in[gi];
+    *beta = p.beta_in[gi];
+  } else {
+    const float a = load_act(p.a, row * p.ab_stride + hv), b = load_act(p.b, row * p.ab_stride + hv);
+    *g = log_decay(p.A_log[hv], a + p.dt_bias[hv]);
+    *beta = sigmoid(b);
+  }
+}
+
+// The gates g, beta of v-heads hv0 .. hv0+n-1 of a row, stored.
 static inline void prep_gates(const GdnPrepParams &p, int64_t row, int32_t hv0, int32_t n) {
-  for (int32_t hv = hv0; hv < hv0 + n; ++hv) {
-    const int64_t gi = row * p.HV + hv;
-    if (p.g_in) {
-      p.g[gi] = p.g_in[gi];
-      p.beta[gi] = p.beta_in[gi];
-    } else {
-      const float a = load_act(p.a, row * p.ab_stride + hv), b = load_act(p.b, row * p.ab_stride + hv);
-      p.g[gi] = log_decay(p.A_log[hv], a + p.dt_bias[hv]);
-      p.beta[gi] = sigmoid(b);
-    }
+  for (int32_t hv = hv0; hv < hv0 + n; ++hv) gates(p, row, hv, p.g + row * p.HV + hv, p.beta + row * p.HV + hv);
+}
+
+// q (times scale) and k of (row, k-head h), l2-normalized, as KD/16 vectors each (KD % 16 == 0):
+// what gdn_prep_cpu stores, and what the recurrent CPU kernels compute themselves when no
+// gdn_prep ran (GdnDeltaParams.prep_inline): the same arithmetic either way.
+static inline void prep_qk16(const GdnPrepParams &p, int64_t row, int32_t h, vf16 *q, vf16 *k) {
+  const int64_t qbase = row * p.qkv_stride + (int64_t)h * KD, kbase = qbase + (int64_t)p.H * KD;
+  vf16 sq(0.0f), sk(0.0f);
+  for (int c = 0; c < KD / 16; ++c) {
+    q[c] = load_act16(p.qkv, qbase + 16 * c);
+    k[c] = load_act16(p.qkv, kbase + 16 * c);
+    sq += q[c] * q[c];
+    sk += k[c] * k[c];
+  }
+  const float rq = l2_factor(p, hsum(sq)) * p.scale, rk = l2_factor(p, hsum(sk));
+  for (int c = 0; c < KD / 16; ++c) {
+    q[c] *= rq;
+    k[c] *= rk;
   }
 }

@@ -9,19 +9,12 @@ GDN_KERNEL(1) void gdn_prep_cpu(GdnPrepParams p) {
   const int64_t row = (int64_t)item1().get_group(0);
   if (row >= p.rows) return;
   for (int32_t h = 0; h < p.H; ++h) {
-    const int64_t qbase = row * p.qkv_stride + (int64_t)h * KD, kbase = qbase + (int64_t)p.H * KD;
-    vf16 q[KD / 16], k[KD / 16], sq(0.0f), sk(0.0f);
-    for (int c = 0; c < KD / 16; ++c) {
-      q[c] = load_act16(p.qkv, qbase + 16 * c);
-      k[c] = load_act16(p.qkv, kbase + 16 * c);
-      sq += q[c] * q[c];
-      sk += k[c] * k[c];
-    }
-    const float rq = l2_factor(p, hsum(sq)) * p.scale, rk = l2_factor(p, hsum(sk));
+    vf16 q[KD / 16], k[KD / 16];
+    prep_qk16(p, row, h, q, k);
     float *qn = p.qn + (row * p.H + h) * KD, *kn = p.kn + (row * p.H + h) * KD;
     for (int c = 0; c < KD / 16; ++c) {
-      vstore(qn + 16 * c, q[c] * rq);
-      vstore(kn + 16 * c, k[c] * rk);
+      vstore(qn + 16 * c, q[c]);
+      vstore(kn + 16 * c, k[c]);
     }
   }
   prep_gates(p, row, 0, p.HV);

@@ -4,12 +4,40 @@
 // uniformity; explicit 16-wide vectors inside a work-item make every load contiguous or a
 // broadcast. Work-groups of one work-item, coordinates from GROUP ids only (common.hpp, "CPU-device
 // kernels").
+#include "delta_prep.hpp"
 #include "delta_recurrent.hpp"
 
 // Whether a store of this walk's state to slot `to` streams: not when it is in place, to the slot
 // the walk read its initial state from, whose lines are still in this core's caches
 // (vstore_states: plain stores there).
 static inline bool streaming_to(const RecurrentSeq &rs, int32_t to) { return !(rs.init && to == rs.read_slot); }
+
+// Token t of the walk, for k-head h and v-head hv: returns its global row; kn, qn point to its
+// l2-normalized k and q (KD floats each), decay = e^g, beta. They are the prep kernel's outputs,
+// or, when the call launched no gdn_prep (p.prep_inline: no chunk kernels in it, K % 16 == 0),
+// prepared here from the conv output into kb, qb with the prep kernel's own arithmetic
+// (delta_prep.hpp). Both walks below take their tokens through this (out-parameters: returning a
+// struct measured 1.5x slower in an earlier build of these kernels).
+static inline int64_t token_in(const GdnDeltaParams &p, const RecurrentSeq &rs, int32_t t, int32_t h, int32_t hv,
+                               float *kb, float *qb, const float *&kn, const float *&qn, float &decay, float &beta) {
+  const int64_t row = global_row(p.token_indx, rs.j0 + t);
+  float g;
+  if (KD % 16 == 0 && p.prep_inline) {
+    vf16 k[KD / 16 + (KD % 16 != 0)], q[KD / 16 + (KD % 16 != 0)];
+    prep_qk16(p.prep, row, h, q, k);
+    for (int c = 0; c < KD / 16; ++c) {
+      vstore(kb + 16 * c, k[c]);
+      vstore(qb + 16 * c, q[c]);
+    }
+    kn = kb, qn = qb;
+    gates(p.prep, row, hv, &g, &beta);
+  } else {
+    kn = p.kn + (row * p.H + h) * KD, qn = p.qn + (row * p.H + h) * KD;
+    g = p.g[row * p.HV + hv], beta = p.beta[row * p.HV + hv];
+  }
+  decay = sycl::exp(g);
+  return row;
+}
 
 #if !GDN_VK_LAYOUT
 // kv layout [.., K, V]: a work-item owns 16 NV consecutive state columns, NV = gdn_kv_cpu_vecs(V)
@@ -41,9 +69,9 @@ static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int
     for (int k = 0; k < KD; ++k)
       for (int j = 0; j < NV; ++j) s[k][j] = rs.init ? vload_state(S + k * p.V + 16 * j) : vf16(0.0f);
   for (int32_t t = 0; t < rs.len; ++t) {
-    const int64_t row = global_row(p.token_indx, rs.j0 + t);
-    const float *kn = p.kn + (row * p.H + h) * KD, *qn = p.qn + (row * p.H + h) * KD;
-    const float decay = sycl::exp(p.g[row * p.HV + hv]), beta = p.beta[row * p.HV + hv];
+    float kb[KD], qb[KD], decay, beta;
+    const float *kn, *qn;
+    const int64_t row = token_in(p, rs, t, h, hv, kb, qb, kn, qn, decay, beta);
     const int64_t vrow = row * p.qkv_stride + p.v_offset + (int64_t)hv * p.V + v;
     const int64_t orow = row * p.out_stride + (int64_t)hv * p.V + v;
     float kdotq = 0.0f;
@@ -174,11 +202,9 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, int32
     for (int32_t r = 0; r < 16; ++r)
       for (int c = 0; c < KC; ++c) s[r][c] = rs.init && r < nr ? vload_state(S + r * KD + 16 * c) : vf16(0.0f);
   for (int32_t t = 0; t < rs.len; ++t) {
-    // The same token setup as the kv walk's. Shared through a helper returning a struct it
-    // measured 1.5x slower here (the CPU device's compiler), so it is written out twice.
-    const int64_t row = global_row(p.token_indx, rs.j0 + t);
-    const float *kn = p.kn + (row * p.H + h) * KD, *qn = p.qn + (row * p.H + h) * KD;
-    const float decay = sycl::exp(p.g[row * p.HV + hv]), beta = p.beta[row * p.HV + hv];
+    float kb[KD], qb[KD], decay, beta;
+    const float *kn, *qn;
+    const int64_t row = token_in(p, rs, t, h, hv, kb, qb, kn, qn, decay, beta);
     const int64_t vrow = row * p.qkv_stride + p.v_offset + (int64_t)hv * p.V + v0;
     const int64_t orow = row * p.out_stride + (int64_t)hv * p.V + v0;
     vf16 k[KC], q[KC], kq(0.0f);

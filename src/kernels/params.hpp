@@ -107,8 +107,10 @@ struct GdnDeltaParams {
   int32_t num_seqs, H, HV, K, V, v_offset;  // v_offset = 2*H*K: first v column in qkv
   int32_t slot_cols, pad_slot_id, group;    // group: GDN_GROUP_*
   int32_t chunk_capacity, seq_capacity;     // rows of the chunk and seq tables
-  int32_t pad0;
+  int32_t prep_inline;                      // 1: no gdn_prep ran; the recurrent CPU kernels prepare
+                                            // each token's q, k and gates themselves, from prep
   GdnSlotUse slots;
+  GdnPrepParams prep;                       // (prep_inline only; its outputs qn, kn, g, beta unused)
 };
 
 struct GdnNormParams {
