@@ -16,9 +16,10 @@ def test_recurrent_decode(queue, ssm_layout, gva):
     run_delta(queue, rng, meta, H=gva[0], HV=gva[1], ssm_layout=ssm_layout)
 
 
-# (48, 20): on the CPU device the vk recurrent variant holds rows in blocks of 8; 20 rows end
-# with a short block. (32, 48) and (16, 144): the CPU chunk scan walks 16-column blocks two at a time
-# (SCAN_CB) and GDN_SCAN_BLOCKS = 8 per work-item; 3 blocks end with a single one, 9 make a second work-item.
+# (48, 20): on the CPU device the vk recurrent variant walks rows in passes of 16 (GDN_VK_ROWS); 20 rows end
+# with a short block. (32, 48), (32, 96) and (16, 144): the CPU chunk scan walks 16-column blocks four at
+# a time (SCAN_CPU_CB) and GDN_SCAN_BLOCKS = 8 per work-item; 3 blocks make one short pass, 6 a full
+# and a short one, 9 a second work-item.
 # (256, 256): the largest head the library accepts, the CPU kernels' private arrays at their largest.
 @pytest.mark.parametrize("ssm_layout", ["kv", "vk"])
 @pytest.mark.parametrize("dims", [(128, 128), (64, 32), (32, 96), (256, 16), (48, 20), (5, 7), (32, 48), (16, 144),

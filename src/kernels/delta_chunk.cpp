@@ -96,5 +96,5 @@ GDN_KERNEL(2) void gdn_chunk_scan(GdnDeltaParams p) {
   const auto it = item2();
   const int32_t e = (int32_t)(it.get_group(0) / p.HV), hv = (int32_t)(it.get_group(0) % p.HV);  // uniform
   const int32_t v = (int32_t)it.get_global_id(1);
-  if (e < p.seq_capacity && v < p.V) chunk_scan_body<1, 1, 1>(p, e, hv, v);
+  if (e < p.seq_capacity && v < p.V) chunk_scan_body<1, 1, 1, SCAN_RB, SCAN_KB>(p, e, hv, v);
 }

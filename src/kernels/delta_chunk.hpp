@@ -22,9 +22,11 @@
 #pragma once
 #include "delta.hpp"
 
-#define SCAN_RB 4  // chunk_scan register blocking: rows of W / q per pass
-#define SCAN_KB 8  // and state rows per pass of the state update
-#define SCAN_CB 2  // and 16-column blocks per pass in the CPU variant (GDN_SCAN_BLOCKS per work-item)
+// The generic chunk scan's register blocking (template arguments RB, KB of chunk_scan_body; the
+// CPU variant has its own, delta_chunk_cpu.cpp): rows of W / q per pass, state rows per pass of
+// the state update.
+#define SCAN_RB 4
+#define SCAN_KB 8
 
 static inline int64_t chunk_pos(const GdnDeltaParams &p, int32_t hv, int32_t c) {
   return ((int64_t)hv * p.chunk_capacity + c) * GDN_CHUNK_SIZE;
@@ -51,10 +53,10 @@ static inline void store_state_columns(const GdnDeltaParams &p, int32_t slot, in
 // s[b][k] = S[k, v[b] ..] (updated in place); blocks b >= cb repeat block cb-1: computed, not stored.
 //   u = U - W S,  o = d (q S) + Aqk u,  S = d_last S + K^T (D[last][.] u).
 // up and qs are scratch of GDN_CHUNK_SIZE rows per block. Every product is blocked so that
-// CB x SCAN_RB (rows) or CB x SCAN_KB (state rows) independent accumulators are in flight: one
+// CB x RB (rows) or CB x KB (state rows) independent accumulators are in flight: one
 // accumulator per dot product left the CPU device waiting on the FMA latency, and each load
 // (a state or u vector, a broadcast of W, q, Aqk or k) now feeds several FMAs.
-template <int NL, int CB>
+template <int NL, int CB, int RB, int KB>
 static inline void chunk_scan_columns(const GdnDeltaParams &p, int64_t pos, int32_t jfirst, int32_t len,
                                       const int64_t *qk_off, int32_t hv, const int32_t *v, int32_t cb,
                                       typename Lanes<NL>::T *const *s, typename Lanes<NL>::T (*up)[GDN_CHUNK_SIZE],
@@ -62,20 +64,20 @@ static inline void chunk_scan_columns(const GdnDeltaParams &p, int64_t pos, int3
   typedef Lanes<NL> L;
   typedef typename L::T lane_t;
   const float *dstart = p.chunk_dstart + pos, *dend = p.chunk_dend + pos;
-  for (int32_t i0 = 0; i0 < len; i0 += SCAN_RB) {  // u = U - W S and q S, SCAN_RB rows at a time
-    const float *w[SCAN_RB], *qi[SCAN_RB];
-    for (int r = 0; r < SCAN_RB; ++r) {  // rows past len repeat row i0: computed, not stored
+  for (int32_t i0 = 0; i0 < len; i0 += RB) {  // u = U - W S and q S, RB rows at a time
+    const float *w[RB], *qi[RB];
+    for (int r = 0; r < RB; ++r) {  // rows past len repeat row i0: computed, not stored
       const int32_t i = i0 + r < len ? i0 + r : i0;
       w[r] = p.chunk_w + (pos + i) * KD;
       qi[r] = p.qn + qk_off[i];
     }
-    lane_t ws[CB][SCAN_RB], q_s[CB][SCAN_RB];
+    lane_t ws[CB][RB], q_s[CB][RB];
     for (int b = 0; b < CB; ++b)
-      for (int r = 0; r < SCAN_RB; ++r) ws[b][r] = q_s[b][r] = lane_t(0.0f);
+      for (int r = 0; r < RB; ++r) ws[b][r] = q_s[b][r] = lane_t(0.0f);
     for (int k = 0; k < KD; ++k) {
       lane_t sk[CB];
       for (int b = 0; b < CB; ++b) sk[b] = s[b][k];
-      for (int r = 0; r < SCAN_RB; ++r) {
+      for (int r = 0; r < RB; ++r) {
         const float wk = w[r][k], qk = qi[r][k];
         for (int b = 0; b < CB; ++b) {
           ws[b][r] += sk[b] * wk;
@@ -84,16 +86,16 @@ static inline void chunk_scan_columns(const GdnDeltaParams &p, int64_t pos, int3
       }
     }
     for (int b = 0; b < CB; ++b)
-      for (int r = 0; r < SCAN_RB && i0 + r < len; ++r) {
+      for (int r = 0; r < RB && i0 + r < len; ++r) {
         up[b][i0 + r] = L::load(p.chunk_u + (pos + i0 + r) * p.V + v[b]) - ws[b][r];
         qs[b][i0 + r] = q_s[b][r];
       }
   }
-  for (int32_t i0 = 0; i0 < len; i0 += SCAN_RB) {  // o = d (q S) + Aqk u (Aqk is 0 above the diagonal)
-    const int32_t nr = sycl::min(SCAN_RB, len - i0);
-    lane_t o[CB][SCAN_RB];
-    const float *aqk[SCAN_RB];
-    for (int r = 0; r < SCAN_RB; ++r) {
+  for (int32_t i0 = 0; i0 < len; i0 += RB) {  // o = d (q S) + Aqk u (Aqk is 0 above the diagonal)
+    const int32_t nr = sycl::min(RB, len - i0);
+    lane_t o[CB][RB];
+    const float *aqk[RB];
+    for (int r = 0; r < RB; ++r) {
       const int32_t i = r < nr ? i0 + r : i0;
       for (int b = 0; b < CB; ++b) o[b][r] = dstart[i] * qs[b][i];
       aqk[r] = p.chunk_aqk + (pos + i) * GDN_CHUNK_SIZE;
@@ -101,7 +103,7 @@ static inline void chunk_scan_columns(const GdnDeltaParams &p, int64_t pos, int3
     for (int32_t j = 0; j < i0 + nr; ++j) {
       lane_t uj[CB];
       for (int b = 0; b < CB; ++b) uj[b] = up[b][j];
-      for (int r = 0; r < SCAN_RB; ++r) {
+      for (int r = 0; r < RB; ++r) {
         const float a = aqk[r][j];
         for (int b = 0; b < CB; ++b) o[b][r] += a * uj[b];
       }
@@ -114,21 +116,21 @@ static inline void chunk_scan_columns(const GdnDeltaParams &p, int64_t pos, int3
   const float dlast = dstart[len - 1];  // S = d_last S + K^T (D[last][.] u)
   for (int32_t j = 0; j < len; ++j)
     for (int b = 0; b < CB; ++b) up[b][j] *= dend[j];
-  for (int k0 = 0; k0 < KD; k0 += SCAN_KB) {
-    lane_t acc[CB][SCAN_KB];
+  for (int k0 = 0; k0 < KD; k0 += KB) {
+    lane_t acc[CB][KB];
     for (int b = 0; b < CB; ++b)
-      for (int kk = 0; kk < SCAN_KB; ++kk) acc[b][kk] = k0 + kk < KD ? s[b][k0 + kk] * dlast : lane_t(0.0f);
+      for (int kk = 0; kk < KB; ++kk) acc[b][kk] = k0 + kk < KD ? s[b][k0 + kk] * dlast : lane_t(0.0f);
     for (int32_t j = 0; j < len; ++j) {
       lane_t uj[CB];
       for (int b = 0; b < CB; ++b) uj[b] = up[b][j];
       const float *kj = p.kn + qk_off[j] + k0;
-      for (int kk = 0; kk < SCAN_KB && k0 + kk < KD; ++kk) {
+      for (int kk = 0; kk < KB && k0 + kk < KD; ++kk) {
         const float x = kj[kk];
         for (int b = 0; b < CB; ++b) acc[b][kk] += uj[b] * x;
       }
     }
     for (int b = 0; b < cb; ++b)
-      for (int kk = 0; kk < SCAN_KB && k0 + kk < KD; ++kk) s[b][k0 + kk] = acc[b][kk];
+      for (int kk = 0; kk < KB && k0 + kk < KD; ++kk) s[b][k0 + kk] = acc[b][kk];
   }
 }
 
@@ -139,7 +141,7 @@ static inline void chunk_scan_columns(const GdnDeltaParams &p, int64_t pos, int3
 // from the cache by every block. A work-item per block each walking the whole sequence alone
 // re-read them per block, from DRAM once a sequence's chunk data outgrew the caches (README
 // "Where the time goes").
-template <int NL, int NB, int CB>
+template <int NL, int NB, int CB, int RB, int KB>
 static inline void chunk_scan_body(const GdnDeltaParams &p, int32_t e, int32_t hv, int32_t v0) {
   typedef Lanes<NL> L;
   typedef typename L::T lane_t;
@@ -177,7 +179,7 @@ static inline void chunk_scan_body(const GdnDeltaParams &p, int32_t e, int32_t h
         sb[b] = s[bb];
         vb[b] = v0 + bb * NL;
       }
-      chunk_scan_columns<NL, CB>(p, pos, jfirst, len, qk_off, hv, vb, cb, sb, up, qs);
+      chunk_scan_columns<NL, CB, RB, KB>(p, pos, jfirst, len, qk_off, hv, vb, cb, sb, up, qs);
     }
     // A block checkpoint is always a chunk end (gdn_chunk_plan aligns the chunks to it).
     const int32_t ck = ckpt.after(jfirst + len - 1 - j0);
