@@ -1,5 +1,6 @@
 // delta_prep.hpp — the per-row preprocessing of the gated delta rule: what the generic gdn_prep
-// (delta_prep.cpp) and the CPU device's gdn_prep_cpu (delta_prep_cpu.cpp) share.
+// (delta_prep.cpp), the CPU device's gdn_prep_cpu (delta_prep_cpu.cpp) and its recurrent kernels
+// (delta_recurrent_cpu.cpp, when a call launches no prep) share.
 #pragma once
 #include "delta.hpp"
 
