@@ -88,3 +88,41 @@ def test_gate_and_norm_variants(queue, variant):
     meta = make_batch(rng, num_slots=20, prefill_lens=[80], num_decodes=2, spec_lens=[2], num_spec=1)
     kw = {"g_beta": dict(gates="g_beta"), "no_l2norm": dict(l2norm=False), "l2_div": dict(l2_mode="div")}[variant]
     run_delta(queue, rng, meta, num_slots=20, **kw)
+
+
+PROFILE_CHILD = r"""
+import sys
+sys.path.insert(0, sys.argv[2])
+import numpy as np
+from pygdn.batch import make_batch
+from helpers import default_queue
+from op_checks import run_delta
+rng = np.random.default_rng(0)
+if sys.argv[1] == "steps":  # decodes and spec decodes only: no chunk kernels
+    meta = make_batch(rng, num_slots=16, num_decodes=3, spec_lens=[2, 3], num_spec=2)
+else:                       # with a prefill
+    meta = make_batch(rng, num_slots=16, num_decodes=2, prefill_lens=[70], spec_lens=[2], num_spec=1)
+run_delta(default_queue(), rng, meta, num_slots=16, ssm_layout="vk")
+"""
+
+
+@pytest.mark.parametrize("batch", ["steps", "with_prefill"])
+def test_decode_steps_launch_no_prep_on_cpu(queue, batch, tmp_path):
+    """On the CPU device a call without chunk kernels launches no gdn_prep: the recurrent kernels
+    prepare their own tokens (one launch less per decode step); a call with a prefill keeps it.
+    The kernels a call runs, from GDN_XPU_PROFILE's per-kernel lines; values checked in the child."""
+    import os
+    import subprocess
+    import sys
+    if not queue.sycl_device.is_cpu or os.environ.get("GDN_XPU_GENERIC_KERNELS") == "1":
+        pytest.skip("the CPU device's kernel variants only")
+    env = dict(os.environ, GDN_XPU_PROFILE="1")
+    tests = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run([sys.executable, "-c", PROFILE_CHILD, batch, tests], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    names = {line.split()[1] for line in out.stderr.splitlines() if line.startswith("libgdn_xpu: ")}
+    if batch == "steps":
+        assert names == {"gdn_recurrent_vk_cpu"}, names
+    else:
+        assert {"gdn_prep_cpu", "gdn_chunk_plan", "gdn_chunk_scan_cpu", "gdn_recurrent_vk_cpu"} <= names, names
