@@ -155,7 +155,7 @@ def run_checkpoint_case(queue, lens, act, plan, log, interval=CHECKPOINT_INTERVA
     rec["waited_for_quiet_s"] = wait_quiet(plan)
     reps = plan["reps_ours"]["prefill"]
     stats, foreign = timed_blocks({"ours": (plain.step, reps, first), "ours_checkpoints": (ck.step, reps, ck_first)},
-                                  plan["budget_s"])
+                                  plan["budget_s"], together=("ours", "ours_checkpoints"))
     rec.update(stats)
     rec["foreign_cpu"] = foreign
     rec["cost"] = stats["ours_checkpoints"]["median_s"] / stats["ours"]["median_s"] - 1.0

@@ -66,25 +66,45 @@ def settle():
     time.sleep(0.05)
 
 
-def timed_blocks(impls, budget_s):
+def timed_blocks(impls, budget_s, together=(), rounds=3):
     """Each implementation in turn: a pause (other libraries' idle worker threads stop spinning:
     OpenBLAS's spin up to ~0.1 s after a threaded call), one untimed step (wakes its own threads
     and caches), then its repeats back to back, as a serving loop would run it. impls: name ->
-    (fn, reps, first_s); each gets at most budget_s of repeats. Returns (name -> stats, share
-    of the CPU other processes used meanwhile)."""
-    stats = {}
+    (fn, reps, first_s); each gets at most budget_s of repeats. The names in `together` (variants
+    whose times are compared as ratios: our ssm layouts and state dtypes) split their repeats over
+    `rounds` interleaved rounds, in alternating order, so this host's swings of minutes hit them
+    alike (measured one block after another, a ratio moved up to ~3x between runs). Returns (name
+    -> stats, share of the CPU other processes used meanwhile)."""
+    stats, times = {}, {}
     watch = CpuWatch()
+
+    def block(n, want):
+        fn, _, first = impls[n]
+        time.sleep(SWITCH_PAUSE_S)
+        if first * (want + 1) <= budget_s:
+            fn()
+        times.setdefault(n, []).extend(call_times(fn, want))
+
+    def wanted(n):
+        fn, reps, first = impls[n]
+        return max(1, min(reps, int(budget_s / first))) if first > 0 else reps
+
+    group = [n for n in impls if n in together and impls[n][2] < budget_s]
     for n, (fn, reps, first) in impls.items():
         if first >= budget_s:
             # One step takes longer than the whole budget (a loaded machine, or a slow peer):
             # the first (warm-up / check) call is the measurement.
             stats[n] = {"median_s": first, "min_s": first, "reps": 1, "first_call_only": True}
-            continue
-        want = max(1, min(reps, int(budget_s / first))) if first > 0 else reps
-        time.sleep(SWITCH_PAUSE_S)
-        if first * (want + 1) <= budget_s:
-            fn()
-        ts = call_times(fn, want)
+        elif n not in group:
+            block(n, wanted(n))
+        elif n == group[0]:
+            for r in range(rounds):
+                for m in (group if r % 2 == 0 else group[::-1]):
+                    want = wanted(m)
+                    share = want // rounds + (1 if r < want % rounds else 0)
+                    if share:
+                        block(m, share)
+    for n, ts in times.items():
         stats[n] = {"median_s": statistics.median(ts), "min_s": min(ts), "reps": len(ts)}
     return stats, watch.foreign()
 
