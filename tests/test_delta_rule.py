@@ -1,5 +1,9 @@
 """gated delta rule kernels (recurrent decode, speculative decode, chunked prefill) against the
 float64 reference recurrence. fp32 inputs: <= 2e-5 relative; f16/bf16 inputs: see RTOL_LOW."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -111,9 +115,6 @@ def test_decode_steps_launch_no_prep_on_cpu(queue, batch, tmp_path):
     """On the CPU device a call without chunk kernels launches no gdn_prep: the recurrent kernels
     prepare their own tokens (one launch less per decode step); a call with a prefill keeps it.
     The kernels a call runs, from GDN_XPU_PROFILE's per-kernel lines; values checked in the child."""
-    import os
-    import subprocess
-    import sys
     if not queue.sycl_device.is_cpu or os.environ.get("GDN_XPU_GENERIC_KERNELS") == "1":
         pytest.skip("the CPU device's kernel variants only")
     env = dict(os.environ, GDN_XPU_PROFILE="1")
