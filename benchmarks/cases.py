@@ -425,9 +425,12 @@ def run_case(queue, case, peers, plan, log, missing=()):
         rec[name]["agreement_vs_ours"] = a
     t_ours = rec["ours"]["median_s"]
     rec["ours"]["GBps"] = rec["bytes"] / t_ours / 1e9
+    rec["ours"]["bytes_read_written"] = rec["bytes_read_written"]
     for name, _, sd in VARIANTS:
         if name in rec:
-            rec[name]["GBps"] = rec["bytes" if sd == "f32" else f"bytes_{sd}_state"] / rec[name]["median_s"] / 1e9
+            of_dtype = "" if sd == "f32" else f"_{sd}_state"  # the traffic counted in the state dtype's bytes
+            rec[name]["GBps"] = rec["bytes" + of_dtype] / rec[name]["median_s"] / 1e9
+            rec[name]["bytes_read_written"] = rec["bytes_read_written" + of_dtype]
             rec[name]["vs_ours"] = rec[name]["median_s"] / t_ours
     if "flops" in rec:
         rec["ours"]["GFLOPs"] = rec["flops"] / t_ours / 1e9

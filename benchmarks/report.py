@@ -29,7 +29,7 @@ def rw_bound_share(rec, name, plan):
     write-only rate, overlapped: the larger of the two) over its measured time; None when the
     run has no read/write rates."""
     bw, v = plan["bw"], rec.get(name, {})
-    rw = rec.get("bytes_read_written_bf16_state" if "bf16" in name else "bytes_read_written")
+    rw = v.get("bytes_read_written")  # in its state dtype's bytes (cases.run_case)
     if not (bw.get("kernel_read_GBps") and bw.get("kernel_write_GBps") and rw and "median_s" in v):
         return None
     return max(rw[0] / bw["kernel_read_GBps"], rw[1] / bw["kernel_write_GBps"]) / 1e9 / v["median_s"]
