@@ -85,56 +85,45 @@ GDN_KERNEL(1) void gdn_chunk_prep_cpu(GdnDeltaParams p) {
       }
       for (int32_t j = i + 1; j < GDN_CHUNK_SIZE; ++j) aqk[j] = 0.0f;  // chunk_scan reads row blocks past the diagonal
     }
-    // T = (I + A)^-1 row by row: T[r] = e_r - sum_{l<r} A[r][l] T[l], rows as 64-wide vectors,
-    // the sum over l in two halves (even, odd l): one chain of r dependent FMAs per row was the
-    // kernel's latency bound.
-    vf16 T[GDN_CHUNK_SIZE][GDN_CHUNK_SIZE / 16];
-    for (int32_t rr = 0; rr < len; ++rr) {
-      vf16 t[GDN_CHUNK_SIZE / 16], t1[GDN_CHUNK_SIZE / 16];
-      for (int q = 0; q < GDN_CHUNK_SIZE / 16; ++q) t[q] = t1[q] = vf16(0.0f);
-      t[rr / 16][rr % 16] = 1.0f;
-      int32_t l = 0;
-      for (; l + 1 < rr; l += 2) {
-        const float a = A[rr][l], a1 = A[rr][l + 1];
-        for (int q = 0; q < GDN_CHUNK_SIZE / 16; ++q) {
-          t[q] -= a * T[l][q];
-          t1[q] -= a1 * T[l + 1][q];
-        }
-      }
-      if (l < rr)
-        for (int q = 0; q < GDN_CHUNK_SIZE / 16; ++q) t[q] -= A[rr][l] * T[l][q];
-      for (int q = 0; q < GDN_CHUNK_SIZE / 16; ++q) T[rr][q] = t[q] + t1[q];
-    }
-    // W = T (beta d K), U = T (beta V), row by row; the j loops carry KV16 (W) and PREP_VB (U)
-    // independent vector accumulators.
+    // W = T (beta d K) and U = T (beta V), T = (I + A)^-1, by forward substitution instead of
+    // forming T: (I + A) W = beta d K row by row, W_i = beta_i d_i k_i - sum_{l<i} A[i][l] W_l, and
+    // U alike from beta_i v_i. Each row is a sum over the rows above it (KV16 or PREP_VB independent
+    // vector accumulators), read back from wb / ub: zeros past V, so every loop has a fixed count.
+    // The FMAs of multiplying by T, without building T (64 x 64 per chunk and v-head, which took
+    // about as long as W or U): this kernel at a 2048-token prefill 17.8-18.6 -> 15.3-16.2 ms here,
+    // same minutes. Two rows per pass (each row read back feeding both) or 4 of the 8 column
+    // vectors per pass (an L1-sized wb) measured no better.
+    vf16 wb[GDN_CHUNK_SIZE][KV16];
+    float *const wout = p.chunk_w + pos * KD;
     for (int32_t i = 0; i < len; ++i) {
+      const float bd = B[i] * D[i];
       vf16 w[KV16];
-      for (int cc = 0; cc < KV16; ++cc) w[cc] = vf16(0.0f);
-      for (int32_t j = 0; j <= i; ++j) {
-        const float cw = T[i][j / 16][j % 16] * B[j] * D[j];
-        for (int cc = 0; cc < KV16; ++cc) w[cc] += cw * kc[j][cc];
+      for (int cc = 0; cc < KV16; ++cc) w[cc] = bd * kc[i][cc];
+      for (int32_t l = 0; l < i; ++l) {
+        const float a = A[i][l];
+        for (int cc = 0; cc < KV16; ++cc) w[cc] -= a * wb[l][cc];
       }
-      float *wout = p.chunk_w + (pos + i) * KD;
-      for (int cc = 0; cc < KV16; ++cc) vstore(wout + 16 * cc, w[cc]);
+      for (int cc = 0; cc < KV16; ++cc) {
+        wb[i][cc] = w[cc];
+        vstore(wout + i * KD + 16 * cc, w[cc]);
+      }
     }
-    // U per pass of PREP_VB column blocks, from the chunk's v rows widened once into vc
-    // (contiguous, as kc; zeros past V).
+    // U per pass of PREP_VB column blocks (V = 128 in one).
     const int64_t vcol = vcol0 + (int64_t)hv * p.V;
+    float *const uout = p.chunk_u + pos * p.V;
     for (int32_t vb0 = 0; vb0 < p.V; vb0 += 16 * PREP_VB) {
       const int32_t nb = sycl::min(PREP_VB, (p.V - vb0) / 16);
-      vf16 vc[GDN_CHUNK_SIZE][PREP_VB];
-      for (int32_t j = 0; j < len; ++j)
-        for (int q = 0; q < PREP_VB; ++q)
-          vc[j][q] = q < nb ? load_act16(p.qkv, rows[j] * p.qkv_stride + vcol + vb0 + 16 * q) : vf16(0.0f);
+      vf16 ub[GDN_CHUNK_SIZE][PREP_VB];
       for (int32_t i = 0; i < len; ++i) {
         vf16 u[PREP_VB];
-        for (int q = 0; q < PREP_VB; ++q) u[q] = vf16(0.0f);
-        for (int32_t j = 0; j <= i; ++j) {
-          const float cu = T[i][j / 16][j % 16] * B[j];
-          for (int q = 0; q < PREP_VB; ++q) u[q] += cu * vc[j][q];
+        for (int q = 0; q < PREP_VB; ++q)
+          u[q] = q < nb ? B[i] * load_act16(p.qkv, rows[i] * p.qkv_stride + vcol + vb0 + 16 * q) : vf16(0.0f);
+        for (int32_t l = 0; l < i; ++l) {
+          const float a = A[i][l];
+          for (int q = 0; q < PREP_VB; ++q) u[q] -= a * ub[l][q];
         }
-        float *uout = p.chunk_u + (pos + i) * p.V;
-        for (int q = 0; q < nb; ++q) vstore(uout + vb0 + 16 * q, u[q]);
+        for (int q = 0; q < PREP_VB; ++q) ub[i][q] = u[q];
+        for (int q = 0; q < nb; ++q) vstore(uout + i * p.V + vb0 + 16 * q, u[q]);
       }
     }
   }
