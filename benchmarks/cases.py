@@ -11,8 +11,9 @@ import numpy as np
 import pygdn
 from pygdn.batch import make_batch, to_device
 
+from machine import StatePass
 from peers import CHUNK
-from report import row_line
+from report import STATE_PASSES, row_line
 from timing import LATE_BUDGET_S, RETRY_SHARE, first_call_s, timed_blocks, wait_quiet
 
 H, HV, K, V, W = 16, 32, 128, 128, 4          # Qwen3-Next-80B-A3B linear attention, TP=1
@@ -315,7 +316,9 @@ def rel_err(got, want):
 # Our step in other cache formats, measured beside the default (vk layout, f32 state) on every
 # decode / spec case: (record key, ssm layout, state dtype).
 VARIANTS = (("ours_kv_layout", "kv", "f32"), ("ours_bf16_state", "vk", "bf16"), ("ours_bf16_state_kv", "kv", "bf16"))
-TOGETHER = ("ours",) + tuple(v[0] for v in VARIANTS)  # timed in interleaved rounds (timing.timed_blocks)
+# Timed in interleaved rounds (timing.timed_blocks): the variants, and the state passes their
+# times are read against.
+TOGETHER = ("ours",) + tuple(v[0] for v in VARIANTS) + tuple(p[0] for p in STATE_PASSES)
 # A bf16 state cache is rounded once per stored state (relative 2^-9): its outputs and states
 # against the f32-state step, max |diff| / max |f32|, must stay well inside this.
 STATE_TOL = 2e-2
@@ -379,6 +382,18 @@ def run_case(queue, case, peers, plan, log, missing=()):
                 a = {"out": rel_err(out, ref_out), "ssm": rel_err(ssm, ref_ssm)}
                 a["ok"] = bool(a["out"] <= STATE_TOL and a["ssm"] <= STATE_TOL)
                 agreement[name] = a
+        for name, sd in STATE_PASSES:
+            if name in plan["unsupported"] or (sd == "bf16" and "ours_bf16_state" not in impls):
+                continue
+            try:
+                sp = StatePass(queue, case.batch * case.HV, case.K * case.V * STATE_BYTES[sd],
+                               case.num_spec + 1 if case.kind == "spec" else 0)
+            except Exception as e:  # noqa: BLE001 (the rows stand without it)
+                if isinstance(e, RuntimeError):  # not an OpenCL queue: no row gets one
+                    plan["unsupported"][name] = str(e)
+                log(f"  state pass ({sd}): not measured ({type(e).__name__}: {e})")
+                continue
+            impls[name] = (sp.step, reps_ours, first_call_s(sp.step))
     # Breakdown of our step: the conv alone and the delta rule alone (two calls instead of one).
     reps_part = max(1, reps_ours // 2)
     for part in ("conv", "delta"):
@@ -432,6 +447,9 @@ def run_case(queue, case, peers, plan, log, missing=()):
             rec[name]["GBps"] = rec["bytes" + of_dtype] / rec[name]["median_s"] / 1e9
             rec[name]["bytes_read_written"] = rec["bytes_read_written" + of_dtype]
             rec[name]["vs_ours"] = rec[name]["median_s"] / t_ours
+    for name, sd in STATE_PASSES:
+        if name in rec:  # the traffic model's rate had the step taken as long as its bare state pass
+            rec[name]["GBps"] = rec["bytes" + ("" if sd == "f32" else f"_{sd}_state")] / rec[name]["median_s"] / 1e9
     if "flops" in rec:
         rec["ours"]["GFLOPs"] = rec["flops"] / t_ours / 1e9
     log(row_line(rec, plan))

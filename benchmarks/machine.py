@@ -112,6 +112,62 @@ def kernel_stream_GBps(queue, nbytes, chunk=64 << 10, kind="rw"):
     return moved * nbytes / min(ts) / 1e9
 
 
+# A decode / spec row's state traffic alone, as bare stream kernels: what a kernel that only moved
+# the row's state -- no arithmetic, no activations, no conv, no host-side call -- takes on this host
+# in the same minutes, so a row's time can be read against what its own bytes allow (its "state
+# pass"). Decode: every state read and written back in place; spec: read once and streamed
+# (non-temporal stores, as ours) to `copies` = 1 + num_spec places. A work-group per head's state
+# (K x V elements, 64 KiB at f32), as our kernels; each call works on the next region of a pool of
+# max(256 MiB, 2 x its footprint), so the state comes from DRAM as the rows' rotating caches do.
+_PASS_SRC = r"""
+__kernel void gdn_bench_pass_rw(__global float16 *p, long at, int n16, float d) {
+  __global float16 *b = p + at + (long)get_group_id(0) * n16;
+  for (int i = 0; i < n16; ++i) b[i] = b[i] * d;
+}
+__kernel void gdn_bench_pass_r1wn(__global float16 *p, long at, int n16, float d, int copies) {
+  long g = get_group_id(0), G = get_num_groups(0);
+  __global float16 *b = p + at + g * n16;
+  for (int i = 0; i < n16; ++i) {
+    float16 x = b[i] * d;
+    for (int t = 1; t <= copies; ++t) __builtin_nontemporal_store(x, b + t * G * n16 + i);
+  }
+}
+"""
+
+
+class StatePass:
+    """step(): one pass over `heads` head states of `head_bytes` each (in place when copies == 0,
+    else read once and streamed to `copies` places), on the next region of its pool; waits."""
+
+    def __init__(self, queue, heads, head_bytes, copies):
+        import ctypes
+
+        import dpctl.memory as dpmem
+        import dpctl.program as dpprog
+        if queue.sycl_device.backend.name != "opencl":
+            raise RuntimeError(f"backend {queue.sycl_device.backend.name}: the stream kernels are OpenCL C")
+        prog = dpprog.create_program_from_source(queue, _PASS_SRC)
+        self.q, self.groups = queue, heads
+        footprint = heads * head_bytes * (1 + copies)
+        self.regions = max(2, (256 << 20) // footprint)
+        self.buf = dpmem.MemoryUSMDevice(self.regions * footprint, queue=queue)
+        self.buf.copy_from_host(np.ones(self.regions * footprint // 4, np.float32).view(np.uint8))  # real pages
+        n16 = ctypes.c_int(head_bytes // 64)
+        if copies:
+            k, tail = prog.get_sycl_kernel("gdn_bench_pass_r1wn"), [ctypes.c_int(copies)]
+        else:
+            k, tail = prog.get_sycl_kernel("gdn_bench_pass_rw"), []
+        self.calls = [(k, [self.buf, ctypes.c_long(r * footprint // 64), n16, ctypes.c_float(1.0)] + tail)
+                      for r in range(self.regions)]
+        self.i = 0
+
+    def step(self):
+        k, args = self.calls[self.i]
+        self.i = (self.i + 1) % self.regions
+        self.q.submit(k, args, [self.groups], [1])
+        self.q.wait()
+
+
 def measure_peak(torch_ok):
     n = 2048
     rng = np.random.default_rng(1)

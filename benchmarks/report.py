@@ -35,12 +35,22 @@ def rw_bound_share(rec, name, plan):
     return max(rw[0] / bw["kernel_read_GBps"], rw[1] / bw["kernel_write_GBps"]) / 1e9 / v["median_s"]
 
 
+def state_pass_share(rec, name, plan):
+    """Of a decode / spec row: its state pass `name` (STATE_PASSES) in the issue's metric -- the
+    traffic model's bytes over the pass's time, as a share of the reference: what the row would
+    read if its step took no longer than moving its state alone."""
+    v = rec.get(name, {})
+    return v["GBps"] / plan["bw"]["reference_GBps"] if "GBps" in v else None
+
+
 def row_line(rec, plan):
     bw = plan["bw"]["reference_GBps"]
     o = rec["ours"]
     extra = f"{o['GBps']:6.2f} GB/s {100 * o['GBps'] / bw:5.1f}%"
     share = rw_bound_share(rec, "ours", plan)
     extra += f" (r/w bound {100 * share:.0f}%)" if share is not None else ""
+    sp = state_pass_share(rec, "state_pass", plan)
+    extra += f" [state pass alone {100 * sp:.0f}%]" if sp is not None else ""
     if "GFLOPs" in o:
         extra += f" {o['GFLOPs']:6.1f} GF/s {100 * o['GFLOPs'] / plan['peak']['numpy_matmul_GFLOPs']:5.1f}%"
     kv, b16 = rec.get("ours_kv_layout", {}), rec.get("ours_bf16_state", {})
@@ -62,15 +72,19 @@ HEADER = (f"{'case':<18s} {'tokens':>6s} {'ours ms':>9s} {'numpy ms':>9s} {'rati
 # ----------------------------------------------------------------------------- cache variants
 VARIANT_LABELS = (("ours", "f32 vk"), ("ours_kv_layout", "f32 kv"), ("ours_bf16_state", "bf16 vk"),
                   ("ours_bf16_state_kv", "bf16 kv"))
+# Each decode / spec row's state traffic alone, moved by bare stream kernels (machine.StatePass),
+# in f32 and in bf16 bytes: name, state dtype.
+STATE_PASSES = (("state_pass", "f32"), ("state_pass_bf16", "bf16"))
 
 
 def variants_lines(records, plan):
     """Decode / spec rows once per ssm cache format: time, traffic rate and % of the measured
     bandwidth (bytes of the state dtype), % of the read/write bound (rw_bound_share), and the kv
-    layout's time against the vk layout's."""
+    layout's time against the vk layout's; then the row's state passes (state_pass_share)."""
     bw = plan["bw"]["reference_GBps"]
-    lines = [f"{'case':<18s} " + " | ".join(f"{lab + ' ms':>10s} {'GB/s':>6s} {'%BW':>5s} {'%rw':>4s} {'/vk':>5s}"
-                                            for _, lab in VARIANT_LABELS)]
+    lines = [f"{'case':<18s} " + " | ".join([f"{lab + ' ms':>10s} {'GB/s':>6s} {'%BW':>5s} {'%rw':>4s} {'/vk':>5s}"
+                                             for _, lab in VARIANT_LABELS]
+                                            + [f"{sd + ' pass ms':>13s} {'%BW':>5s}" for _, sd in STATE_PASSES])]
     for r in records:
         if r["kind"] not in ("decode", "spec"):
             continue
@@ -89,6 +103,9 @@ def variants_lines(records, plan):
             share = rw_bound_share(r, name, plan)
             rw = f"{100 * share:3.0f}%" if share is not None else ""
             cells.append(f"{v['median_s'] * 1e3:9.3f}{bad:1s} {v['GBps']:6.2f} {100 * v['GBps'] / bw:4.0f}% {rw:>4s} {vs_vk:>5s}")
+        for name, _ in STATE_PASSES:
+            v, f = r.get(name, {}), state_pass_share(r, name, plan)
+            cells.append(f"{v['median_s'] * 1e3:13.3f} {100 * f:4.0f}%" if f is not None else f"{'-':>13s} {'':>5s}")
         lines.append(f"{r['label']:<18s} " + " | ".join(cells))
     for name, lab in VARIANT_LABELS:
         if name in plan.get("unsupported", {}):
@@ -156,11 +173,16 @@ def _bw_target(out, records, plan, name, key, sd, pick, share, base, bw, need_sp
                if ("spec" if s else "decode", s) not in ran]
     ok = worst[0] >= share and not missing
     shares = [(rw_bound_share(r, key, plan), r["label"]) for r in rows]
+    pass_name = {d: n for n, d in STATE_PASSES}[sd]
+    passes = [(state_pass_share(r, pass_name, plan), r["label"]) for r in rows]
     detail = (f"min {100 * worst[0]:.1f}% ({worst[1]}) of {bw:.2f} GB/s; all: "
               + ", ".join(f"{lab} {100 * f:.0f}%" for f, lab in vals)
               + (f"; not run here: {', '.join(missing)} (full run)" if missing else "")
               + ("; info, of each row's read/write bound: " + ", ".join(f"{lab} {100 * f:.0f}%" for f, lab in shares)
-                 if shares and all(f is not None for f, _ in shares) else ""))
+                 if shares and all(f is not None for f, _ in shares) else "")
+              + ("; info, the same metric for each row's bare state pass (its state bytes moved by a stream "
+                 "kernel, nothing else): " + ", ".join(f"{lab} {100 * f:.0f}%" for f, lab in passes)
+                 if passes and all(f is not None for f, _ in passes) else ""))
     _target(out, 17, name, None if missing and worst[0] >= share else ok, detail, _rows_foreign(rows, base))
 
 
