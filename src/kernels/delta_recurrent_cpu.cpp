@@ -46,12 +46,13 @@ static inline int64_t token_in(const GdnDeltaParams &p, const RecurrentSeq &rs, 
 // one read pass gives both products, one pass updates (and writes back).
 // The walk of the 16 NV columns from v over the sequence's tokens, in one of two forms (as the vk
 // kernel's walk_rows_vk below): HOLD (several tokens: spec decoding, a recurrent prefill): the
-// K x 16 NV block stays in registers (on the stack) across the tokens, NV <= GDN_KV_VECS. Why
-// NV vectors: the walk reads and writes NV*64 contiguous bytes of each of the K state rows; with
-// one vector (64 bytes per row) the kv layout ran ~1.6x the vk layout's time at spec S=3 even on
-// one thread, bound by that access pattern, not by instructions; 128 columns at once (a 64 KB
-// block on the stack) measured no better than 64. The NV column vectors are also NV independent
-// FMA chains. One token (a decode step, !HOLD): the block (64 KB at K = V = 128, whole rows) is
+// K x 16 NV block stays in registers (on the stack) across the tokens. Why NV vectors: the walk
+// reads and writes NV*64 contiguous bytes of each of the K state rows; with one vector (64 bytes
+// per row) the kv layout ran ~1.6x the vk layout's time at spec S=3 even on one thread, bound by
+// that access pattern, not by instructions. Whole rows at K = V = 128 (a 64 KB block on the
+// stack) against half rows in two walks: spec B=8 f32 S=1 2.42 -> 2.19 ms, S=3 4.47 -> 4.02,
+// S=7 7.07 -> 6.92, bf16 S=1 2.15 -> 1.95, S=3 3.72 -> 3.42 (alternated in one process; an
+// earlier build measured the two equal). The NV column vectors are also NV independent FMA chains. One token (a decode step, !HOLD): the block (64 KB at K = V = 128, whole rows) is
 // read twice, once for the two products and once more from this core's caches for the update and
 // its store, instead of being held (it spilled through the stack). Whole rows per work-item: with
 // half rows (64 of 128 columns) decode B=8 took 1.64 ms here against 1.07 with whole rows (same
@@ -124,7 +125,8 @@ static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int
 }
 
 // The 16 NV columns from v of (seq, hv): one token in one pass over whole rows, several tokens
-// walked GDN_KV_VECS vectors at a time (rs copied: each walk advances its own checkpoints).
+// walked all NV vectors at once while that block is at most 64 KB (K <= 128), else GDN_KV_VECS
+// vectors at a time (rs copied: each walk advances its own checkpoints).
 template <int NV>
 static inline void recurrent_columns_kv(const GdnDeltaParams &p, int32_t seq, int32_t hv, int32_t v) {
   RecurrentSeq rs;
@@ -135,7 +137,7 @@ static inline void recurrent_columns_kv(const GdnDeltaParams &p, int32_t seq, in
   }
   const int32_t h = hv / (p.HV / p.H);
   if (rs.len == 1) return walk_columns_kv<NV, false>(p, rs, hv, v, h);
-  constexpr int NW = NV < GDN_KV_VECS ? NV : GDN_KV_VECS;
+  constexpr int NW = KD <= 128 || NV < GDN_KV_VECS ? NV : GDN_KV_VECS;
   for (int j = 0; j < NV; j += NW) walk_columns_kv<NW, true>(p, rs, hv, v + 16 * j, h);
 }
 
