@@ -118,7 +118,7 @@ def kernel_stream_GBps(queue, nbytes, chunk=64 << 10, kind="rw"):
 # pass"). Decode: every state read and written back in place; spec: read once and streamed
 # (non-temporal stores, as ours) to `copies` = 1 + num_spec places. A work-group per head's state
 # (K x V elements, 64 KiB at f32), as our kernels; each call works on the next region of a pool of
-# max(256 MiB, 2 x its footprint), so the state comes from DRAM as the rows' rotating caches do.
+# at least 256 MiB and two footprints, so the state comes from DRAM as the rows' rotating caches do.
 _PASS_SRC = r"""
 __kernel void gdn_bench_pass_rw(__global float16 *p, long at, int n16, float d) {
   __global float16 *b = p + at + (long)get_group_id(0) * n16;
@@ -149,7 +149,7 @@ class StatePass:
         prog = dpprog.create_program_from_source(queue, _PASS_SRC)
         self.q, self.groups = queue, heads
         footprint = heads * head_bytes * (1 + copies)
-        self.regions = max(2, (256 << 20) // footprint)
+        self.regions = max(2, -(-(256 << 20) // footprint))  # >= 256 MiB and >= 2 footprints
         self.buf = dpmem.MemoryUSMDevice(self.regions * footprint, queue=queue)
         self.buf.copy_from_host(np.ones(self.regions * footprint // 4, np.float32).view(np.uint8))  # real pages
         n16 = ctypes.c_int(head_bytes // 64)

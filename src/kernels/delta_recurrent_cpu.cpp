@@ -52,9 +52,10 @@ static inline int64_t token_in(const GdnDeltaParams &p, const RecurrentSeq &rs, 
 // that access pattern, not by instructions. Whole rows at K = V = 128 (a 64 KB block on the
 // stack) against half rows in two walks: spec B=8 f32 S=1 2.42 -> 2.19 ms, S=3 4.47 -> 4.02,
 // S=7 7.07 -> 6.92, bf16 S=1 2.15 -> 1.95, S=3 3.72 -> 3.42 (alternated in one process; an
-// earlier build measured the two equal). The NV column vectors are also NV independent FMA chains. One token (a decode step, !HOLD): the block (64 KB at K = V = 128, whole rows) is
-// read twice, once for the two products and once more from this core's caches for the update and
-// its store, instead of being held (it spilled through the stack). Whole rows per work-item: with
+// earlier build measured the two equal). The NV column vectors are also NV independent FMA
+// chains. One token (a decode step, !HOLD): the block (64 KB at K = V = 128, whole rows) is read
+// twice, once for the two products and once more from this core's caches for the update and its
+// store, instead of being held (it spilled through the stack). Whole rows per work-item: with
 // half rows (64 of 128 columns) decode B=8 took 1.64 ms here against 1.07 with whole rows (same
 // run): two work-items reading alternate 256-byte halves of every 512-byte row.
 template <int NV, bool HOLD>
