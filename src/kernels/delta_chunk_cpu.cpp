@@ -47,8 +47,8 @@ GDN_KERNEL(1) void gdn_chunk_prep_cpu(GdnDeltaParams p) {
   int64_t rows[GDN_CHUNK_SIZE];
   for (int32_t i = 0; i < len; ++i) rows[i] = global_row(p.token_indx, jfirst + i);
   // The chunk's k rows, contiguous. In kn a head's rows lie H*K floats apart (8 KiB at H = 16, K =
-  // 128): the same few L1 sets for every row, so the W loop below, which walks all rows for each
-  // row, missed L1 on its k loads.
+  // 128): the same few L1 sets for every row, so a loop that walks all rows for each row (the
+  // products below; the W loop did when it multiplied by T) missed L1 on its k loads.
   vf16 kc[GDN_CHUNK_SIZE][KV16];
   for (int32_t i = 0; i < len; ++i)
     for (int cc = 0; cc < KV16; ++cc) kc[i][cc] = vload(p.kn + (rows[i] * p.H + h) * KD + 16 * cc);
