@@ -35,6 +35,27 @@ static inline vf16 sums8(const vf16 *a) {
   return sycl::bit_cast<vf16>(y + __builtin_shufflevector(y, y, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14));
 }
 
+// X = (I + A)^-1 R for a chunk's strictly lower-triangular A, by forward substitution, row by row:
+// X_i = R_i - sum_{l<i} A[i][l] X_l, NV vectors a row (NV independent accumulators). rhs(i, x)
+// gives R_i; each row is kept in xb for the rows below it and handed to out(i, x). The chunk prep's
+// W and U this way cost the FMAs of multiplying by T = (I + A)^-1, without forming T (64 x 64 per
+// chunk and v-head, which took about as long as W or U): the kernel at a 2048-token prefill
+// 17.8-18.6 -> 15.3-16.2 ms here, same minutes. Two rows per pass (each row read back feeding
+// both) or 4 of the 8 column vectors per pass (an L1-sized xb) measured no better.
+template <int NV, class Rhs, class Out>
+static inline void substitute_rows(const float (*A)[GDN_CHUNK_SIZE], int32_t len, vf16 (*xb)[NV], Rhs rhs, Out out) {
+  for (int32_t i = 0; i < len; ++i) {
+    vf16 x[NV];
+    rhs(i, x);
+    for (int32_t l = 0; l < i; ++l) {
+      const float a = A[i][l];
+      for (int c = 0; c < NV; ++c) x[c] -= a * xb[l][c];
+    }
+    for (int c = 0; c < NV; ++c) xb[i][c] = x[c];
+    out(i, x);
+  }
+}
+
 // Global: chunk_capacity*H work-items, local 1: one work-item builds one chunk for one k-head and all
 // the v-heads that share it (GVA): the q.k and k.k products depend on the k-head only, so they are
 // computed once; the gates (and everything after them) are per v-head.
@@ -113,46 +134,27 @@ GDN_KERNEL(1) void gdn_chunk_prep_cpu(GdnDeltaParams p) {
       }
       for (int32_t j = i + 1; j < GDN_CHUNK_SIZE; ++j) aqk[j] = 0.0f;  // chunk_scan reads row blocks past the diagonal
     }
-    // W = T (beta d K) and U = T (beta V), T = (I + A)^-1, by forward substitution instead of
-    // forming T: (I + A) W = beta d K row by row, W_i = beta_i d_i k_i - sum_{l<i} A[i][l] W_l, and
-    // U alike from beta_i v_i. Each row is a sum over the rows above it (KV16 or PREP_VB independent
-    // vector accumulators), read back from wb / ub: zeros past V, so every loop has a fixed count.
-    // The FMAs of multiplying by T, without building T (64 x 64 per chunk and v-head, which took
-    // about as long as W or U): this kernel at a 2048-token prefill 17.8-18.6 -> 15.3-16.2 ms here,
-    // same minutes. Two rows per pass (each row read back feeding both) or 4 of the 8 column
-    // vectors per pass (an L1-sized wb) measured no better.
+    // W = T (beta d K) and U = T (beta V), T = (I + A)^-1, without forming T (substitute_rows).
     vf16 wb[GDN_CHUNK_SIZE][KV16];
     float *const wout = p.chunk_w + pos * KD;
-    for (int32_t i = 0; i < len; ++i) {
+    substitute_rows<KV16>(A, len, wb, [&](int32_t i, vf16 *x) {
       const float bd = B[i] * D[i];
-      vf16 w[KV16];
-      for (int cc = 0; cc < KV16; ++cc) w[cc] = bd * kc[i][cc];
-      for (int32_t l = 0; l < i; ++l) {
-        const float a = A[i][l];
-        for (int cc = 0; cc < KV16; ++cc) w[cc] -= a * wb[l][cc];
-      }
-      for (int cc = 0; cc < KV16; ++cc) {
-        wb[i][cc] = w[cc];
-        vstore(wout + i * KD + 16 * cc, w[cc]);
-      }
-    }
-    // U per pass of PREP_VB column blocks (V = 128 in one).
+      for (int cc = 0; cc < KV16; ++cc) x[cc] = bd * kc[i][cc];
+    }, [&](int32_t i, const vf16 *x) {
+      for (int cc = 0; cc < KV16; ++cc) vstore(wout + i * KD + 16 * cc, x[cc]);
+    });
+    // U per pass of PREP_VB column blocks (V = 128 in one), zeros past V.
     const int64_t vcol = vcol0 + (int64_t)hv * p.V;
     float *const uout = p.chunk_u + pos * p.V;
     for (int32_t vb0 = 0; vb0 < p.V; vb0 += 16 * PREP_VB) {
       const int32_t nb = sycl::min(PREP_VB, (p.V - vb0) / 16);
       vf16 ub[GDN_CHUNK_SIZE][PREP_VB];
-      for (int32_t i = 0; i < len; ++i) {
-        vf16 u[PREP_VB];
+      substitute_rows<PREP_VB>(A, len, ub, [&](int32_t i, vf16 *x) {
         for (int q = 0; q < PREP_VB; ++q)
-          u[q] = q < nb ? B[i] * load_act16(p.qkv, rows[i] * p.qkv_stride + vcol + vb0 + 16 * q) : vf16(0.0f);
-        for (int32_t l = 0; l < i; ++l) {
-          const float a = A[i][l];
-          for (int q = 0; q < PREP_VB; ++q) u[q] -= a * ub[l][q];
-        }
-        for (int q = 0; q < PREP_VB; ++q) ub[i][q] = u[q];
-        for (int q = 0; q < nb; ++q) vstore(uout + i * p.V + vb0 + 16 * q, u[q]);
-      }
+          x[q] = q < nb ? B[i] * load_act16(p.qkv, rows[i] * p.qkv_stride + vcol + vb0 + 16 * q) : vf16(0.0f);
+      }, [&](int32_t i, const vf16 *x) {
+        for (int q = 0; q < nb; ++q) vstore(uout + i * p.V + vb0 + 16 * q, x[q]);
+      });
     }
   }
 }
