@@ -441,15 +441,17 @@ def run_case(queue, case, peers, plan, log, missing=()):
     t_ours = rec["ours"]["median_s"]
     rec["ours"]["GBps"] = rec["bytes"] / t_ours / 1e9
     rec["ours"]["bytes_read_written"] = rec["bytes_read_written"]
+    # Each variant's traffic counted in its state dtype's bytes; a state pass's rate is the traffic
+    # model's had the step taken as long as the bare pass.
+    of_dtype = lambda sd: "" if sd == "f32" else f"_{sd}_state"  # noqa: E731
     for name, _, sd in VARIANTS:
         if name in rec:
-            of_dtype = "" if sd == "f32" else f"_{sd}_state"  # the traffic counted in the state dtype's bytes
-            rec[name]["GBps"] = rec["bytes" + of_dtype] / rec[name]["median_s"] / 1e9
-            rec[name]["bytes_read_written"] = rec["bytes_read_written" + of_dtype]
+            rec[name]["GBps"] = rec["bytes" + of_dtype(sd)] / rec[name]["median_s"] / 1e9
+            rec[name]["bytes_read_written"] = rec["bytes_read_written" + of_dtype(sd)]
             rec[name]["vs_ours"] = rec[name]["median_s"] / t_ours
     for name, sd in STATE_PASSES:
-        if name in rec:  # the traffic model's rate had the step taken as long as its bare state pass
-            rec[name]["GBps"] = rec["bytes" + ("" if sd == "f32" else f"_{sd}_state")] / rec[name]["median_s"] / 1e9
+        if name in rec:
+            rec[name]["GBps"] = rec["bytes" + of_dtype(sd)] / rec[name]["median_s"] / 1e9
     if "flops" in rec:
         rec["ours"]["GFLOPs"] = rec["flops"] / t_ours / 1e9
     log(row_line(rec, plan))

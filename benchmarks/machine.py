@@ -69,39 +69,62 @@ def measure_bandwidth(queue):
 # and on the 2-core test host reads and writes each stream at about half the read+write rate
 # while overlapping each other (README "Performance"), so the read/write bound of a row is
 # max(read bytes / read rate, written bytes / write rate), reported beside the issue's metric.
+# Every kernel works on chunk g (n16 float16s) from float16 `at` of p, chunk g per work-group.
 _STREAM_SRC = r"""
-__kernel void gdn_bench_rw(__global float16 *p, int n16, float d) {
-  __global float16 *b = p + (long)get_group_id(0) * n16;
+__kernel void gdn_bench_rw(__global float16 *p, long at, int n16, float d) {
+  __global float16 *b = p + at + (long)get_group_id(0) * n16;
   for (int i = 0; i < n16; ++i) b[i] = b[i] * d;
 }
-__kernel void gdn_bench_r(__global float16 *p, int n16, float d) {
-  __global float16 *b = p + (long)get_group_id(0) * n16;
+__kernel void gdn_bench_r(__global float16 *p, long at, int n16, float d) {
+  __global float16 *b = p + at + (long)get_group_id(0) * n16;
   float16 s = 0.0f;
   for (int i = 0; i < n16; ++i) s += b[i];
   if (s.s0 == d) b[0] = s;  /* never true here (d = 1, the sum is n16): keeps the reads */
 }
-__kernel void gdn_bench_w(__global float16 *p, int n16, float d) {
-  __global float16 *b = p + (long)get_group_id(0) * n16;
+__kernel void gdn_bench_w(__global float16 *p, long at, int n16, float d) {
+  __global float16 *b = p + at + (long)get_group_id(0) * n16;
   for (int i = 0; i < n16; ++i) b[i] = (float16)(d);
+}
+__kernel void gdn_bench_r1wn(__global float16 *p, long at, int n16, float d, int copies) {
+  long g = get_group_id(0), G = get_num_groups(0);
+  __global float16 *b = p + at + g * n16;
+  for (int i = 0; i < n16; ++i) {
+    float16 x = b[i] * d;
+    for (int t = 1; t <= copies; ++t) __builtin_nontemporal_store(x, b + t * G * n16 + i);
+  }
 }
 """
 _STREAM_KERNELS = {"rw": ("gdn_bench_rw", 2), "read": ("gdn_bench_r", 1), "write": ("gdn_bench_w", 1)}
+_STREAM_PROGRAMS = {}  # queue -> the built program (one build per queue and run)
+
+
+def _stream_kernel(queue, name):
+    """Kernel `name` of _STREAM_SRC for queue; RuntimeError where the backend is not OpenCL."""
+    if queue.sycl_device.backend.name != "opencl":
+        raise RuntimeError(f"backend {queue.sycl_device.backend.name}: the stream kernels are OpenCL C")
+    if queue not in _STREAM_PROGRAMS:
+        import dpctl.program as dpprog
+        _STREAM_PROGRAMS[queue] = dpprog.create_program_from_source(queue, _STREAM_SRC)
+    return _STREAM_PROGRAMS[queue].get_sycl_kernel(name)
+
+
+def _filled_usm(queue, nbytes):
+    """nbytes of device USM holding ones: real pages, not the zero page (untouched pages all map to
+    it, and a pass over them reads from cache)."""
+    import dpctl.memory as dpmem
+    buf = dpmem.MemoryUSMDevice(nbytes, queue=queue)
+    buf.copy_from_host(np.ones(nbytes // 4, np.float32).view(np.uint8))
+    return buf
 
 
 def kernel_stream_GBps(queue, nbytes, chunk=64 << 10, kind="rw"):
     """Bytes moved / best time of 5 of a pass over nbytes, chunk bytes per work-group: kind "rw"
     an in-place read-modify-write (read + write bytes), "read" a read-only, "write" a write-only pass."""
     import ctypes
-
-    import dpctl.memory as dpmem
-    import dpctl.program as dpprog
-    if queue.sycl_device.backend.name != "opencl":
-        raise RuntimeError(f"backend {queue.sycl_device.backend.name}: the stream kernel is OpenCL C")
     name, moved = _STREAM_KERNELS[kind]
-    k = dpprog.create_program_from_source(queue, _STREAM_SRC).get_sycl_kernel(name)
-    buf = dpmem.MemoryUSMDevice(nbytes, queue=queue)
-    buf.copy_from_host(np.ones(nbytes // 4, np.float32).view(np.uint8))  # real pages, not the zero page
-    args = [buf, ctypes.c_int(chunk // 64), ctypes.c_float(1.0)]
+    k = _stream_kernel(queue, name)
+    buf = _filled_usm(queue, nbytes)
+    args = [buf, ctypes.c_long(0), ctypes.c_int(chunk // 64), ctypes.c_float(1.0)]
     ts = []
     for i in range(6):
         t = time.perf_counter()
@@ -115,48 +138,23 @@ def kernel_stream_GBps(queue, nbytes, chunk=64 << 10, kind="rw"):
 # A decode / spec row's state traffic alone, as bare stream kernels: what a kernel that only moved
 # the row's state -- no arithmetic, no activations, no conv, no host-side call -- takes on this host
 # in the same minutes, so a row's time can be read against what its own bytes allow (its "state
-# pass"). Decode: every state read and written back in place; spec: read once and streamed
-# (non-temporal stores, as ours) to `copies` = 1 + num_spec places. A work-group per head's state
-# (K x V elements, 64 KiB at f32), as our kernels; each call works on the next region of a pool of
-# at least 256 MiB and two footprints, so the state comes from DRAM as the rows' rotating caches do.
-_PASS_SRC = r"""
-__kernel void gdn_bench_pass_rw(__global float16 *p, long at, int n16, float d) {
-  __global float16 *b = p + at + (long)get_group_id(0) * n16;
-  for (int i = 0; i < n16; ++i) b[i] = b[i] * d;
-}
-__kernel void gdn_bench_pass_r1wn(__global float16 *p, long at, int n16, float d, int copies) {
-  long g = get_group_id(0), G = get_num_groups(0);
-  __global float16 *b = p + at + g * n16;
-  for (int i = 0; i < n16; ++i) {
-    float16 x = b[i] * d;
-    for (int t = 1; t <= copies; ++t) __builtin_nontemporal_store(x, b + t * G * n16 + i);
-  }
-}
-"""
-
-
+# pass"). Decode: every state read and written back in place (gdn_bench_rw); spec: read once and
+# streamed (non-temporal stores, as ours) to `copies` = 1 + num_spec places (gdn_bench_r1wn). A
+# work-group per head's state (K x V elements, 64 KiB at f32), as our kernels; each call works on
+# the next region of a pool of at least 256 MiB and two footprints, so the state comes from DRAM
+# as the rows' rotating caches do.
 class StatePass:
     """step(): one pass over `heads` head states of `head_bytes` each (in place when copies == 0,
     else read once and streamed to `copies` places), on the next region of its pool; waits."""
 
     def __init__(self, queue, heads, head_bytes, copies):
         import ctypes
-
-        import dpctl.memory as dpmem
-        import dpctl.program as dpprog
-        if queue.sycl_device.backend.name != "opencl":
-            raise RuntimeError(f"backend {queue.sycl_device.backend.name}: the stream kernels are OpenCL C")
-        prog = dpprog.create_program_from_source(queue, _PASS_SRC)
+        k = _stream_kernel(queue, "gdn_bench_r1wn" if copies else "gdn_bench_rw")
         self.q, self.groups = queue, heads
         footprint = heads * head_bytes * (1 + copies)
         self.regions = max(2, -(-(256 << 20) // footprint))  # >= 256 MiB and >= 2 footprints
-        self.buf = dpmem.MemoryUSMDevice(self.regions * footprint, queue=queue)
-        self.buf.copy_from_host(np.ones(self.regions * footprint // 4, np.float32).view(np.uint8))  # real pages
-        n16 = ctypes.c_int(head_bytes // 64)
-        if copies:
-            k, tail = prog.get_sycl_kernel("gdn_bench_pass_r1wn"), [ctypes.c_int(copies)]
-        else:
-            k, tail = prog.get_sycl_kernel("gdn_bench_pass_rw"), []
+        self.buf = _filled_usm(queue, self.regions * footprint)
+        n16, tail = ctypes.c_int(head_bytes // 64), [ctypes.c_int(copies)] if copies else []
         self.calls = [(k, [self.buf, ctypes.c_long(r * footprint // 64), n16, ctypes.c_float(1.0)] + tail)
                       for r in range(self.regions)]
         self.i = 0
