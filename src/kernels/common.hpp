@@ -103,13 +103,26 @@ static inline vf16 load_bf16x16(const uint16_t *p) {
   __builtin_memcpy(&h, p, sizeof(h));
   return sycl::bit_cast<vf16>(h.convert<uint32_t>() << 16u);
 }
-static inline vu16 to_bf16x16(const vf16 &v) {
+// Each lane of v rounded to bf16 (to nearest even, as float_to_bf16; a NaN stays a NaN) in the
+// upper half of its 32-bit word.
+static inline vu32 bf16_in_upper_half(const vf16 &v) {
   const vu32 u = sycl::bit_cast<vu32>(v);
-  const vu32 rounded = (u + 0x7fffu + ((u >> 16u) & 1u)) >> 16u;  // as float_to_bf16, lane-wise
-  const vu32 nan = (u >> 16u) | 0x40u;
+  const vu32 rounded = u + 0x7fffu + ((u >> 16u) & 1u);
   // All-ones where NaN. A blend by bit masks: sycl::select on the CPU device went lane by lane.
   const vu32 is_nan = sycl::bit_cast<vu32>((u & 0x7fffffffu) > 0x7f800000u);
-  return ((rounded & ~is_nan) | (nan & is_nan)).convert<uint16_t>();
+  return (rounded & ~is_nan) | ((u | 0x400000u) & is_nan);
+}
+static inline vu16 to_bf16x16(const vf16 &v) { return (bf16_in_upper_half(v) >> 16u).convert<uint16_t>(); }
+// 32 two-byte values (64 bytes) as the compiler's own vector, for whole-line stores.
+typedef uint16_t native_vu16x32 __attribute__((ext_vector_type(32)));
+// x0's lanes then x1's rounded to bf16, as one 64-byte vector: the upper halves of the two
+// vectors' words picked by one shuffle (narrowing each vector on its own, vpmovdw, took two
+// instructions per vector and a third to join them).
+static inline native_vu16x32 to_bf16x32(const vf16 &x0, const vf16 &x1) {
+  const native_vu16x32 a = sycl::bit_cast<native_vu16x32>(bf16_in_upper_half(x0));
+  const native_vu16x32 b = sycl::bit_cast<native_vu16x32>(bf16_in_upper_half(x1));
+  return __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31, 33, 35, 37, 39,
+                                 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63);
 }
 static inline void store_bf16x16(uint16_t *p, const vf16 &v) {
   const vu16 h = to_bf16x16(v);
@@ -171,29 +184,32 @@ static inline vf16 exp16(vf16 x) {
 static inline void vstore_nt(float *p, const vf16 &x) {
   __builtin_nontemporal_store(sycl::bit_cast<native_vf16>(x), (native_vf16 *)p);
 }
-// 32 two-byte values, h0 then h1, as ONE 64-byte streaming store. A streaming store of 16 narrowed
-// values (32 bytes) was folded by the compiler into a narrowing store (vpmovdw to memory), which
-// has no streaming form: the hint was silently dropped (seen in the generated assembly).
-static inline void store_32x2_nt(void *p, const vu16 &h0, const vu16 &h1) {
+// 32 two-byte values as ONE 64-byte streaming store. A streaming store of 16 narrowed values (32
+// bytes) was folded by the compiler into a narrowing store (vpmovdw to memory), which has no
+// streaming form: the hint was silently dropped (seen in the generated assembly).
+static inline void store_64_nt(void *p, const native_vu16x32 &c) { __builtin_nontemporal_store(c, (native_vu16x32 *)p); }
+// h0's 16 values then h1's, as one vector.
+static inline native_vu16x32 join_16x2(const vu16 &h0, const vu16 &h1) {
   typedef uint16_t n16 __attribute__((ext_vector_type(16)));
-  typedef uint16_t n32 __attribute__((ext_vector_type(32)));
   const n16 a = sycl::bit_cast<n16>(h0), b = sycl::bit_cast<n16>(h1);
-  const n32 c = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19,
-                                        20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
-  __builtin_nontemporal_store(c, (n32 *)p);
+  return __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21,
+                                 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
 }
 
 // The SSM state cache (gdn_config_t.state_dtype; README "State caches as engines keep them"): a
 // state is widened when loaded and rounded once when stored, by these helpers only.
+// vstore_state2(_nt): x0 then x1 to 32 consecutive states (64 bytes for 2-byte states: one store).
 #if defined(GDN_STATE_BF16)
 typedef uint16_t state_t;
 static inline float load_state(const state_t *p) { return bf16_to_float(*p); }
 static inline void store_state(state_t *p, float f) { *p = float_to_bf16(f); }
 static inline vf16 vload_state(const state_t *p) { return load_bf16x16(p); }
 static inline void vstore_state(state_t *p, const vf16 &x) { store_bf16x16(p, x); }
-static inline void vstore_state2_nt(state_t *p, const vf16 &x0, const vf16 &x1) {
-  store_32x2_nt(p, to_bf16x16(x0), to_bf16x16(x1));
+static inline void vstore_state2(state_t *p, const vf16 &x0, const vf16 &x1) {
+  const native_vu16x32 c = to_bf16x32(x0, x1);
+  __builtin_memcpy(p, &c, sizeof(c));
 }
+static inline void vstore_state2_nt(state_t *p, const vf16 &x0, const vf16 &x1) { store_64_nt(p, to_bf16x32(x0, x1)); }
 #elif defined(GDN_STATE_F16)
 // f16 bit patterns with the scalar bit-operation conversions above; the 16-lane helpers (the
 // recurrent kernels, alone in their builds) use sycl::half vector conversions.
@@ -202,9 +218,13 @@ static inline float load_state(const state_t *p) { return f16_to_float(*p); }
 static inline void store_state(state_t *p, float f) { *p = float_to_f16(f); }
 static inline vf16 vload_state(const state_t *p) { return load_f16x16((const sycl::half *)p); }
 static inline void vstore_state(state_t *p, const vf16 &x) { store_f16x16((sycl::half *)p, x); }
+static inline void vstore_state2(state_t *p, const vf16 &x0, const vf16 &x1) {
+  vstore_state(p, x0);
+  vstore_state(p + 16, x1);
+}
 static inline void vstore_state2_nt(state_t *p, const vf16 &x0, const vf16 &x1) {
-  store_32x2_nt(p, sycl::bit_cast<vu16>(x0.convert<sycl::half, sycl::rounding_mode::rte>()),
-                sycl::bit_cast<vu16>(x1.convert<sycl::half, sycl::rounding_mode::rte>()));
+  store_64_nt(p, join_16x2(sycl::bit_cast<vu16>(x0.convert<sycl::half, sycl::rounding_mode::rte>()),
+                           sycl::bit_cast<vu16>(x1.convert<sycl::half, sycl::rounding_mode::rte>())));
 }
 #else
 typedef float state_t;
@@ -212,6 +232,10 @@ static inline float load_state(const state_t *p) { return *p; }
 static inline void store_state(state_t *p, float f) { *p = f; }
 static inline vf16 vload_state(const state_t *p) { return vload(p); }
 static inline void vstore_state(state_t *p, const vf16 &x) { vstore(p, x); }
+static inline void vstore_state2(state_t *p, const vf16 &x0, const vf16 &x1) {
+  vstore(p, x0);
+  vstore(p + 16, x1);
+}
 static inline void vstore_state2_nt(state_t *p, const vf16 &x0, const vf16 &x1) {
   vstore_nt(p, x0);
   vstore_nt(p + 16, x1);
@@ -240,7 +264,9 @@ static inline void vstore_states(state_t *p, const vf16 *x, int n, bool stream) 
   if (stream) {
     vstore_states_stream(p, x, n);
   } else {
-    for (int i = 0; i < n; ++i) vstore_state(p + 16 * i, x[i]);
+    int i = 0;
+    for (; i + 1 < n; i += 2) vstore_state2(p + 16 * i, x[i], x[i + 1]);
+    if (i < n) vstore_state(p + 16 * i, x[i]);
   }
 }
 

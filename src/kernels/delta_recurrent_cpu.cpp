@@ -46,7 +46,10 @@ static inline int64_t token_in(const GdnDeltaParams &p, const RecurrentSeq &rs, 
 // one read pass gives both products, one pass updates (and writes back).
 // The walk of the 16 NV columns from v over the sequence's tokens, in one of two forms (as the vk
 // kernel's walk_rows_vk below): HOLD (several tokens: spec decoding, a recurrent prefill): the
-// K x 16 NV block stays in registers (on the stack) across the tokens. Why NV vectors: the walk
+// K x 16 NV block stays in registers (on the stack) across the tokens, and token t's read pass
+// applies token t-1's update and stores the updated row as it goes (one pass over the block per
+// token, not three: spec B=8 whole steps S=3 f32 3.92 -> 3.51-3.67 ms, bf16 3.03 -> 2.95; S=1
+// f32 2.11 -> 1.97-1.99, bf16 1.54 -> 1.52; alternated in one process). Why NV vectors: the walk
 // reads and writes NV*64 contiguous bytes of each of the K state rows; with one vector (64 bytes
 // per row) the kv layout ran ~1.6x the vk layout's time at spec S=3 even on one thread, bound by
 // that access pattern, not by instructions. Whole rows at K = V = 128 (a 64 KB block on the
@@ -62,14 +65,23 @@ template <int NV, bool HOLD>
 static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int32_t hv, int32_t v, int32_t h) {
   const state_t *S = state_column(p, rs.read_slot, hv, v);  // read only when rs.init
   vf16 s[HOLD ? KD : 1][NV];
-  // Row k, vector j of the state block before the token.
-  auto state_in = [&](int k, int j) -> vf16 {
-    if constexpr (HOLD) return s[k][j];
-    else return rs.init ? vload_state(S + k * p.V + 16 * j) : vf16(0.0f);
-  };
   if constexpr (HOLD)
     for (int k = 0; k < KD; ++k)
       for (int j = 0; j < NV; ++j) s[k][j] = rs.init ? vload_state(S + k * p.V + 16 * j) : vf16(0.0f);
+  // HOLD: the update of the token before (S' = d S + k u^T) and where its state goes (A: none).
+  float kp[HOLD ? KD : 1], dp = 1.0f;
+  vf16 up[NV];
+  state_t *Ap = nullptr;
+  bool stream_p = false;
+  // Row k, vector j of the state block before the token (HOLD: after applying the pending update).
+  auto state_in = [&](int32_t t, int k, int j) -> vf16 {
+    if constexpr (HOLD) {
+      if (t > 0) s[k][j] = s[k][j] * dp + up[j] * kp[k];
+      return s[k][j];
+    } else {
+      return rs.init ? vload_state(S + k * p.V + 16 * j) : vf16(0.0f);
+    }
+  };
   for (int32_t t = 0; t < rs.len; ++t) {
     float kb[KD], qb[KD], decay, beta;
     const float *kn, *qn;
@@ -87,12 +99,14 @@ static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int
     vf16 ak[NV], aq[NV], u[NV];
     for (int j = 0; j < NV; ++j) ak[j] = aq[j] = vf16(0.0f);
     if (HOLD || rs.init)
-      for (int k = 0; k < KD; ++k)
+      for (int k = 0; k < KD; ++k) {
         for (int j = 0; j < NV; ++j) {
-          const vf16 x = state_in(k, j);
+          const vf16 x = state_in(t, k, j);
           ak[j] += x * kn[k];
           aq[j] += x * qn[k];
         }
+        if (HOLD && Ap) vstore_states(Ap + k * p.V, s[k], NV, stream_p);
+      }
     for (int j = 0; j < NV; ++j) {
       u[j] = beta * (load_act16(p.qkv, vrow + 16 * j) - decay * ak[j]);
       store_act16(p.out, orow + 16 * j, decay * aq[j] + u[j] * kdotq);
@@ -104,25 +118,27 @@ static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int
     state_t *const A = to != p.pad_slot_id ? state_column(p, to, hv, v) : nullptr;
     state_t *const B = last != p.pad_slot_id ? state_column(p, last, hv, v) : nullptr;
     const bool stream_a = streaming_to(rs, to), stream_b = streaming_to(rs, last);
-    if constexpr (HOLD) {
-      for (int k = 0; k < KD; ++k)
-        for (int j = 0; j < NV; ++j) s[k][j] = s[k][j] * decay + u[j] * kn[k];
-      if (A)
-        for (int k = 0; k < KD; ++k) vstore_states(A + k * p.V, s[k], NV, stream_a);
+    if constexpr (HOLD) {  // applied by the next token's read pass, or after the walk
+      for (int k = 0; k < KD; ++k) kp[k] = kn[k];
+      for (int j = 0; j < NV; ++j) up[j] = u[j];
+      dp = decay, Ap = A, stream_p = stream_a;
     } else {
       for (int k = 0; k < KD; ++k) {
         vf16 x[NV];
-        for (int j = 0; j < NV; ++j) x[j] = state_in(k, j) * decay + u[j] * kn[k];
+        for (int j = 0; j < NV; ++j) x[j] = state_in(t, k, j) * decay + u[j] * kn[k];
         if (A) vstore_states(A + k * p.V, x, NV, stream_a);
         if (B) vstore_states(B + k * p.V, x, NV, stream_b);
       }
     }
   }
-  if constexpr (HOLD)
-    if (!rs.spec) {
-      state_t *const B = state_column(p, rs.cols[0], hv, v);
-      for (int k = 0; k < KD; ++k) vstore_states(B + k * p.V, s[k], NV, streaming_to(rs, rs.cols[0]));
+  if constexpr (HOLD) {  // the last token's update
+    state_t *const B = rs.spec ? nullptr : state_column(p, rs.cols[0], hv, v);
+    for (int k = 0; k < KD; ++k) {
+      for (int j = 0; j < NV; ++j) s[k][j] = s[k][j] * dp + up[j] * kp[k];
+      if (Ap) vstore_states(Ap + k * p.V, s[k], NV, stream_p);
+      if (B) vstore_states(B + k * p.V, s[k], NV, streaming_to(rs, rs.cols[0]));
     }
+  }
 }
 
 // The 16 NV columns from v of (seq, hv): one token in one pass over whole rows, several tokens
@@ -161,6 +177,25 @@ GDN_KERNEL(2) void gdn_recurrent_kv_cpu(GdnDeltaParams p) {
 // (row_sums: one vector, lane r = row r), so u, v and o are vectors too: per token ~45 shuffles
 // and adds instead of 32 horizontal sums and 16 scalar u / v / o computations.
 #define KC (KD / 16)
+
+// A walk's tokens prepared once (token_in) for a work-item's several passes over them
+// (GDN_VK_ITEM_ROWS / GDN_VK_ROWS), at most GDN_VK_TOKENS of them; n = 0: none, each
+// pass prepares its own. With prep_inline each preparation normalizes k and q and computes the
+// gates (several exp/log calls): done once instead of once per pass.
+struct PreparedTokens {
+  int32_t n;
+  int64_t row[GDN_VK_TOKENS];
+  const float *kn[GDN_VK_TOKENS], *qn[GDN_VK_TOKENS];
+  float decay[GDN_VK_TOKENS], beta[GDN_VK_TOKENS];
+  float kb[GDN_VK_TOKENS][KD], qb[GDN_VK_TOKENS][KD];
+  void prepare(const GdnDeltaParams &p, const RecurrentSeq &rs, int32_t h, int32_t hv) {
+    for (n = 0; n < rs.len; ++n) row[n] = token_in(p, rs, n, h, hv, kb[n], qb[n], kn[n], qn[n], decay[n], beta[n]);
+  }
+  int64_t get(int32_t t, const float *&k, const float *&q, float &d, float &b) const {
+    k = kn[t], q = qn[t], d = decay[t], b = beta[t];
+    return row[t];
+  }
+};
 static_assert(GDN_VK_ROWS == 16, "a work-item's rows are the lanes of one vector");
 
 // r[i] = the sum of a[i]'s lanes, i = 0..15, by four rounds of pairwise folding: each round adds
@@ -185,29 +220,42 @@ static inline vf16 row_sums(const vf16 *a) {
 
 // The walk of 16 rows from v0 (nr of them real) over the sequence's tokens, in one of two forms:
 // HOLD (several tokens): the rows stay in registers across the tokens (on the stack, as far as
-// they do not fit); one token (a decode step, !HOLD): the rows are read twice, once for the two
-// dot products and once more (from this core's caches by then) for the update and its store,
-// instead of being held: 16 rows of K = 128 are 128 vectors, four times the register file, and
-// the copy the compiler kept on the stack cost a store and two loads per vector (with the in-place
-// plain stores, decode B=8 here: recurrent kernel 1.5 -> 0.9-1.3 ms, B=1 0.33 -> 0.14 ms).
+// they do not fit: 16 rows of K = 128 are 128 vectors, four times the register file), and token
+// t's read pass (its two dot products) applies token t-1's update as it goes and stores the
+// updated row: one pass over the held rows per token instead of three (read for the products,
+// update, read again for the store; spec B=8 f32 whole steps S=1 1.78 -> 1.71 ms, S=7 5.23 ->
+// 4.93, alternated in one process). One token (a decode step, !HOLD): the rows are read twice,
+// once for the two dot products and once more (from this core's caches by then) for the update
+// and its store, instead of being held: the copy the compiler kept on the stack cost a store and
+// two loads per vector (with the in-place plain stores, decode B=8 here: recurrent kernel 1.5 ->
+// 0.9-1.3 ms, B=1 0.33 -> 0.14 ms).
 template <bool HOLD>
-static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, int32_t hv, int32_t v0, int32_t nr,
-                                int32_t h, int64_t rows0) {
+static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const PreparedTokens &pt, int32_t hv,
+                                int32_t v0, int32_t nr, int32_t h, int64_t rows0) {
   state_t *const ssm = (state_t *)p.ssm;
   const state_t *S = ssm + (int64_t)rs.read_slot * p.slot_stride + rows0;  // read only when rs.init
   vf16 s[HOLD ? 16 : 1][KC];  // HOLD: s[r][c] = S[v0 + r, 16c .. 16c+15]; rows past nr stay zero
-  // Row r, vector c of the state before the token.
-  auto state_in = [&](int32_t r, int c) -> vf16 {
-    if constexpr (HOLD) return s[r][c];
-    else return rs.init && r < nr ? vload_state(S + r * KD + 16 * c) : vf16(0.0f);
-  };
   if constexpr (HOLD)
     for (int32_t r = 0; r < 16; ++r)
       for (int c = 0; c < KC; ++c) s[r][c] = rs.init && r < nr ? vload_state(S + r * KD + 16 * c) : vf16(0.0f);
+  // HOLD: the update of the token before (S' = d S + u k^T) and where its state goes (A: none).
+  vf16 kp[HOLD ? KC : 1], up(0.0f);
+  float dp = 1.0f;
+  state_t *Ap = nullptr;
+  bool stream_p = false;
+  // Row r, vector c of the state before the token (HOLD: after applying the pending update).
+  auto state_in = [&](int32_t t, int32_t r, int c) -> vf16 {
+    if constexpr (HOLD) {
+      if (t > 0) s[r][c] = s[r][c] * dp + kp[c] * up[r];
+      return s[r][c];
+    } else {
+      return rs.init && r < nr ? vload_state(S + r * KD + 16 * c) : vf16(0.0f);
+    }
+  };
   for (int32_t t = 0; t < rs.len; ++t) {
     float kb[KD], qb[KD], decay, beta;
     const float *kn, *qn;
-    const int64_t row = token_in(p, rs, t, h, hv, kb, qb, kn, qn, decay, beta);
+    const int64_t row = pt.n ? pt.get(t, kn, qn, decay, beta) : token_in(p, rs, t, h, hv, kb, qb, kn, qn, decay, beta);
     const int64_t vrow = row * p.qkv_stride + p.v_offset + (int64_t)hv * p.V + v0;
     const int64_t orow = row * p.out_stride + (int64_t)hv * p.V + v0;
     vf16 k[KC], q[KC], kq(0.0f);
@@ -220,10 +268,11 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, int32
     for (int32_t r = 0; r < 16; ++r) {
       ak[r] = aq[r] = vf16(0.0f);
       for (int c = 0; c < KC; ++c) {
-        const vf16 x = state_in(r, c);
+        const vf16 x = state_in(t, r, c);
         ak[r] += x * k[c];
         aq[r] += x * q[c];
       }
+      if (HOLD && Ap && r < nr) vstore_states(Ap + r * KD, s[r], KC, stream_p);
     }
     vf16 vv, u, o;
     if (nr == 16) vv = load_act16(p.qkv, vrow);
@@ -239,38 +288,38 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, int32
     state_t *const A = to != p.pad_slot_id ? ssm + (int64_t)to * p.slot_stride + rows0 : nullptr;
     state_t *const B = last != p.pad_slot_id ? ssm + (int64_t)last * p.slot_stride + rows0 : nullptr;
     const bool stream_a = streaming_to(rs, to), stream_b = streaming_to(rs, last);
-    if constexpr (HOLD) {  // (storing each row right after its update: no faster, some spec rows slower)
-      for (int32_t r = 0; r < 16; ++r)
-        for (int c = 0; c < KC; ++c) s[r][c] = s[r][c] * decay + k[c] * u[r];
-      if (A)
-        for (int32_t r = 0; r < nr; ++r) vstore_states(A + r * KD, s[r], KC, stream_a);
+    if constexpr (HOLD) {  // applied by the next token's read pass, or after the walk
+      for (int c = 0; c < KC; ++c) kp[c] = k[c];
+      up = u, dp = decay, Ap = A, stream_p = stream_a;
     } else {
       for (int32_t r = 0; r < nr; ++r) {
         vf16 x[KC];
-        for (int c = 0; c < KC; ++c) x[c] = state_in(r, c) * decay + k[c] * u[r];
+        for (int c = 0; c < KC; ++c) x[c] = state_in(t, r, c) * decay + k[c] * u[r];
         if (A) vstore_states(A + r * KD, x, KC, stream_a);
         if (B) vstore_states(B + r * KD, x, KC, stream_b);
       }
     }
   }
-  if constexpr (HOLD)
-    if (!rs.spec)
-      for (int32_t r = 0; r < nr; ++r)
-        vstore_states(ssm + (int64_t)rs.cols[0] * p.slot_stride + rows0 + r * KD, s[r], KC, streaming_to(rs, rs.cols[0]));
+  if constexpr (HOLD) {  // the last token's update
+    state_t *const B = rs.spec ? nullptr : ssm + (int64_t)rs.cols[0] * p.slot_stride + rows0;
+    for (int32_t r = 0; r < nr; ++r) {
+      for (int c = 0; c < KC; ++c) s[r][c] = s[r][c] * dp + kp[c] * up[r];
+      if (Ap) vstore_states(Ap + r * KD, s[r], KC, stream_p);
+      if (B) vstore_states(B + r * KD, s[r], KC, streaming_to(rs, rs.cols[0]));
+    }
+  }
 }
 
-static inline void recurrent_rows_vk(const GdnDeltaParams &p, int32_t seq, int32_t hv, int32_t v0) {
-  RecurrentSeq rs;
-  if (!recurrent_seq(p, seq, &rs)) return;
+static inline void recurrent_rows_vk(const GdnDeltaParams &p, RecurrentSeq rs, const PreparedTokens &pt, int32_t hv,
+                                     int32_t v0, int32_t h) {
   const int32_t nr = sycl::min(16, p.V - v0);  // rows of this pass (the last may be short)
   if (rs.skip) {
     for (int32_t r = 0; r < nr; ++r) zero_outputs(p, rs.j0, rs.len, hv, v0 + r);
     return;
   }
-  const int32_t h = hv / (p.HV / p.H);
   const int64_t rows0 = (int64_t)hv * KD * p.V + (int64_t)v0 * KD;  // S[v0, 0] within a slot
-  if (rs.len == 1) walk_rows_vk<false>(p, rs, hv, v0, nr, h, rows0);
-  else walk_rows_vk<true>(p, rs, hv, v0, nr, h, rows0);
+  if (rs.len == 1) walk_rows_vk<false>(p, rs, pt, hv, v0, nr, h, rows0);
+  else walk_rows_vk<true>(p, rs, pt, hv, v0, nr, h, rows0);
 }
 #undef KC
 
@@ -281,7 +330,13 @@ GDN_KERNEL(2) void gdn_recurrent_vk_cpu(GdnDeltaParams p) {
   const auto it = item2();
   const int32_t seq = (int32_t)(it.get_group(0) / p.HV), hv = (int32_t)(it.get_group(0) % p.HV);
   const int32_t v = (int32_t)it.get_group(1) * GDN_VK_ITEM_ROWS;
-  if (seq >= p.num_seqs) return;
-  for (int32_t r = v; r < sycl::min(p.V, v + GDN_VK_ITEM_ROWS); r += GDN_VK_ROWS) recurrent_rows_vk(p, seq, hv, r);
+  RecurrentSeq rs;
+  if (seq >= p.num_seqs || !recurrent_seq(p, seq, &rs)) return;
+  const int32_t h = hv / (p.HV / p.H);
+  PreparedTokens pt;
+  pt.n = 0;
+  if (!rs.skip && rs.len <= GDN_VK_TOKENS) pt.prepare(p, rs, h, hv);
+  // (rs by value: each pass advances its own copy of the checkpoint cursor)
+  for (int32_t r = v; r < sycl::min(p.V, v + GDN_VK_ITEM_ROWS); r += GDN_VK_ROWS) recurrent_rows_vk(p, rs, pt, hv, r, h);
 }
 #endif
