@@ -121,18 +121,27 @@ GDN_KERNEL(1) void gdn_chunk_prep_cpu(GdnDeltaParams p) {
     }
     for (int32_t i = 0; i < len; ++i) p.chunk_dend[pos + i] = decay_between(P[len - 1], R[len - 1], P[i], i);
     // A = beta_i D[i][j] k_i.k_j (strictly lower); Aqk = D[i][j] q_i.k_j (lower with diagonal);
-    // D[i][j] = 0 for j < R_i (a reset in between).
+    // D[i][j] = 0 for j < R_i (a reset in between). 16 j at a time, whole rows stored (zeros
+    // outside [R_i, i]: chunk_scan reads Aqk's row blocks past the diagonal): a loop over
+    // [R_i, i] alone ran its remainder one entry at a time, each a 16-wide exp call.
+    for (int32_t i = len; i < GDN_CHUNK_SIZE; ++i) P[i] = 0.0f;
+    const sycl::vec<int32_t, 16> lane(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     float A[GDN_CHUNK_SIZE][GDN_CHUNK_SIZE];
     for (int32_t i = 0; i < len; ++i) {
       float *aqk = p.chunk_aqk + (pos + i) * GDN_CHUNK_SIZE;
       const int32_t j0 = sycl::max(R[i], 0);
-      for (int32_t j = 0; j < j0; ++j) A[i][j] = aqk[j] = 0.0f;
-      for (int32_t j = j0; j <= i; ++j) {
-        const float decay = sycl::exp(P[i] - P[j]);
-        A[i][j] = B[i] * decay * KK[i][j];
-        aqk[j] = decay * QK[i][j];
+      for (int32_t jb = 0; jb < GDN_CHUNK_SIZE; jb += 16) {
+        vf16 a(0.0f), q(0.0f);
+        if (jb <= i && jb + 16 > j0) {
+          const vf16 decay = sycl::exp(P[i] - vload(P + jb));
+          const sycl::vec<int32_t, 16> j = lane + jb;
+          const vu32 keep = sycl::bit_cast<vu32>((j >= j0) & (j <= i));  // all ones in [j0, i]
+          a = sycl::bit_cast<vf16>(sycl::bit_cast<vu32>(B[i] * decay * vload(&KK[i][jb])) & keep);
+          q = sycl::bit_cast<vf16>(sycl::bit_cast<vu32>(decay * vload(&QK[i][jb])) & keep);
+        }
+        vstore(&A[i][jb], a);
+        vstore(aqk + jb, q);
       }
-      for (int32_t j = i + 1; j < GDN_CHUNK_SIZE; ++j) aqk[j] = 0.0f;  // chunk_scan reads row blocks past the diagonal
     }
     // W = T (beta d K) and U = T (beta V), T = (I + A)^-1, without forming T (substitute_rows).
     vf16 wb[GDN_CHUNK_SIZE][KV16];
