@@ -155,6 +155,17 @@ static inline void store_act16(void *p, int64_t i, const vf16 &v) {
   for (int l = 0; l < 16; ++l) store_act(p, i + l, v[l]);
 }
 #endif
+// 32 consecutive activations, x0's lanes then x1's (bf16: one 64-byte store of both, rounded
+// together by to_bf16x32).
+static inline void store_act32(void *p, int64_t i, const vf16 &x0, const vf16 &x1) {
+#if defined(GDN_ACT_BF16)
+  const native_vu16x32 c = to_bf16x32(x0, x1);
+  __builtin_memcpy((act_t *)p + i, &c, sizeof(c));
+#else
+  store_act16(p, i, x0);
+  store_act16(p, i + 16, x1);
+#endif
+}
 
 // e^x on 16 lanes with vector operations only (sycl::exp of a vf16 is a library call the CPU
 // device's compiler may run lane by lane; the prefill's conv, 16 channels per vector, timed up
