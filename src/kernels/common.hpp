@@ -171,9 +171,15 @@ static inline void store_act32(void *p, int64_t i, const vf16 &x0, const vf16 &x
 // device's compiler may run lane by lane; the prefill's conv, 16 channels per vector, timed up
 // to ~10% faster with this, within this host's noise). x = n ln2 + r, |r| <= ln2/2
 // (Cody-Waite split of ln2), e^r by its degree-6 Taylor polynomial (relative error < 2e-7),
-// 2^n by the exponent bits. Inputs are clamped to [-87, 88], where f32 e^x is normal.
+// 2^n by the exponent bits. Inputs are clamped to [-87, 88], where f32 e^x is normal, each bound
+// by a select on a compare (one vmaxps / vminps; sycl::fmax/fmin and sycl::max/min took four
+// more instructions each for NaN rules): a NaN input gives e^-87 -- silu, its one user, divides
+// that NaN input by it, NaN either way.
 static inline vf16 exp16(vf16 x) {
-  x = sycl::fmin(sycl::fmax(x, vf16(-87.0f)), vf16(88.0f));
+  native_vf16 c = sycl::bit_cast<native_vf16>(x);
+  c = c > -87.0f ? c : -87.0f;
+  c = c < 88.0f ? c : 88.0f;
+  x = sycl::bit_cast<vf16>(c);
   const vf16 n = sycl::floor(x * 1.44269504f + 0.5f);
   const vf16 r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
   vf16 e = r * (1.0f / 720.0f) + 1.0f / 120.0f;
