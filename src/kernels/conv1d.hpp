@@ -56,6 +56,54 @@ static inline void load_weights(const void *weight, int32_t c, int32_t width, ty
   }
 }
 
+// The W-1 history columns from col0 of channels c..c+N-1 in a slot, and back. 16 channels of
+// width 4 in the dim-major layout with exactly W-1 = 3 columns (chan_stride 3, col_stride 1):
+// the window is 48 contiguous values, moved as three vectors regrouped by shuffles (a strided
+// 16-lane load or store goes lane by lane: ~200 instructions a window, most of a decode conv's
+// time per sequence). Elsewhere one load or store per column (contiguous in the time-major layout).
+static inline bool window16x3(const GdnConvStateView &s) { return s.chan_stride == 3 && s.col_stride == 1; }
+template <int N, int WIDTH>
+static inline void load_window(const GdnConvStateView &s, int32_t slot, int32_t c, int32_t col0, int32_t w1,
+                               typename Lanes<N>::T *hist) {
+  if constexpr (N == 16 && WIDTH == 4)
+    if (window16x3(s) && col0 == 0) {
+      typedef float n32 __attribute__((ext_vector_type(32)));
+      const int64_t off = state_off(s, slot, c, 0);
+      const native_vf16 v0 = sycl::bit_cast<native_vf16>(load_act16(s.base, off)),
+                        v1 = sycl::bit_cast<native_vf16>(load_act16(s.base, off + 16)),
+                        v2 = sycl::bit_cast<native_vf16>(load_act16(s.base, off + 32));
+      const n32 a = __builtin_shufflevector(v0, v1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18,
+                                            19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
+      const n32 b = __builtin_shufflevector(v2, v2, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3,
+                                            4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+      hist[0] = sycl::bit_cast<vf16>(__builtin_shufflevector(a, b, 0, 3, 6, 9, 12, 15, 18, 21, 24, 27, 30, 33, 36, 39, 42, 45));
+      hist[1] = sycl::bit_cast<vf16>(__builtin_shufflevector(a, b, 1, 4, 7, 10, 13, 16, 19, 22, 25, 28, 31, 34, 37, 40, 43, 46));
+      hist[2] = sycl::bit_cast<vf16>(__builtin_shufflevector(a, b, 2, 5, 8, 11, 14, 17, 20, 23, 26, 29, 32, 35, 38, 41, 44, 47));
+      return;
+    }
+  for (int32_t i = 0; i < w1; ++i) hist[i] = Lanes<N>::load_act(s.base, state_off(s, slot, c, col0 + i), s.chan_stride);
+}
+template <int N, int WIDTH>
+static inline void store_window(const GdnConvStateView &s, int32_t slot, int32_t c, int32_t w1,
+                                const typename Lanes<N>::T *hist) {
+  if constexpr (N == 16 && WIDTH == 4)
+    if (window16x3(s)) {
+      typedef float n32 __attribute__((ext_vector_type(32)));
+      const native_vf16 h0 = sycl::bit_cast<native_vf16>(hist[0]), h1 = sycl::bit_cast<native_vf16>(hist[1]),
+                        h2 = sycl::bit_cast<native_vf16>(hist[2]);
+      const n32 a = __builtin_shufflevector(h0, h1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18,
+                                            19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
+      const n32 b = __builtin_shufflevector(h2, h2, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3,
+                                            4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+      const int64_t off = state_off(s, slot, c, 0);  // value e of the 48: column e % 3 of channel e / 3
+      store_act16(s.base, off, sycl::bit_cast<vf16>(__builtin_shufflevector(a, b, 0, 16, 32, 1, 17, 33, 2, 18, 34, 3, 19, 35, 4, 20, 36, 5)));
+      store_act16(s.base, off + 16, sycl::bit_cast<vf16>(__builtin_shufflevector(a, b, 21, 37, 6, 22, 38, 7, 23, 39, 8, 24, 40, 9, 25, 41, 10, 26)));
+      store_act16(s.base, off + 32, sycl::bit_cast<vf16>(__builtin_shufflevector(a, b, 42, 11, 27, 43, 12, 28, 44, 13, 29, 45, 14, 30, 46, 15, 31, 47)));
+      return;
+    }
+  for (int32_t i = 0; i < w1; ++i) Lanes<N>::store_act(s.base, state_off(s, slot, c, i), hist[i], s.chan_stride);
+}
+
 // The sequence comes from the group id of dimension 0 (local range 1 there), so the CPU device's
 // vectorizer sees it, the token loop bounds and the slot as uniform across the work-group.
 static inline bool seq_and_channel(const GdnConvParams &p, int32_t *seq, int32_t *c) {
@@ -93,9 +141,10 @@ static inline void conv_spec_channels(const GdnConvParams &p, int32_t seq, int32
   T w[GDN_MAX_WIDTH], hist[GDN_MAX_WIDTH];
   load_weights<N, WIDTH>(p.weight, c, width, w);
   const T bias = p.bias ? L::load_act(p.bias, c, 1) : T(0.0f);
-  for (int32_t i = 0; i < w1; ++i)
-    hist[i] = read_slot == p.pad_slot_id ? T(0.0f)
-                                         : L::load_act(p.state.base, state_off(p.state, read_slot, c, read_col0 + i), cs);
+  if (read_slot == p.pad_slot_id)
+    for (int32_t i = 0; i < w1; ++i) hist[i] = T(0.0f);
+  else
+    load_window<N, WIDTH>(p.state, read_slot, c, read_col0, w1, hist);
   if (p.rolled) {
     // Columns 0..W-3 := the W-2 inputs just before token 0 (hist[1..W-2]); the tokens follow below.
     for (int32_t i = 0; i + 1 < w1; ++i) L::store_act(p.state.base, state_off(p.state, line, c, i), hist[i + 1], cs);
@@ -107,7 +156,7 @@ static inline void conv_spec_channels(const GdnConvParams &p, int32_t seq, int32
     if (p.rolled) {
       L::store_act(p.state.base, state_off(p.state, line, c, w1 - 1 + t), x, cs);
     } else if (cols[t] != p.pad_slot_id) {
-      for (int32_t i = 0; i < w1; ++i) L::store_act(p.state.base, state_off(p.state, cols[t], c, i), hist[i], cs);
+      store_window<N, WIDTH>(p.state, cols[t], c, w1, hist);
     }
   }
 }
@@ -167,14 +216,14 @@ static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int3
     auto blocks = [&](auto bp, int32_t b0) {
       constexpr int BP = decltype(bp)::value;
       T hist[BP][GDN_MAX_WIDTH];
-      for (int q = 0; q < BP; ++q)
-        for (int32_t i = 0; i < w1; ++i) {
-          const int32_t cb = c + N * (b0 + q);
-          if (owner)
-            hist[q][i] = init ? L::load_act(p.state.base, state_off(p.state, read, cb, i), p.state.chan_stride) : T(0.0f);
-          else  // first >= j0 + W-1: the window lies inside the sequence
-            hist[q][i] = L::load_act(p.x, global_row(p.token_indx, first - w1 + i) * p.x_stride + cb, 1);
-        }
+      for (int q = 0; q < BP; ++q) {
+        const int32_t cb = c + N * (b0 + q);
+        if (owner && init)
+          load_window<N, WIDTH>(p.state, read, cb, 0, w1, hist[q]);
+        else  // zeros, or (not the owner: first >= j0 + W-1) the sequence's inputs before `first`
+          for (int32_t i = 0; i < w1; ++i)
+            hist[q][i] = owner ? T(0.0f) : L::load_act(p.x, global_row(p.token_indx, first - w1 + i) * p.x_stride + cb, 1);
+      }
       Checkpoints ckpt = ckpt0;
       for (int32_t j = first; j < end; ++j) {
         const int64_t row = global_row(p.token_indx, j);
@@ -187,17 +236,14 @@ static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int3
         else for (int q = 0; q < BP; ++q) L::store_act(p.out, row * p.out_stride + c + N * (b0 + q), y[q]);
         const int32_t to = ckpt.after(j - j0);
         if (to != p.pad_slot_id)
-          for (int q = 0; q < BP; ++q)
-            for (int32_t i = 0; i < w1; ++i)
-              L::store_act(p.state.base, state_off(p.state, to, c + N * (b0 + q), i), hist[q][i], p.state.chan_stride);
+          for (int q = 0; q < BP; ++q) store_window<N, WIDTH>(p.state, to, c + N * (b0 + q), w1, hist[q]);
       }
       if (!owner) return;
       for (int q = 0; q < BP; ++q) {
         const int32_t cb = c + N * (b0 + q);
         for (int32_t j = sycl::max(end, j1 - w1); j < j1; ++j)  // the inputs other tiles convolve
           push_history(hist[q], width, L::load_act(p.x, global_row(p.token_indx, j) * p.x_stride + cb, 1));
-        for (int32_t i = 0; i < w1; ++i)
-          L::store_act(p.state.base, state_off(p.state, slot, cb, i), hist[q][i], p.state.chan_stride);
+        store_window<N, WIDTH>(p.state, slot, cb, w1, hist[q]);
       }
     };
     int32_t b = 0;
