@@ -31,12 +31,12 @@ CONV_MODES = {
 }
 
 
-def run_conv(queue, rng, dtype, width, layout, spec_layout, mode, bias=True, silu=True, dims=CONV_DIMS):
+def run_conv(queue, rng, dtype, width, layout, spec_layout, mode, bias=True, silu=True, dims=CONV_DIMS, spare=1):
     kw = CONV_MODES[mode]
     H, HV, K, V = dims
     meta = make_batch(rng, num_slots=CONV_SLOTS, **kw)
     num_spec = meta["num_spec"]
-    state_len = width - 1 + (num_spec if spec_layout == "rolled" else 0) + 1  # one spare column
+    state_len = width - 1 + (num_spec if spec_layout == "rolled" else 0) + spare  # spare columns must stay
     cfg = pygdn.Config(num_k_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V, num_slots=CONV_SLOTS,
                        conv_width=width, act_dtype=dtype, conv_layout=layout, conv_spec_layout=spec_layout,
                        conv_state_len=state_len, no_silu=not silu)

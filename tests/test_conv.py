@@ -29,6 +29,14 @@ def test_conv_partial_channel_group(queue, layout, mode):
     run_conv(queue, np.random.default_rng(9), "f32", 4, layout, "rolled", mode, dims=(1, 7, 16, 16))
 
 
+# Exactly W-1 = 3 history columns, dim-major (vLLM's conv cache shape): the CPU variants move a
+# 16-channel window as 48 contiguous values (conv1d.hpp load_window / store_window).
+@pytest.mark.parametrize("mode", ["decode", "spec", "time_tiles"])
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_conv_dim_major_exact_window(queue, dtype, mode):
+    run_conv(queue, np.random.default_rng(11), dtype, 4, "dim_major", "snapshot", mode, spare=0)
+
+
 @pytest.mark.parametrize("layout", ["dim_major", "time_major"])
 @pytest.mark.parametrize("spec_layout", ["snapshot", "rolled"])
 def test_conv_no_bias_no_silu(queue, layout, spec_layout):

@@ -136,10 +136,13 @@ class Layer:
         return got
 
 
-def config(num_slots, state_dtype="f32", ssm_layout="vk", conv_spec_layout="rolled", num_spec=2, **kw):
+def config(num_slots, state_dtype="f32", ssm_layout="vk", conv_spec_layout="rolled", num_spec=2,
+           conv_layout="time_major", **kw):
+    """conv_layout "dim_major": exactly W-1 history columns (vLLM's shape; snapshot spec layout)."""
+    state_len = W - 1 if conv_layout == "dim_major" else W - 1 + num_spec
     return pygdn.Config(num_k_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V, num_slots=num_slots, conv_width=W,
-                        act_dtype="f32", state_dtype=state_dtype, ssm_layout=ssm_layout, conv_layout="time_major",
-                        conv_spec_layout=conv_spec_layout, conv_state_len=W - 1 + num_spec, **kw)
+                        act_dtype="f32", state_dtype=state_dtype, ssm_layout=ssm_layout, conv_layout=conv_layout,
+                        conv_spec_layout=conv_spec_layout, conv_state_len=state_len, **kw)
 
 
 def tokens(rng, n, C):
@@ -191,6 +194,8 @@ def prefill_meta(n, write, read=None, start=0, has_init=True, interval=0, ckpt=N
     return m
 
 
+# ("kv", "snapshot", "f32") keeps its conv history dim-major in exactly W-1 columns: the CPU conv
+# moves those windows as 48 contiguous values (conv1d.hpp load_window / store_window).
 @pytest.mark.parametrize("ssm_layout,conv_spec_layout,state_dtype",
                          [("vk", "rolled", "f32"), ("kv", "snapshot", "f32"), ("vk", "snapshot", "bf16"),
                           ("kv", "rolled", "f16")])
@@ -205,7 +210,8 @@ def test_prefix_caching_resume_from_every_checkpoint(queue, ssm_layout, conv_spe
     Finally a request already holding 100 tokens (not a multiple of 64) prefills 500 more with
     checkpoints: they land at positions 256 and 512 like the unbroken run's."""
     rng = np.random.default_rng(160)
-    cfg = config(32, state_dtype, ssm_layout, conv_spec_layout)
+    exact = (ssm_layout, conv_spec_layout, state_dtype) == ("kv", "snapshot", "f32")
+    cfg = config(32, state_dtype, ssm_layout, conv_spec_layout, conv_layout="dim_major" if exact else "time_major")
     layer = Layer(queue, rng, cfg)
     x, a, b = tokens(rng, PROMPT, cfg.conv_dim)
     ck_slots = [1, 2, 3, 4, 5]
