@@ -97,9 +97,11 @@ class UsmArray:
 
 
 def to_bf16_bits(x):
-    """float array -> uint16 bf16 bit patterns (round to nearest even)."""
-    u = _np.ascontiguousarray(x, dtype=_np.float32).view(_np.uint32).astype(_np.uint64)
-    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    """float array -> uint16 bf16 bit patterns (round to nearest even; a NaN stays a NaN, quieted,
+    as the kernels store it: rounding a NaN's low bits up could carry into the sign, -0)."""
+    f = _np.ascontiguousarray(x, dtype=_np.float32)
+    u = f.view(_np.uint32).astype(_np.uint64)
+    u = _np.where(_np.isnan(f), (u >> 16) | 0x40, (u + 0x7FFF + ((u >> 16) & 1)) >> 16)
     return u.astype(_np.uint16)
 
 

@@ -423,3 +423,53 @@ def test_state_load_store_round_trip_every_value(queue, state_dtype, path):
     bad = np.flatnonzero(got != stored)
     assert not bad.size, (f"{bad.size} stored states are not the loaded ones, e.g. "
                           + ", ".join(f"{stored.flat[i]:#06x} -> {got.flat[i]:#06x}" for i in bad[:8]))
+
+
+NAN_PAYLOADS = np.array([0x7FFFFFFF, 0xFFFFFFFF, 0x7FFF8000, 0x7FC00001], np.uint32)  # low halves that carry when rounded
+
+
+@pytest.mark.parametrize("path", ["decode", "spec"])
+def test_bf16_store_keeps_nan_payloads(queue, path):
+    """A NaN stays a NaN when a bf16 state is stored, whatever its payload: rounding adds up to
+    0x8000 to the f32 bits, which carries a NaN with all-ones low bits into the sign (0x7fffffff ->
+    -0). f32 v inputs carry the payloads; with beta = 0, u = 0 * NaN keeps the payload and the
+    update S + k u spreads it over the whole state row of that value index (vk: S[v, :]); every
+    other row keeps its value. pygdn.to_bf16_bits, the host's rounding, is checked alongside."""
+    host = pygdn.to_bf16_bits(NAN_PAYLOADS.view(np.float32))
+    assert np.all(np.isnan(pygdn.from_bf16_bits(host))), [f"{h:#06x}" for h in host]
+    rng = np.random.default_rng(201)
+    n, slots = 4, 12
+    cfg = config(slots, "bf16", "vk")
+    meta = make_batch(rng, num_slots=slots, **({"num_decodes": n, "has_initial_state": [1] * n} if path == "decode"
+                                               else {"spec_lens": [2] * n, "num_spec": 2, "accepted": [1] * n}))
+    T = meta["num_actual_tokens"]
+    stored = pygdn.to_bf16_bits(rng.standard_normal((slots, HV, V, K)).astype(np.float32))
+    x = rng.standard_normal((T, cfg.conv_dim)).astype(np.float32)
+    v0 = 2 * H * K  # the v channels: v-head hv's value index v is channel v0 + hv * V + v
+    bad_v = [(t % HV, (3 * t) % V) for t in range(T)]  # (v-head, value index) poisoned at token t
+    for t, (hv, v) in enumerate(bad_v):
+        x[t, v0 + hv * V + v] = NAN_PAYLOADS[t % NAN_PAYLOADS.size].view(np.float32)
+    d_ssm = usm(queue, stored)
+    zeros = usm(queue, np.zeros((T, HV), np.float32))
+    pygdn.gated_delta_rule(queue, cfg, to_device(meta, queue), conv_out=usm(queue, x), ssm_state=d_ssm,
+                           core_attn_out=usm(queue, np.zeros((T, HV, V), np.float32)), g=zeros, beta=zeros)
+    got = pygdn.from_bf16_bits(d_ssm.to_numpy().view(np.uint16))
+    seqs, rows = meta["non_spec_token_indx" if path == "decode" else "spec_token_indx"], []
+    want_nan = np.zeros(got.shape, bool)
+    if path == "decode":
+        for i in range(n):  # the one token of decode i: its slot's poisoned row
+            hv, v = bad_v[int(seqs[i])]
+            want_nan[int(meta["non_spec_state_indices"][i]), hv, v, :] = True
+    else:
+        sqsl = meta["spec_query_start_loc"]
+        for i in range(n):  # token j of spec sequence i stores the state after it to slot spec_state_indices[i, j]
+            toks = [int(r) for r in seqs[sqsl[i]:sqsl[i + 1]]]
+            for j in range(len(toks)):
+                for hv, v in {bad_v[r] for r in toks[:j + 1]}:
+                    want_nan[int(meta["spec_state_indices"][i][j]), hv, v, :] = True
+    assert np.array_equal(np.isnan(got), want_nan), (
+        f"{int((np.isnan(got) != want_nan).sum())} stored states NaN where the rule says otherwise "
+        f"(e.g. at {np.argwhere(np.isnan(got) != want_nan)[:4].tolist()})")
+    untouched = ~want_nan & ~np.isin(np.arange(slots), [int(s) for s in np.ravel(
+        meta["non_spec_state_indices"] if path == "decode" else meta["spec_state_indices"])])[:, None, None, None]
+    assert np.array_equal(got[untouched], pygdn.from_bf16_bits(stored)[untouched])

@@ -108,8 +108,13 @@ static inline vf16 load_bf16x16(const uint16_t *p) {
 static inline vu32 bf16_in_upper_half(const vf16 &v) {
   const vu32 u = sycl::bit_cast<vu32>(v);
   const vu32 rounded = u + 0x7fffu + ((u >> 16u) & 1u);
-  // All-ones where NaN. A blend by bit masks: sycl::select on the CPU device went lane by lane.
-  const vu32 is_nan = sycl::bit_cast<vu32>((u & 0x7fffffffu) > 0x7f800000u);
+  // All-ones where NaN, by a float compare (one vcmpunordps into a mask register; the integer
+  // test of the magnitude took an AND besides: bf16 whole steps ~3-5% faster, decode and spec B=8
+  // alternated in one process). A blend by bit masks: sycl::select on the CPU device went lane
+  // by lane. Kept NaN: rounding adds up to 0x8000, which carries a NaN's all-ones low bits into
+  // the sign (0x7fffffff -> -0; test_bf16_store_keeps_nan_payloads).
+  const native_vf16 f = sycl::bit_cast<native_vf16>(v);
+  const vu32 is_nan = sycl::bit_cast<vu32>(f != f);
   return (rounded & ~is_nan) | ((u | 0x400000u) & is_nan);
 }
 static inline vu16 to_bf16x16(const vf16 &v) { return (bf16_in_upper_half(v) >> 16u).convert<uint16_t>(); }
