@@ -93,7 +93,8 @@ void bind_group(P &p, const Checked &c, bool spec) {
                        ckpt ? b.checkpoint_interval : 0, ckpt ? b.checkpoint_cols : 0};
 }
 
-void enqueue_conv(Chain &ch, Checked &c, const Plan &plan, const Kernels &ks, void *conv_out, int64_t conv_out_stride) {
+// The conv's tensors and config; bind_group adds a token group.
+GdnConvParams conv_params(const Checked &c, void *conv_out, int64_t conv_out_stride) {
   const gdn_config_t &cfg = c.cfg;
   const bool dim_major = cfg.conv_layout == GDN_CONV_DIM_MAJOR;
   GdnConvParams p{};
@@ -110,6 +111,11 @@ void enqueue_conv(Chain &ch, Checked &c, const Plan &plan, const Kernels &ks, vo
   p.pad_slot_id = c.batch.pad_slot_id;
   p.silu = (cfg.flags & GDN_FLAG_NO_SILU) ? 0 : 1;
   p.rolled = cfg.conv_spec_layout == GDN_CONV_SPEC_ROLLED;
+  return p;
+}
+
+void enqueue_conv(Chain &ch, Checked &c, const Plan &plan, const Kernels &ks, void *conv_out, int64_t conv_out_stride) {
+  GdnConvParams p = conv_params(c, conv_out, conv_out_stride);
   if (plan.conv_non_spec.on) {
     bind_group(p, c, false);
     p.tile_len = plan.conv_tile;
@@ -122,7 +128,7 @@ void enqueue_conv(Chain &ch, Checked &c, const Plan &plan, const Kernels &ks, vo
   }
 }
 
-void enqueue_delta(Chain &ch, Checked &c, const Plan &plan, const Kernels &ks, char *ws, const void *qkv, int64_t qkv_stride) {
+void enqueue_delta(Chain &ch, Checked &c, const Plan &plan, const Kernels &ks, char *ws, void *qkv, int64_t qkv_stride) {
   const gdn_config_t &cfg = c.cfg;
   const gdn_tensors_t &t = c.t;
   const Layout &l = plan.layout;
@@ -168,6 +174,15 @@ void enqueue_delta(Chain &ch, Checked &c, const Plan &plan, const Kernels &ks, c
       launch(ch, ks, plan.chunk_prep, p);
       launch(ch, ks, plan.chunk_scan, p);
     }
+  }
+  if (plan.decode.on) {  // the non-spec conv (writing qkv, the conv output) and recurrence fused
+    GdnDecodeParams d{conv_params(c, qkv, qkv_stride), p};
+    bind_group(d.conv, c, false);
+    d.conv.tile_len = 1;
+    d.conv.num_tokens = c.batch.non_spec_token_count;
+    bind_group(d.delta, c, false);
+    d.delta.group = GDN_GROUP_NON_SPEC;
+    launch(ch, ks, plan.decode, d);
   }
   if (plan.recurrent_spec.on) {
     bind_group(p, c, true);

@@ -43,6 +43,9 @@ struct Plan {
   Launch conv_non_spec, conv_spec;                                // causal conv1d
   Launch prep, chunk_plan, recurrent_non_spec, chunk_prep, chunk_scan, recurrent_spec;  // delta rule
   Launch norm;                                                    // fused gated RMSNorm
+  // Calls without prefills on the CPU device: the non-spec conv and recurrence as ONE launch
+  // (gdn_decode_cpu); conv_non_spec and recurrent_non_spec are then off.
+  Launch decode;
   int32_t conv_tile = 0;          // tokens per time tile of the non-spec conv
   int32_t chunk_capacity = 0;     // rows of the device-built chunk table (0: no chunked path)
   int32_t seq_capacity = 0;       // rows of its sequence table

@@ -6,8 +6,8 @@ import pytest
 
 import pygdn
 from pygdn import reference as ref
-from pygdn.batch import make_batch
-from helpers import assert_close, quantize
+from pygdn.batch import make_batch, to_device
+from helpers import assert_close, quantize, usm
 from op_checks import Layer, random_case, run_mixed_batch
 
 
@@ -123,3 +123,63 @@ def test_out_of_order_queue_matches_in_order(queue):
         results.append((layer.step(meta, x_s, a_s, b_s, z_s), layer.ssm_state(), layer.conv_state()))
     for a, b in zip(results[0], results[1]):
         assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("act_dtype,conv_layout,ssm_layout,V", [  # kernel builds other tests make
+    ("f32", "time_major", "vk", 16), ("bf16", "dim_major", "vk", 16), ("f32", "time_major", "kv", 32),
+    ("f32", "dim_major", "kv", 32), ("f32", "time_major", "vk", 8)])
+def test_step_without_prefills_fused_equals_op_by_op(queue, act_dtype, conv_layout, ssm_layout, V):
+    """A step without prefills runs its non-spec conv and recurrence as ONE kernel on the CPU device
+    (gdn_decode_cpu, plan.cpp), a work-item per (sequence, k-head); gdn_causal_conv1d then
+    gdn_gated_delta_rule run the same code as two kernels. Outputs, conv_out, conv and SSM states
+    must agree bit for bit: two k-heads of two v-heads each (and, V = 8, of one v-head: 8 v channels
+    a k-head, which the fused conv's 16-channel blocks cannot split, so the plan does not fuse
+    that step); decodes with and without an initial
+    state, one reading another slot and one reading pad (read slots), a checkpoint at a block
+    boundary, graph padding, spec sequences beside them; both ssm layouts (kv: V = 32, two 16-column
+    groups a head); conv states time-major and
+    dim-major with exactly W-1 columns (the CPU conv's window moves). The reference checks of
+    the fused path are test_mixed_batch_matches_reference's steps without prefills."""
+    rng = np.random.default_rng(300)
+    H, K, W, S, num_slots = 2, 16, 4, 2, 32
+    HV = 2 if V == 8 else 4  # V = 8: a k-head's v channels are 8, not whole 16-channel blocks (not fused)
+    meta = make_batch(rng, num_slots=num_slots, num_decodes=5, spec_lens=[3, 2], num_spec=S, accepted=[2, 3],
+                      has_initial_state=[1, 0, 1, 1, 1, 1], pad_non_spec=1, pad_len=1, order="random")
+    used = set(meta["non_spec_state_indices"].tolist()) | set(meta["spec_state_indices"].ravel().tolist())
+    free = [s for s in range(num_slots) if s not in used]
+    reads = meta["non_spec_state_indices"].copy()
+    reads[0], reads[2] = free[0], -1
+    meta.update(non_spec_read_state_indices=reads, checkpoint_interval=64, checkpoint_cols=1,
+                non_spec_start_pos=np.array([63, 0, 10, 127, 5, 0], np.int32),
+                checkpoint_state_indices=np.array([free[1], -1, -1, free[2], -1, -1], np.int32))
+    dim_major = conv_layout == "dim_major"
+    cfg = pygdn.Config(num_k_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V, num_slots=num_slots, conv_width=W,
+                       act_dtype=act_dtype, ssm_layout=ssm_layout, conv_layout=conv_layout,
+                       conv_spec_layout="snapshot" if dim_major else "rolled",
+                       conv_state_len=W - 1 if dim_major else W - 1 + S)
+    T, C = meta["num_actual_tokens"], cfg.conv_dim
+    q = lambda shape, scale=1.0: usm(queue, quantize(rng.standard_normal(shape) * scale, act_dtype)[0])
+    x, a, b, w, bias = q((T, C)), q((T, HV)), q((T, HV)), q((C, W), 0.5), q(C, 0.1)
+    A_log = usm(queue, np.log(rng.uniform(0.5, 8.0, HV)).astype(np.float32))
+    dt_bias = usm(queue, rng.uniform(-1, 1, HV).astype(np.float32))
+    conv0 = quantize(rng.standard_normal((num_slots, C, cfg.state_len) if dim_major else
+                                         (num_slots, cfg.state_len, C)), act_dtype)[0]
+    ssm0 = (rng.standard_normal((num_slots, HV, V, K)) * 0.5).astype(np.float32)  # (either layout: same bytes)
+    batch = to_device(meta, queue)
+    runs = []
+    for fused in (True, False):
+        conv, ssm = usm(queue, conv0), usm(queue, ssm0)
+        out = usm(queue, quantize(np.full((T + 1, HV, V), 5.0), act_dtype)[0])  # + a canary row
+        conv_out = usm(queue, quantize(np.zeros((T, C)), act_dtype)[0])
+        if fused:
+            pygdn.attention(queue, cfg, batch, mixed_qkv=x, a=a, b=b, conv_weight=w, conv_bias=bias, A_log=A_log,
+                            dt_bias=dt_bias, conv_state=conv, ssm_state=ssm, core_attn_out=out, conv_out=conv_out)
+        else:
+            pygdn.causal_conv1d(queue, cfg, batch, mixed_qkv=x, conv_weight=w, conv_bias=bias, conv_state=conv,
+                                conv_out=conv_out)
+            pygdn.gated_delta_rule(queue, cfg, batch, conv_out=conv_out, ssm_state=ssm, core_attn_out=out, a=a, b=b,
+                                   A_log=A_log, dt_bias=dt_bias)
+        runs.append([r.to_numpy() for r in (out, conv_out, conv, ssm)])
+    for name, f, o in zip(["core_attn_out", "conv_out", "conv_state", "ssm_state"], *runs):
+        assert np.array_equal(f.view(np.uint8), o.view(np.uint8)), f"{name}: fused step differs from op by op"
+    assert not np.array_equal(runs[0][3], ssm0), "the step changed no state"

@@ -163,18 +163,19 @@ static inline void conv_spec_channels(const GdnConvParams &p, int32_t seq, int32
 // read NB blocks at a time, contiguously, instead of N channels of every sequence in turn.
 // (One work-item per whole sequence strode a long prefill's rows one page apart and ran 5-10x
 // slower on the CPU device; tiles also give a single long prefill parallelism.)
+// Blocks stop at channel c_end (gdn_decode_cpu: one k-head's q, k or v channels; else conv_dim).
 // A tile re-reads the W-1 inputs before its first token from x, so tiles are independent. The
 // state is touched only by the owner, the tile holding the sequence's first token: it reads the
 // slot, takes the sequence's first W-1 tokens even past its tile end (so later tiles never need
 // the old state) and writes the new state, the last W-1 inputs of [old state, x of the sequence].
 template <int N, int WIDTH, int NB>
-static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int32_t c) {
+static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int32_t c, int32_t c_end) {
   typedef Lanes<N> L;
   typedef typename L::T T;
   const int32_t *qsl = p.query_start_loc;
   const int32_t t0 = tile * p.tile_len, t1 = sycl::min(t0 + p.tile_len, p.num_tokens);
   const int32_t width = WIDTH ? WIDTH : p.width, w1 = width - 1;
-  const int32_t nb = sycl::min(NB, (p.conv_dim - c) / N);
+  const int32_t nb = sycl::min(NB, (c_end - c) / N);
   T w[NB][GDN_MAX_WIDTH], bias[NB];
   for (int32_t b = 0; b < nb; ++b) {
     load_weights<N, WIDTH>(p.weight, c + N * b, width, w[b]);

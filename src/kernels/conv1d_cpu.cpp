@@ -25,6 +25,6 @@ GDN_KERNEL(2) void gdn_conv_non_spec_cpu(GdnConvParams p) {
   const auto it = item2();
   const int32_t c = (int32_t)it.get_group(1) * 16 * GDN_CONV_BLOCKS;
   if (c >= p.conv_dim) return;
-  if (p.width == 4) conv_non_spec_tile<16, 4, GDN_CONV_BLOCKS>(p, (int32_t)it.get_group(0), c);
-  else conv_non_spec_tile<16, 0, GDN_CONV_BLOCKS>(p, (int32_t)it.get_group(0), c);
+  if (p.width == 4) conv_non_spec_tile<16, 4, GDN_CONV_BLOCKS>(p, (int32_t)it.get_group(0), c, p.conv_dim);
+  else conv_non_spec_tile<16, 0, GDN_CONV_BLOCKS>(p, (int32_t)it.get_group(0), c, p.conv_dim);
 }

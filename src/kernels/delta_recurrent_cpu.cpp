@@ -4,6 +4,7 @@
 // uniformity; explicit 16-wide vectors inside a work-item make every load contiguous or a
 // broadcast. Work-groups of one work-item, coordinates from GROUP ids only (common.hpp, "CPU-device
 // kernels").
+#include "conv1d.hpp"  // gdn_decode_cpu
 #include "delta_prep.hpp"
 #include "delta_recurrent.hpp"
 
@@ -37,6 +38,29 @@ static inline int64_t token_in(const GdnDeltaParams &p, const RecurrentSeq &rs, 
   }
   decay = sycl::exp(g);
   return row;
+}
+
+// Calls without prefills (decodes, maybe beside spec sequences) run the non-spec group's conv and
+// recurrence in ONE launch, gdn_decode_cpu (one per layout below), instead of
+// gdn_conv_non_spec_cpu then the recurrent kernel: global (num non-spec seqs * H, 1), local (1, 1).
+// The work-item of (seq, k-head h) first convolves its sequence's tokens in the channels of h --
+// its q and k channels and the v channels of its v-heads (a k-head's q/k conv state has one owner
+// that way; a work-item per v-head would race on it) -- then walks the states of those v-heads,
+// whose tokens are prepared from the conv output it just wrote. conv_non_spec_tile and the
+// recurrent walks are the same code as the two kernels'. With tile_len 1, tile j is compact token
+// j: the tiles of the sequence's tokens cover it whole, the first (the owner) reading and writing
+// the conv state.
+static inline void decode_conv(const GdnConvParams &c, const GdnDeltaParams &p, int32_t seq, int32_t h) {
+  const int32_t per_k = p.HV / p.H;
+  const int32_t ranges[3][2] = {{h * KD, (h + 1) * KD},
+                                {(p.H + h) * KD, (p.H + h + 1) * KD},
+                                {p.v_offset + h * per_k * p.V, p.v_offset + (h + 1) * per_k * p.V}};
+  for (int32_t tile = c.query_start_loc[seq]; tile < c.query_start_loc[seq + 1]; ++tile)
+    for (const auto &r : ranges)
+      for (int32_t ch = r[0]; ch < r[1]; ch += 16 * GDN_CONV_BLOCKS) {
+        if (c.width == 4) conv_non_spec_tile<16, 4, GDN_CONV_BLOCKS>(c, tile, ch, r[1]);
+        else conv_non_spec_tile<16, 0, GDN_CONV_BLOCKS>(c, tile, ch, r[1]);
+      }
 }
 
 #if !GDN_VK_LAYOUT
@@ -158,16 +182,24 @@ static inline void recurrent_columns_kv(const GdnDeltaParams &p, int32_t seq, in
   for (int j = 0; j < NV; j += NW) walk_columns_kv<NW, true>(p, rs, hv, v + 16 * j, h);
 }
 
+// The state columns of a work-item: 16 gdn_kv_cpu_vecs(V) from v of (seq, hv).
+static inline int32_t item_span(const GdnDeltaParams &p) { return 16 * gdn_kv_cpu_vecs(p.V); }
+static inline void recurrent_item(const GdnDeltaParams &p, int32_t seq, int32_t hv, int32_t v) {
+  const int32_t nv = gdn_kv_cpu_vecs(p.V);
+  if (nv == GDN_KV_ROW_VECS) recurrent_columns_kv<GDN_KV_ROW_VECS>(p, seq, hv, v);
+  else if (nv == GDN_KV_VECS) recurrent_columns_kv<GDN_KV_VECS>(p, seq, hv, v);
+  else recurrent_columns_kv<1>(p, seq, hv, v);
+}
+
 // Global (num_seqs*HV, V / (16 gdn_kv_cpu_vecs(V))), local (1, 1) (plan.cpp).
 GDN_KERNEL(2) void gdn_recurrent_kv_cpu(GdnDeltaParams p) {
   const auto it = item2();
   const int32_t seq = (int32_t)(it.get_group(0) / p.HV), hv = (int32_t)(it.get_group(0) % p.HV);
   const int32_t nv = gdn_kv_cpu_vecs(p.V), v = (int32_t)it.get_group(1) * 16 * nv;
   if (seq >= p.num_seqs || v >= p.V) return;
-  if (nv == GDN_KV_ROW_VECS) recurrent_columns_kv<GDN_KV_ROW_VECS>(p, seq, hv, v);
-  else if (nv == GDN_KV_VECS) recurrent_columns_kv<GDN_KV_VECS>(p, seq, hv, v);
-  else recurrent_columns_kv<1>(p, seq, hv, v);
+  recurrent_item(p, seq, hv, v);
 }
+
 
 #else
 // vk layout [.., V, K], K % 16 == 0: a work-item owns GDN_VK_ROWS = 16 state ROWS S[v0 + r, :]
@@ -323,13 +355,10 @@ static inline void recurrent_rows_vk(const GdnDeltaParams &p, RecurrentSeq rs, c
 }
 #undef KC
 
-// Global (num_seqs*HV, V / GDN_VK_ITEM_ROWS rounded up), local (1, 1): a work-item walks its
-// GDN_VK_ITEM_ROWS rows (at V = 128: the whole state of its head, 64 KB contiguous) 16 at a time.
-// (A work-item per 16 rows: decode B=8 1.01 ms against 0.90 here, same run.)
-GDN_KERNEL(2) void gdn_recurrent_vk_cpu(GdnDeltaParams p) {
-  const auto it = item2();
-  const int32_t seq = (int32_t)(it.get_group(0) / p.HV), hv = (int32_t)(it.get_group(0) % p.HV);
-  const int32_t v = (int32_t)it.get_group(1) * GDN_VK_ITEM_ROWS;
+// The state rows of a work-item: v .. v + GDN_VK_ITEM_ROWS - 1 (at V = 128: the whole state of
+// the head, 64 KB contiguous) of (seq, hv), 16 at a time.
+static inline int32_t item_span(const GdnDeltaParams &) { return GDN_VK_ITEM_ROWS; }
+static inline void recurrent_item(const GdnDeltaParams &p, int32_t seq, int32_t hv, int32_t v) {
   RecurrentSeq rs;
   if (seq >= p.num_seqs || !recurrent_seq(p, seq, &rs)) return;
   const int32_t h = hv / (p.HV / p.H);
@@ -339,4 +368,23 @@ GDN_KERNEL(2) void gdn_recurrent_vk_cpu(GdnDeltaParams p) {
   // (rs by value: each pass advances its own copy of the checkpoint cursor)
   for (int32_t r = v; r < sycl::min(p.V, v + GDN_VK_ITEM_ROWS); r += GDN_VK_ROWS) recurrent_rows_vk(p, rs, pt, hv, r, h);
 }
+
+// Global (num_seqs*HV, V / GDN_VK_ITEM_ROWS rounded up), local (1, 1): a work-item walks
+// GDN_VK_ITEM_ROWS rows. (A work-item per 16 rows: decode B=8 1.01 ms against 0.90 here, same run.)
+GDN_KERNEL(2) void gdn_recurrent_vk_cpu(GdnDeltaParams p) {
+  const auto it = item2();
+  recurrent_item(p, (int32_t)(it.get_group(0) / p.HV), (int32_t)(it.get_group(0) % p.HV),
+                    (int32_t)it.get_group(1) * GDN_VK_ITEM_ROWS);
+}
+
 #endif
+
+GDN_KERNEL(2) void gdn_decode_cpu(GdnDecodeParams dp) {  // (see decode_conv)
+  const GdnDeltaParams &p = dp.delta;
+  const auto it = item2();
+  const int32_t seq = (int32_t)(it.get_group(0) / p.H), h = (int32_t)(it.get_group(0) % p.H);
+  if (seq >= p.num_seqs) return;
+  decode_conv(dp.conv, p, seq, h);
+  for (int32_t hv = h * (p.HV / p.H); hv < (h + 1) * (p.HV / p.H); ++hv)
+    for (int32_t v = 0; v < p.V; v += item_span(p)) recurrent_item(p, seq, hv, v);
+}

@@ -114,6 +114,15 @@ struct GdnDeltaParams {
   GdnPrepParams prep;                       // (prep_inline only; its outputs qn, kn, g, beta unused)
 };
 
+// gdn_decode_cpu (delta_recurrent_cpu.cpp, the CPU device, calls without prefills): the non-spec
+// group's conv and recurrence in one launch, a work-item per (sequence, k-head). conv: the
+// non-spec group with tile_len 1 (a work-item convolves its own sequence's tokens); delta: as for
+// the recurrent CPU kernels, prep_inline.
+struct GdnDecodeParams {
+  GdnConvParams conv;
+  GdnDeltaParams delta;
+};
+
 struct GdnNormParams {
   void *out;                // [rows, HV, V] act, normalized in place
   const void *z;            // [rows, HV, V] act
