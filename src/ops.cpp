@@ -175,15 +175,19 @@ void enqueue_delta(Chain &ch, Checked &c, const Plan &plan, const Kernels &ks, c
       launch(ch, ks, plan.chunk_scan, p);
     }
   }
-  if (plan.decode.on) {  // the non-spec conv (writing qkv, the conv output) and recurrence fused
-    GdnDecodeParams d{conv_params(c, qkv, qkv_stride), p};
-    bind_group(d.conv, c, false);
-    d.conv.tile_len = 1;
-    d.conv.num_tokens = c.batch.non_spec_token_count;
-    bind_group(d.delta, c, false);
-    d.delta.group = GDN_GROUP_NON_SPEC;
-    launch(ch, ks, plan.decode, d);
-  }
+  // A group's conv (writing qkv, the conv output) and recurrence fused.
+  auto fused = [&](const Launch &l, bool spec) {
+    GdnFusedParams f{conv_params(c, qkv, qkv_stride), p};
+    bind_group(f.conv, c, spec);
+    f.conv.tile_len = 1;  // (non-spec: a tile per token)
+    f.conv.num_tokens = spec ? c.batch.spec_token_count : c.batch.non_spec_token_count;
+    bind_group(f.delta, c, spec);
+    f.delta.group = spec ? GDN_GROUP_SPEC : GDN_GROUP_NON_SPEC;
+    f.delta.chunked = nullptr;
+    launch(ch, ks, l, f);
+  };
+  if (plan.fused_non_spec.on) fused(plan.fused_non_spec, false);
+  if (plan.fused_spec.on) fused(plan.fused_spec, true);
   if (plan.recurrent_spec.on) {
     bind_group(p, c, true);
     p.group = GDN_GROUP_SPEC;

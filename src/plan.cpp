@@ -190,19 +190,25 @@ Plan make_plan(const gdn_config_t &cfg, const gdn_batch_t &b, const PlanInputs &
     p.norm = kernel(Family::GatedNorm, act_option(cfg), "gdn_gated_rmsnorm");
     shape1(p.norm, (int64_t)b.num_actual_tokens * cfg.num_v_heads, kWorkGroup);
   }
-  // A step without prefills: its non-spec conv and recurrence fused (the CPU variants of both, which
-  // the plan picked above, and no prep launch): gdn_decode_cpu, a work-item per (sequence,
-  // k-head). Decode whole steps here: B=1 0.257 -> 0.194 ms, B=8 1.04 -> 0.96 (alternated).
-  // Its conv takes a k-head's q, k and v channels in 16-channel blocks: each range a whole number
-  // of them (q, k: K % 16 == 0 with prep_inline).
+  // A token group's conv and recurrence fused (gdn_fused_cpu, a work-item per (sequence, k-head))
+  // where the plan picked the CPU variants of both and no prep launch: the spec group of a step
+  // without chunk kernels, the non-spec group of a step without prefills (a long forced-recurrent
+  // prefill's conv would run in one work-item). Its conv takes a k-head's q, k and v channels in
+  // 16-channel blocks: each range a whole number of them (q, k: K % 16 == 0 with prep_inline); conv
+  // width 4.
+  // Decode whole steps here: B=1 0.257 -> 0.194 ms, B=8 1.04 -> 0.96 (alternated).
   const bool v_blocks = (int64_t)cfg.num_v_heads / cfg.num_k_heads * cfg.head_v_dim % GDN_CPU_LANES == 0;
-  if (in.op == Op::Attention && b.num_prefills == 0 && p.prep_inline && v_blocks && p.conv_non_spec.on &&
-      p.conv_non_spec.family == Family::Conv1dCpu && p.recurrent_non_spec.on &&
-      p.recurrent_non_spec.family == Family::DeltaRecurrentCpu) {
-    p.decode = kernel(Family::DeltaRecurrentCpu, p.recurrent_non_spec.options, "gdn_decode_cpu");
-    shape2(p.decode, ((int64_t)b.num_prefills + b.num_decodes) * cfg.num_k_heads, 1, 1);  // alone in its group
-    p.conv_non_spec.on = p.recurrent_non_spec.on = false;
-  }
+  const bool width4 = cfg.conv_width == 4;  // the fused conv's one compiled width (delta_recurrent_cpu.cpp)
+  auto fuse = [&](Launch &fused, Launch &conv, Launch &rec, int64_t seqs) {
+    if (!(in.op == Op::Attention && p.prep_inline && v_blocks && width4 && conv.on && conv.family == Family::Conv1dCpu &&
+          rec.on && rec.family == Family::DeltaRecurrentCpu))
+      return;
+    fused = kernel(Family::DeltaRecurrentCpu, rec.options, "gdn_fused_cpu");
+    shape2(fused, seqs * cfg.num_k_heads, 1, 1);  // alone in its work-group
+    conv.on = rec.on = false;
+  };
+  if (b.num_prefills == 0) fuse(p.fused_non_spec, p.conv_non_spec, p.recurrent_non_spec, b.num_decodes);
+  fuse(p.fused_spec, p.conv_spec, p.recurrent_spec, b.num_spec_decodes);
   p.conv_out_in_workspace = in.op == Op::Attention && !in.conv_out_given;
   p.layout = plan_layout(p, cfg, b, delta);
   return p;
@@ -211,7 +217,7 @@ Plan make_plan(const gdn_config_t &cfg, const gdn_batch_t &b, const PlanInputs &
 std::vector<const Launch *> Plan::launches() const {
   std::vector<const Launch *> all;
   for (const Launch *l : {&conv_non_spec, &conv_spec, &prep, &chunk_plan, &recurrent_non_spec, &chunk_prep, &chunk_scan,
-                          &decode, &recurrent_spec, &norm})
+                          &fused_non_spec, &recurrent_spec, &fused_spec, &norm})
     if (l->on) all.push_back(l);
   return all;
 }

@@ -43,9 +43,10 @@ struct Plan {
   Launch conv_non_spec, conv_spec;                                // causal conv1d
   Launch prep, chunk_plan, recurrent_non_spec, chunk_prep, chunk_scan, recurrent_spec;  // delta rule
   Launch norm;                                                    // fused gated RMSNorm
-  // Calls without prefills on the CPU device: the non-spec conv and recurrence as ONE launch
-  // (gdn_decode_cpu); conv_non_spec and recurrent_non_spec are then off.
-  Launch decode;
+  // On the CPU device a token group's conv and recurrence as ONE launch (gdn_fused_cpu): the
+  // non-spec group of a step without prefills, the spec group of a step without chunk kernels;
+  // the group's conv and recurrent launches are then off.
+  Launch fused_non_spec, fused_spec;
   int32_t conv_tile = 0;          // tokens per time tile of the non-spec conv
   int32_t chunk_capacity = 0;     // rows of the device-built chunk table (0: no chunked path)
   int32_t seq_capacity = 0;       // rows of its sequence table

@@ -129,17 +129,17 @@ def test_out_of_order_queue_matches_in_order(queue):
     ("f32", "time_major", "vk", 16), ("bf16", "dim_major", "vk", 16), ("f32", "time_major", "kv", 32),
     ("f32", "dim_major", "kv", 32), ("f32", "time_major", "vk", 8)])
 def test_step_without_prefills_fused_equals_op_by_op(queue, act_dtype, conv_layout, ssm_layout, V):
-    """A step without prefills runs its non-spec conv and recurrence as ONE kernel on the CPU device
-    (gdn_decode_cpu, plan.cpp), a work-item per (sequence, k-head); gdn_causal_conv1d then
-    gdn_gated_delta_rule run the same code as two kernels. Outputs, conv_out, conv and SSM states
-    must agree bit for bit: two k-heads of two v-heads each (and, V = 8, of one v-head: 8 v channels
-    a k-head, which the fused conv's 16-channel blocks cannot split, so the plan does not fuse
-    that step); decodes with and without an initial
-    state, one reading another slot and one reading pad (read slots), a checkpoint at a block
-    boundary, graph padding, spec sequences beside them; both ssm layouts (kv: V = 32, two 16-column
-    groups a head); conv states time-major and
-    dim-major with exactly W-1 columns (the CPU conv's window moves). The reference checks of
-    the fused path are test_mixed_batch_matches_reference's steps without prefills."""
+    """On the CPU device a step without prefills runs each token group's conv and recurrence as ONE
+    kernel (gdn_fused_cpu, plan.cpp), a work-item per (sequence, k-head); gdn_causal_conv1d then
+    gdn_gated_delta_rule run the same code as separate kernels. Outputs, conv_out, conv and SSM
+    states must agree bit for bit: two k-heads of two v-heads each (and, V = 8, of one v-head: 8 v
+    channels a k-head, which the fused conv's 16-channel blocks cannot split, so the plan fuses
+    nothing); decodes with and without an initial state, one reading another slot and one reading
+    pad (read slots), a checkpoint at a block boundary, graph padding, spec sequences (their own
+    fused launch; conv spec layouts rolled and snapshot); both ssm layouts (kv: V = 32, two
+    16-column groups a head); conv states time-major and dim-major with exactly W-1 columns (the
+    CPU conv's window moves). The reference checks of the fused kernels are
+    test_mixed_batch_matches_reference's steps without prefills and test_mtp_simulation's steps."""
     rng = np.random.default_rng(300)
     H, K, W, S, num_slots = 2, 16, 4, 2, 32
     HV = 2 if V == 8 else 4  # V = 8: a k-head's v channels are 8, not whole 16-channel blocks (not fused)

@@ -163,7 +163,7 @@ static inline void conv_spec_channels(const GdnConvParams &p, int32_t seq, int32
 // read NB blocks at a time, contiguously, instead of N channels of every sequence in turn.
 // (One work-item per whole sequence strode a long prefill's rows one page apart and ran 5-10x
 // slower on the CPU device; tiles also give a single long prefill parallelism.)
-// Blocks stop at channel c_end (gdn_decode_cpu: one k-head's q, k or v channels; else conv_dim).
+// Blocks stop at channel c_end (gdn_fused_cpu: one k-head's q, k or v channels; else conv_dim).
 // A tile re-reads the W-1 inputs before its first token from x, so tiles are independent. The
 // state is touched only by the owner, the tile holding the sequence's first token: it reads the
 // slot, takes the sequence's first W-1 tokens even past its tile end (so later tiles never need

@@ -4,9 +4,14 @@
 // uniformity; explicit 16-wide vectors inside a work-item make every load contiguous or a
 // broadcast. Work-groups of one work-item, coordinates from GROUP ids only (common.hpp, "CPU-device
 // kernels").
-#include "conv1d.hpp"  // gdn_decode_cpu
+#include "conv1d.hpp"  // gdn_fused_cpu
 #include "delta_prep.hpp"
 #include "delta_recurrent.hpp"
+
+// A work-item's walk (recurrent_item, one per layout) is ONE function both kernels of this build
+// call (gdn_recurrent_*_cpu and gdn_fused_cpu), not an inlined copy in each: the copy made the
+// build's back end take twice as long (cold compile, K = 128: ~3 -> ~7 s).
+#define GDN_NOINLINE static __attribute__((noinline))
 
 // Whether a store of this walk's state to slot `to` streams: not when it is in place, to the slot
 // the walk read its initial state from, whose lines are still in this core's caches
@@ -40,27 +45,31 @@ static inline int64_t token_in(const GdnDeltaParams &p, const RecurrentSeq &rs, 
   return row;
 }
 
-// Calls without prefills (decodes, maybe beside spec sequences) run the non-spec group's conv and
-// recurrence in ONE launch, gdn_decode_cpu (one per layout below), instead of
-// gdn_conv_non_spec_cpu then the recurrent kernel: global (num non-spec seqs * H, 1), local (1, 1).
-// The work-item of (seq, k-head h) first convolves its sequence's tokens in the channels of h --
-// its q and k channels and the v channels of its v-heads (a k-head's q/k conv state has one owner
-// that way; a work-item per v-head would race on it) -- then walks the states of those v-heads,
-// whose tokens are prepared from the conv output it just wrote. conv_non_spec_tile and the
-// recurrent walks are the same code as the two kernels'. With tile_len 1, tile j is compact token
-// j: the tiles of the sequence's tokens cover it whole, the first (the owner) reading and writing
-// the conv state.
-static inline void decode_conv(const GdnConvParams &c, const GdnDeltaParams &p, int32_t seq, int32_t h) {
+// A step's conv and recurrence in ONE launch per token group, gdn_fused_cpu (at the end of this
+// file), instead of the group's conv kernel then its recurrent kernel: for the spec group of a
+// step without chunk kernels, and for the non-spec group of a step without prefills. Global
+// (group's seqs * H, 1), local (1, 1). The work-item of (seq, k-head h) first convolves its
+// sequence's tokens in the channels of h -- its q and k channels and the v channels of its
+// v-heads (a k-head's q/k conv state has one owner that way; a work-item per v-head would race
+// on it) -- then walks the states of those v-heads, whose tokens it prepares from the conv output
+// it just wrote. The conv is the conv kernels' own code: conv_spec_channels per 16-channel block,
+// or conv_non_spec_tile with tile_len 1 (tile j is compact token j: the tiles of the sequence's
+// tokens cover it whole, the first, the owner, reading and writing the conv state). Conv width 4
+// only (plan.cpp; Qwen3-Next and Qwen3.5): each width is another copy of the conv in this build.
+static inline void fused_conv(const GdnConvParams &c, const GdnDeltaParams &p, int32_t seq, int32_t h) {
   const int32_t per_k = p.HV / p.H;
   const int32_t ranges[3][2] = {{h * KD, (h + 1) * KD},
                                 {(p.H + h) * KD, (p.H + h + 1) * KD},
                                 {p.v_offset + h * per_k * p.V, p.v_offset + (h + 1) * per_k * p.V}};
+  if (p.group == GDN_GROUP_SPEC) {
+    for (const auto &r : ranges)
+      for (int32_t ch = r[0]; ch < r[1]; ch += 16) conv_spec_channels<16, 4>(c, seq, ch);
+    return;
+  }
   for (int32_t tile = c.query_start_loc[seq]; tile < c.query_start_loc[seq + 1]; ++tile)
     for (const auto &r : ranges)
-      for (int32_t ch = r[0]; ch < r[1]; ch += 16 * GDN_CONV_BLOCKS) {
-        if (c.width == 4) conv_non_spec_tile<16, 4, GDN_CONV_BLOCKS>(c, tile, ch, r[1]);
-        else conv_non_spec_tile<16, 0, GDN_CONV_BLOCKS>(c, tile, ch, r[1]);
-      }
+      for (int32_t ch = r[0]; ch < r[1]; ch += 16 * GDN_CONV_BLOCKS)
+        conv_non_spec_tile<16, 4, GDN_CONV_BLOCKS>(c, tile, ch, r[1]);
 }
 
 #if !GDN_VK_LAYOUT
@@ -184,7 +193,7 @@ static inline void recurrent_columns_kv(const GdnDeltaParams &p, int32_t seq, in
 
 // The state columns of a work-item: 16 gdn_kv_cpu_vecs(V) from v of (seq, hv).
 static inline int32_t item_span(const GdnDeltaParams &p) { return 16 * gdn_kv_cpu_vecs(p.V); }
-static inline void recurrent_item(const GdnDeltaParams &p, int32_t seq, int32_t hv, int32_t v) {
+GDN_NOINLINE void recurrent_item(const GdnDeltaParams &p, int32_t seq, int32_t hv, int32_t v) {
   const int32_t nv = gdn_kv_cpu_vecs(p.V);
   if (nv == GDN_KV_ROW_VECS) recurrent_columns_kv<GDN_KV_ROW_VECS>(p, seq, hv, v);
   else if (nv == GDN_KV_VECS) recurrent_columns_kv<GDN_KV_VECS>(p, seq, hv, v);
@@ -358,7 +367,7 @@ static inline void recurrent_rows_vk(const GdnDeltaParams &p, RecurrentSeq rs, c
 // The state rows of a work-item: v .. v + GDN_VK_ITEM_ROWS - 1 (at V = 128: the whole state of
 // the head, 64 KB contiguous) of (seq, hv), 16 at a time.
 static inline int32_t item_span(const GdnDeltaParams &) { return GDN_VK_ITEM_ROWS; }
-static inline void recurrent_item(const GdnDeltaParams &p, int32_t seq, int32_t hv, int32_t v) {
+GDN_NOINLINE void recurrent_item(const GdnDeltaParams &p, int32_t seq, int32_t hv, int32_t v) {
   RecurrentSeq rs;
   if (seq >= p.num_seqs || !recurrent_seq(p, seq, &rs)) return;
   const int32_t h = hv / (p.HV / p.H);
@@ -379,12 +388,12 @@ GDN_KERNEL(2) void gdn_recurrent_vk_cpu(GdnDeltaParams p) {
 
 #endif
 
-GDN_KERNEL(2) void gdn_decode_cpu(GdnDecodeParams dp) {  // (see decode_conv)
-  const GdnDeltaParams &p = dp.delta;
+GDN_KERNEL(2) void gdn_fused_cpu(GdnFusedParams fp) {  // (see fused_conv)
+  const GdnDeltaParams &p = fp.delta;
   const auto it = item2();
   const int32_t seq = (int32_t)(it.get_group(0) / p.H), h = (int32_t)(it.get_group(0) % p.H);
   if (seq >= p.num_seqs) return;
-  decode_conv(dp.conv, p, seq, h);
+  fused_conv(fp.conv, p, seq, h);
   for (int32_t hv = h * (p.HV / p.H); hv < (h + 1) * (p.HV / p.H); ++hv)
     for (int32_t v = 0; v < p.V; v += item_span(p)) recurrent_item(p, seq, hv, v);
 }

@@ -114,11 +114,11 @@ struct GdnDeltaParams {
   GdnPrepParams prep;                       // (prep_inline only; its outputs qn, kn, g, beta unused)
 };
 
-// gdn_decode_cpu (delta_recurrent_cpu.cpp, the CPU device, calls without prefills): the non-spec
-// group's conv and recurrence in one launch, a work-item per (sequence, k-head). conv: the
-// non-spec group with tile_len 1 (a work-item convolves its own sequence's tokens); delta: as for
+// gdn_fused_cpu (delta_recurrent_cpu.cpp, the CPU device): one token group's conv and
+// recurrence in one launch, a work-item per (sequence, k-head). conv: bound to the group (the
+// non-spec group with tile_len 1: a work-item convolves its own sequence's tokens); delta: as for
 // the recurrent CPU kernels, prep_inline.
-struct GdnDecodeParams {
+struct GdnFusedParams {
   GdnConvParams conv;
   GdnDeltaParams delta;
 };
