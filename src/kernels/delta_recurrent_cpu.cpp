@@ -209,7 +209,6 @@ GDN_KERNEL(2) void gdn_recurrent_kv_cpu(GdnDeltaParams p) {
   recurrent_item(p, seq, hv, v);
 }
 
-
 #else
 // vk layout [.., V, K], K % 16 == 0: a work-item owns GDN_VK_ROWS = 16 state ROWS S[v0 + r, :]
 // (K/16 vectors each). Per token and row, with d = e^g:  u = beta (v - d S.k),  S' = d S + u k,
@@ -383,9 +382,8 @@ GDN_NOINLINE void recurrent_item(const GdnDeltaParams &p, int32_t seq, int32_t h
 GDN_KERNEL(2) void gdn_recurrent_vk_cpu(GdnDeltaParams p) {
   const auto it = item2();
   recurrent_item(p, (int32_t)(it.get_group(0) / p.HV), (int32_t)(it.get_group(0) % p.HV),
-                    (int32_t)it.get_group(1) * GDN_VK_ITEM_ROWS);
+                 (int32_t)it.get_group(1) * GDN_VK_ITEM_ROWS);
 }
-
 #endif
 
 GDN_KERNEL(2) void gdn_fused_cpu(GdnFusedParams fp) {  // (see fused_conv)
