@@ -454,7 +454,7 @@ def test_bf16_store_keeps_nan_payloads(queue, path):
     pygdn.gated_delta_rule(queue, cfg, to_device(meta, queue), conv_out=usm(queue, x), ssm_state=d_ssm,
                            core_attn_out=usm(queue, np.zeros((T, HV, V), np.float32)), g=zeros, beta=zeros)
     got = pygdn.from_bf16_bits(d_ssm.to_numpy().view(np.uint16))
-    seqs, rows = meta["non_spec_token_indx" if path == "decode" else "spec_token_indx"], []
+    seqs = meta["non_spec_token_indx" if path == "decode" else "spec_token_indx"]
     want_nan = np.zeros(got.shape, bool)
     if path == "decode":
         for i in range(n):  # the one token of decode i: its slot's poisoned row
