@@ -133,6 +133,11 @@ static inline void store_bf16x16(uint16_t *p, const vf16 &v) {
   const vu16 h = to_bf16x16(v);
   __builtin_memcpy(p, &h, sizeof(h));
 }
+// x0 then x1 to 32 consecutive bf16 values: one 64-byte store.
+static inline void store_bf16x32(uint16_t *p, const vf16 &x0, const vf16 &x1) {
+  const native_vu16x32 c = to_bf16x32(x0, x1);
+  __builtin_memcpy(p, &c, sizeof(c));
+}
 // 16 f16 values: one vector conversion each way (round to nearest even on the way down).
 typedef sycl::vec<sycl::half, 16> vh16;
 static inline vf16 load_f16x16(const sycl::half *p) {
@@ -164,8 +169,7 @@ static inline void store_act16(void *p, int64_t i, const vf16 &v) {
 // together by to_bf16x32).
 static inline void store_act32(void *p, int64_t i, const vf16 &x0, const vf16 &x1) {
 #if defined(GDN_ACT_BF16)
-  const native_vu16x32 c = to_bf16x32(x0, x1);
-  __builtin_memcpy((act_t *)p + i, &c, sizeof(c));
+  store_bf16x32((act_t *)p + i, x0, x1);
 #else
   store_act16(p, i, x0);
   store_act16(p, i + 16, x1);
@@ -227,10 +231,6 @@ static inline float load_state(const state_t *p) { return bf16_to_float(*p); }
 static inline void store_state(state_t *p, float f) { *p = float_to_bf16(f); }
 static inline vf16 vload_state(const state_t *p) { return load_bf16x16(p); }
 static inline void vstore_state(state_t *p, const vf16 &x) { store_bf16x16(p, x); }
-static inline void vstore_state2(state_t *p, const vf16 &x0, const vf16 &x1) {
-  const native_vu16x32 c = to_bf16x32(x0, x1);
-  __builtin_memcpy(p, &c, sizeof(c));
-}
 static inline void vstore_state2_nt(state_t *p, const vf16 &x0, const vf16 &x1) { store_64_nt(p, to_bf16x32(x0, x1)); }
 #elif defined(GDN_STATE_F16)
 // f16 bit patterns with the scalar bit-operation conversions above; the 16-lane helpers (the
@@ -240,10 +240,6 @@ static inline float load_state(const state_t *p) { return f16_to_float(*p); }
 static inline void store_state(state_t *p, float f) { *p = float_to_f16(f); }
 static inline vf16 vload_state(const state_t *p) { return load_f16x16((const sycl::half *)p); }
 static inline void vstore_state(state_t *p, const vf16 &x) { store_f16x16((sycl::half *)p, x); }
-static inline void vstore_state2(state_t *p, const vf16 &x0, const vf16 &x1) {
-  vstore_state(p, x0);
-  vstore_state(p + 16, x1);
-}
 static inline void vstore_state2_nt(state_t *p, const vf16 &x0, const vf16 &x1) {
   store_64_nt(p, join_16x2(sycl::bit_cast<vu16>(x0.convert<sycl::half, sycl::rounding_mode::rte>()),
                            sycl::bit_cast<vu16>(x1.convert<sycl::half, sycl::rounding_mode::rte>())));
@@ -254,15 +250,19 @@ static inline float load_state(const state_t *p) { return *p; }
 static inline void store_state(state_t *p, float f) { *p = f; }
 static inline vf16 vload_state(const state_t *p) { return vload(p); }
 static inline void vstore_state(state_t *p, const vf16 &x) { vstore(p, x); }
-static inline void vstore_state2(state_t *p, const vf16 &x0, const vf16 &x1) {
-  vstore(p, x0);
-  vstore(p + 16, x1);
-}
 static inline void vstore_state2_nt(state_t *p, const vf16 &x0, const vf16 &x1) {
   vstore_nt(p, x0);
   vstore_nt(p + 16, x1);
 }
 #endif
+static inline void vstore_state2(state_t *p, const vf16 &x0, const vf16 &x1) {
+#if defined(GDN_STATE_BF16)
+  store_bf16x32(p, x0, x1);  // rounded together, one 64-byte store
+#else
+  vstore_state(p, x0);
+  vstore_state(p + 16, x1);
+#endif
+}
 // The vectors x[0..n) to p (contiguous), streaming when p is 64-byte aligned (pairs of vectors: 64
 // bytes of 2-byte states; an odd last vector takes a plain store). The fallback for a misaligned
 // view of the state (rare) goes lane by lane: a loop of plain VECTOR stores there was merged with

@@ -204,7 +204,7 @@ GDN_NOINLINE void recurrent_item(const GdnDeltaParams &p, int32_t seq, int32_t h
 GDN_KERNEL(2) void gdn_recurrent_kv_cpu(GdnDeltaParams p) {
   const auto it = item2();
   const int32_t seq = (int32_t)(it.get_group(0) / p.HV), hv = (int32_t)(it.get_group(0) % p.HV);
-  const int32_t nv = gdn_kv_cpu_vecs(p.V), v = (int32_t)it.get_group(1) * 16 * nv;
+  const int32_t v = (int32_t)it.get_group(1) * item_span(p);
   if (seq >= p.num_seqs || v >= p.V) return;
   recurrent_item(p, seq, hv, v);
 }
@@ -382,7 +382,7 @@ GDN_NOINLINE void recurrent_item(const GdnDeltaParams &p, int32_t seq, int32_t h
 GDN_KERNEL(2) void gdn_recurrent_vk_cpu(GdnDeltaParams p) {
   const auto it = item2();
   recurrent_item(p, (int32_t)(it.get_group(0) / p.HV), (int32_t)(it.get_group(0) % p.HV),
-                 (int32_t)it.get_group(1) * GDN_VK_ITEM_ROWS);
+                 (int32_t)it.get_group(1) * item_span(p));
 }
 #endif
 
