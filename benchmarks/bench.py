@@ -44,6 +44,7 @@ report.py (rows, cache-format table, targets, plot).
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import platform
@@ -118,6 +119,40 @@ def describe_run(queue, args):
                        "driver": dev.driver_version},
             "host": {"cpu": cpu_model(), "cores": os.cpu_count(), "loadavg_at_start": list(load),
                      "python": platform.python_version(), "numpy": np.__version__}}
+
+
+def build_check():
+    """Which build the run measures: the imported pygdn's library against the checkout this script
+    sits in -- its VERSION and its kernel sources, which the library embeds verbatim
+    (src/embed_kernels.py). An environment installed before the last change measures the old
+    kernels under the new benchmark's rows, and nothing in the numbers shows it. Returns the facts
+    and a line to log (a WARNING when they differ)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    lib_path = pygdn._lib.LIBRARY_PATH
+    facts = {"pygdn": pygdn.__version__, "library": lib_path}
+    try:
+        with open(os.path.join(root, "VERSION"), encoding="utf-8") as f:
+            facts["checkout_version"] = f.read().strip()
+        with open(lib_path, "rb") as f:
+            lib_bytes = f.read()
+    except OSError as e:
+        facts["matches_checkout"] = None
+        return facts, f"build: pygdn {pygdn.__version__} ({lib_path}); not compared with a checkout ({e})"
+    kernels = sorted(glob.glob(os.path.join(root, "src", "kernels", "*.[ch]pp")))
+    differ = []
+    for path in kernels:
+        with open(path, "rb") as f:
+            if f.read() not in lib_bytes:
+                differ.append(os.path.basename(path))
+    facts.update(kernel_files=len(kernels), kernel_files_differing=differ,
+                 matches_checkout=facts["checkout_version"] == pygdn.__version__ and not differ and bool(kernels))
+    where = f"pygdn {pygdn.__version__} ({lib_path})"
+    if facts["matches_checkout"]:
+        return facts, (f"build: {where}: this checkout's version and kernel sources ({len(kernels)} files); "
+                       f"host code is not compared")
+    return facts, (f"WARNING: build {where} is NOT this checkout's (VERSION {facts['checkout_version']}; kernel "
+                   f"files differing: {', '.join(differ) or 'none'}): reinstall pygdn from this checkout to "
+                   f"measure its code")
 
 
 def load_peers(names):
@@ -360,6 +395,8 @@ def main(argv=None) -> int:
     watch_all = CpuWatch()
     queue = dpctl.SyclQueue(args.device, property="in_order") if args.device else dpctl.SyclQueue(property="in_order")
     facts = describe_run(queue, args)
+    facts["build"], build_line = build_check()
+    log(build_line)
     peers, torch_msg, missing = load_peers(args.peers)
     facts["host"]["peers"] = torch_msg
     compile_s = compile_kernels(queue, args.dtype)
@@ -375,6 +412,8 @@ def main(argv=None) -> int:
     on = dev["name"] + (" (the SYCL CPU device)" if dev["is_sycl_cpu_device"] else "")
     foreign = watch_all.foreign()
     log_results(f"{on}, {args.dtype} activations", records, plan, sweep, checkpoints, foreign)
+    if not facts["build"].get("matches_checkout"):
+        log(build_line)
     ok_records = [r for r in records if "ours" in r]
     tg = targets(ok_records, plan, torch_msg, ho, sweep, foreign)
     log_targets(tg, foreign)
