@@ -51,7 +51,8 @@ _SUAI_TYPESTR = {}
 class UsmArray:
     """A C-contiguous array in USM memory of one queue (a minimal stand-in for dpnp.ndarray).
 
-    usm_type is "shared" (default: host-readable), "device" or "host".
+    usm_type is "shared" (default: host-readable), "device" or "host". Its attributes are
+    read-only once made (a Batch keeps its arrays' checked addresses between calls).
     """
 
     def __init__(self, shape, dtype, queue, usm_type="shared"):
@@ -61,6 +62,11 @@ class UsmArray:
         nbytes = max(1, int(_np.prod(self.shape, dtype=_np.int64)) * self.dtype.itemsize)
         cls = {"shared": _dpmem.MemoryUSMShared, "device": _dpmem.MemoryUSMDevice, "host": _dpmem.MemoryUSMHost}[usm_type]
         self.memory = cls(nbytes, queue=queue)
+
+    def __setattr__(self, name, value):
+        if name in self.__dict__:
+            raise AttributeError(f"pygdn.UsmArray.{name} is read-only (make a new array)")
+        object.__setattr__(self, name, value)
 
     @classmethod
     def from_numpy(cls, array, queue, usm_type="shared"):

@@ -8,6 +8,10 @@ validate="counts", a newer caller's struct with a zero tail, a caller workspace 
 Rules the Python layer would reject first are reached through pygdn.lib.gdn_attention with
 hand-filled structs (raw()).
 """
+import dataclasses
+import gc
+import weakref
+
 import numpy as np
 import pytest
 
@@ -624,6 +628,95 @@ def test_python_unsupported_element_type(s):
 def test_python_not_a_usm_array(s):
     fails(s, None, ["b: expected an object with __sycl_usm_array_interface__", "ndarray"],
           lambda: s.attention(b=s.host["b"]), exc=TypeError)
+
+
+class _Described:
+    """A USM array through an SUAI object whose described row count can change between calls."""
+
+    def __init__(self, base):
+        self.base, self.rows = base, base.shape[0]
+
+    @property
+    def __sycl_usm_array_interface__(self):
+        d = dict(self.base.__sycl_usm_array_interface__)
+        d["shape"] = (self.rows,) + tuple(self.base.shape[1:])
+        return d
+
+
+def test_python_checks_after_cached_calls(s):
+    """A plain call keeps its checked structs for the next call with the same pygdn.UsmArray
+    objects, queue object and row count (Batch._to_c, pygdn.ops._arrays_cached): whatever changed
+    since is checked again, and the config keeps no array alive."""
+    batch = s.batch()
+
+    def cached_then_fails(needles, call, exc):
+        s.attention(batch)
+        s.attention(batch)  # the kept structs
+        fails(s, None, needles, call, exc=exc)
+
+    # another array object in a tensor's place
+    cached_then_fails(["mixed_qkv: dtype f16, expected f32"],
+                      lambda: s.attention(batch, mixed_qkv=usm(s.q, s.host["mixed_qkv"].astype(np.float16))), TypeError)
+    # an array of the batch replaced, then a count changed
+    good = batch.spec_state_indices
+    cached_then_fails(["batch.spec_state_indices: 5 elements, the counts need 6"],
+                      lambda: (setattr(batch, "spec_state_indices", usm(s.q, np.arange(3, 8, dtype=np.int32))),
+                               s.attention(batch)), ValueError)
+    batch.spec_state_indices = good
+    # arrays of other kinds may describe other memory from call to call: never kept
+    shrinking = {"spec_state_indices": _Described(good), "a": _Described(s.t["a"])}
+    batch.spec_state_indices = shrinking["spec_state_indices"]
+    s.attention(batch, a=shrinking["a"])
+    s.attention(batch, a=shrinking["a"])
+    shrinking["spec_state_indices"].rows = 5
+    fails(s, None, ["batch.spec_state_indices: 5 elements, the counts need 6"],
+          lambda: s.attention(batch, a=shrinking["a"]), exc=ValueError)
+    batch.spec_state_indices = good
+    s.attention(batch, a=shrinking["a"])
+    shrinking["a"].rows = 8
+    fails(s, None, ["a: shape (8, "], lambda: s.attention(batch, a=shrinking["a"]), exc=ValueError)
+    cached_then_fails(["elements, the counts need"],
+                      lambda: (setattr(batch, "num_spec_decodes", 4), s.attention(batch)), ValueError)
+    batch.num_spec_decodes = s.meta["num_spec_decodes"]
+    # another queue object, of another context: the batch's arrays are checked first, then (with
+    # a batch of that context) the tensors
+    dev = s.q.sycl_device
+    other = dpctl.SyclQueue(dpctl.SyclContext([dev]), dev, property="in_order")
+    tensors = {k: v for k, v in s.t.items() if v is not None}
+    cached_then_fails(["batch.", "lives in another SYCL context than the queue"],
+                      lambda: pygdn.attention(other, s.cfg, batch, **tensors), ValueError)
+    there = dataclasses.replace(batch, **{f: usm(other, getattr(batch, f).to_numpy()) for f in BATCH_ARRAYS
+                                          if getattr(batch, f) is not None})
+    cached_then_fails(["mixed_qkv: lives in another SYCL context than the queue"],
+                      lambda: pygdn.attention(other, s.cfg, there, **tensors), ValueError)
+    # the config changed
+    cached_then_fails(["mixed_qkv: dtype f32, expected bf16"], lambda: (setattr(s.cfg, "act_dtype", "bf16"),
+                                                                      s.attention(batch)), TypeError)
+    s.cfg.act_dtype = "f32"
+    # the config holds its last arrays weakly; a UsmArray describes the same memory for its life
+    a = usm(s.q, s.host["a"])
+    s.attention(batch, a=a)
+    s.attention(batch, a=a)
+    gone = weakref.ref(a)
+    del a
+    gc.collect()
+    assert gone() is None, "the config kept an array alive"
+    with pytest.raises(AttributeError, match="read-only"):
+        s.t["b"].shape = (1, HV)
+
+
+def test_python_cached_calls_compute_what_fresh_calls_do(queue):
+    """Three steps through the kept structs (same Config, Batch and arrays) leave what three
+    steps with a new Config and Batch object each (every check and struct made again) leave."""
+    kept, fresh = Setup(queue), Setup(queue)
+    batch = kept.batch()
+    for _ in range(3):
+        kept.attention(batch)
+        fresh.cfg = dataclasses.replace(fresh.cfg)
+        fresh.attention(fresh.batch())
+    got, want = kept.state(), fresh.state()
+    for k in want:
+        assert np.array_equal(got[k], want[k]), k
 
 
 class _Strided:
