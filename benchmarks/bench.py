@@ -280,7 +280,8 @@ def measure_host_overhead(queue, dtype, calls):
     log(f"  {ho['config']}: {ho['wait_full_us']:.0f} us/call (wait=True, validate=full), "
         f"{ho['wait_counts_us']:.0f} us/call (wait=True, validate=counts), "
         f"{ho['nowait_counts_us']:.0f} us/call (wait=False loop + one queue.wait, validate=counts); "
-        f"Python marshalling alone {ho['python_marshal_us']:.0f} us.")
+        f"Python marshalling alone {ho['python_marshal_us']:.0f} us (the structs checked by the call before), "
+        f"{ho.get('python_marshal_uncached_us', float('nan')):.0f} us checking every array again.")
     log(f"  prepared once (pygdn.prepare, the serving-loop form): {ho['prepared_wait_counts_us']:.0f} us/call "
         f"(wait=True), {ho['prepared_nowait_counts_us']:.0f} us/call (wait=False), validate=counts; "
         f"{ho['prepared_wait_full_us']:.0f} us/call with validate=full.")

@@ -206,9 +206,18 @@ def host_overhead(queue, act, calls):
                 run(wait=True)
             res[f"{prefix}wait_{validate}_us"] = us_per_call(lambda: run(wait=True), calls)
             res[f"{prefix}nowait_{validate}_us"] = us_per_call(lambda: run(wait=False), calls, queue.wait)
-    # The same call's pure Python marshalling cost (no C call): cffi structs + SUAI views.
+    # The same call's pure Python marshalling cost (no C call): cffi structs + SUAI views. A
+    # repeated call with the same pygdn.UsmArray objects reuses the structs checked by the one
+    # before (pygdn.ops._arrays_cached, Batch._to_c); "uncached" drops them before every call, so
+    # every array is checked again (what other array kinds -- dpnp, DLPack -- always cost).
     batch = to_device(meta, queue, validate="counts")
     res["python_marshal_us"] = us_per_call(lambda: pygdn.ops._marshal(queue, cfg, batch, arrays), calls)
+
+    def uncached():
+        object.__setattr__(cfg, "_arrays_cache", None)
+        object.__setattr__(batch, "_views_cache", None)
+        pygdn.ops._marshal(queue, cfg, batch, arrays)
+    res["python_marshal_uncached_us"] = us_per_call(uncached, calls)
     return res
 
 
