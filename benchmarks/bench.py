@@ -123,10 +123,10 @@ def describe_run(queue, args):
 
 def build_check():
     """Which build the run measures: the imported pygdn's library against the checkout this script
-    sits in -- its VERSION and its kernel sources, which the library embeds verbatim
-    (src/embed_kernels.py). An environment installed before the last change measures the old
-    kernels under the new benchmark's rows, and nothing in the numbers shows it. Returns the facts
-    and a line to log (a WARNING when they differ)."""
+    sits in -- its VERSION and its kernel sources and public header, which the library embeds
+    verbatim (src/embed_kernels.py). An environment installed before the last change measures the
+    old kernels under the new benchmark's rows, and nothing in the numbers shows it. Returns the
+    facts and a line to log (a WARNING when they differ)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     lib_path = pygdn._lib.LIBRARY_PATH
     facts = {"pygdn": pygdn.__version__, "library": lib_path}
@@ -138,7 +138,9 @@ def build_check():
     except OSError as e:
         facts["matches_checkout"] = None
         return facts, f"build: pygdn {pygdn.__version__} ({lib_path}); not compared with a checkout ({e})"
-    kernels = sorted(glob.glob(os.path.join(root, "src", "kernels", "*.[ch]pp")))
+    # meson.build's kernel_files: the kernel sources and the public header they include
+    kernels = sorted(glob.glob(os.path.join(root, "src", "kernels", "*.[ch]pp"))) + [
+        os.path.join(root, "include", "gdn_xpu.h")]
     differ = []
     for path in kernels:
         with open(path, "rb") as f:
