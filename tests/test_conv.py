@@ -3,9 +3,10 @@ import numpy as np
 import pytest
 
 import pygdn
-from pygdn.batch import to_device
-from helpers import ACT_DTYPES, conv_from_canonical, usm
-from op_checks import CONV_DIMS, CONV_MODES, run_conv
+from pygdn import reference as ref
+from pygdn.batch import make_batch, to_device
+from helpers import ACT_DTYPES, conv_from_canonical, conv_to_canonical, quantize, usm
+from op_checks import CONV_DIMS, CONV_MODES, CONV_SLOTS, run_conv
 
 H, HV, K, V = CONV_DIMS
 
@@ -76,3 +77,71 @@ def test_conv_rolled_equals_snapshot_over_steps(queue):
         outs[spec_layout] = got
     for step, (a, b) in enumerate(zip(outs["snapshot"], outs["rolled"])):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6, err_msg=f"step {step}")
+
+
+# The conv state holds its inputs as they came (conv1d.hpp's window stores, store_act_exact): bf16
+# patterns a rounding store would change -- NaNs with payloads, signaling NaNs -- come back bit
+# for bit. Where each input lands is the reference's answer on unique values (ids) in their place.
+NAN_BITS = np.array([0x7F81, 0xFF81, 0x7FC1, 0x7FFF, 0xFFFF, 0x7FA5], np.uint16)
+
+
+def _input_bits(rng, shape):
+    bits = quantize(rng.standard_normal(shape), "bf16")[0]
+    flat = bits.reshape(-1)
+    flat[rng.choice(flat.size, size=flat.size // 4, replace=False)] = rng.choice(NAN_BITS, size=flat.size // 4)
+    return bits
+
+
+def _expected_state_bits(meta, x_bits, st_bits, spec_layout):
+    """The conv state after the step, as bits: the reference on ids (x: 1.., state: -1..)."""
+    T, C = x_bits.shape
+    x_ids = np.arange(1, x_bits.size + 1, dtype=np.float64).reshape(x_bits.shape)
+    st_ids = -np.arange(1, st_bits.size + 1, dtype=np.float64).reshape(st_bits.shape)
+    _, ids = ref.causal_conv1d(x_ids, np.zeros((C, 4)), None, st_ids, meta, spec_layout=spec_layout, silu=True)
+    ids = ids.astype(np.int64)
+    table = np.concatenate([st_bits.reshape(-1)[::-1], [0], x_bits.reshape(-1)])  # index id + st_bits.size
+    return table[ids + st_bits.size].astype(np.uint16)
+
+
+@pytest.mark.parametrize("generic", [False, True])
+@pytest.mark.parametrize("layout,spec_layout", [("time_major", "rolled"), ("dim_major", "snapshot")])
+def test_conv_state_keeps_input_bits(queue, monkeypatch, generic, layout, spec_layout):
+    if generic:
+        monkeypatch.setenv("GDN_XPU_GENERIC_KERNELS", "1")
+    rng = np.random.default_rng(13)
+    meta = make_batch(rng, num_slots=CONV_SLOTS, **CONV_MODES["mixed_padded"])
+    state_len = 3 + (meta["num_spec"] if spec_layout == "rolled" else 0)
+    cfg = pygdn.Config(num_k_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V, num_slots=CONV_SLOTS, conv_width=4,
+                       act_dtype="bf16", conv_layout=layout, conv_spec_layout=spec_layout, conv_state_len=state_len)
+    C, T = cfg.conv_dim, meta["num_actual_tokens"]
+    x_bits, st_bits = _input_bits(rng, (T, C)), _input_bits(rng, (CONV_SLOTS, C, state_len))
+    d_state = usm(queue, conv_from_canonical(st_bits, layout))
+    pygdn.causal_conv1d(queue, cfg, to_device(meta, queue), mixed_qkv=usm(queue, x_bits),
+                        conv_weight=usm(queue, quantize(rng.standard_normal((C, 4)), "bf16")[0]), conv_state=d_state,
+                        conv_out=usm(queue, np.zeros((T, C), np.uint16)))
+    got = conv_to_canonical(d_state.to_numpy(), layout)
+    assert np.array_equal(got, _expected_state_bits(meta, x_bits, st_bits, spec_layout))
+
+
+# The same through gdn_attention on a step without prefills: on the CPU device its conv runs inside
+# the fused launch (gdn_fused_cpu; K = 16 and whole 16-channel v blocks per k-head let it fuse).
+@pytest.mark.parametrize("generic", [False, True])
+def test_attention_conv_state_keeps_input_bits(queue, monkeypatch, generic):
+    if generic:
+        monkeypatch.setenv("GDN_XPU_GENERIC_KERNELS", "1")
+    rng = np.random.default_rng(14)
+    h, hv, k, v, slots = 1, 2, 16, 16, 8
+    meta = make_batch(rng, num_slots=slots, num_decodes=3, spec_lens=[2, 1], num_spec=1, order="random")
+    cfg = pygdn.Config(num_k_heads=h, num_v_heads=hv, head_k_dim=k, head_v_dim=v, num_slots=slots, conv_width=4,
+                       act_dtype="bf16", conv_layout="time_major", conv_spec_layout="snapshot", conv_state_len=3)
+    C, T = cfg.conv_dim, meta["num_actual_tokens"]
+    x_bits, st_bits = _input_bits(rng, (T, C)), _input_bits(rng, (slots, C, 3))
+    d_state = usm(queue, conv_from_canonical(st_bits, "time_major"))
+    bf = lambda *shape: usm(queue, quantize(rng.standard_normal(shape), "bf16")[0])  # noqa: E731
+    pygdn.attention(queue, cfg, to_device(meta, queue), mixed_qkv=usm(queue, x_bits), a=bf(T, hv), b=bf(T, hv),
+                    conv_weight=bf(C, 4), A_log=usm(queue, np.zeros(hv, np.float32)),
+                    dt_bias=usm(queue, np.zeros(hv, np.float32)), conv_state=d_state,
+                    ssm_state=usm(queue, np.zeros(cfg.ssm_state_shape, np.float32)),
+                    core_attn_out=usm(queue, np.zeros((T, hv, v), np.uint16)))
+    got = conv_to_canonical(d_state.to_numpy(), "time_major")
+    assert np.array_equal(got, _expected_state_bits(meta, x_bits, st_bits, "snapshot"))

@@ -66,6 +66,15 @@ static inline act_t float_to_act(float f) { return f; }
 
 static inline float load_act(const void *p, int64_t i) { return act_to_float(((const act_t *)p)[i]); }
 static inline void store_act(void *p, int64_t i, float f) { ((act_t *)p)[i] = float_to_act(f); }
+// An activation stored back as it was loaded (the conv state keeps its inputs: conv1d.hpp's window
+// stores): exact in act_t, so no rounding -- bf16 keeps the upper half of the float's bits (a NaN
+// keeps its payload, which rounding would quiet); f16 and f32 convert exactly anyway. The CPU
+// variants' 16-lane form below took ~7 instructions a vector off a decode's conv windows.
+#if defined(GDN_ACT_BF16)
+static inline void store_act_exact(void *p, int64_t i, float f) { ((act_t *)p)[i] = (act_t)(sycl::bit_cast<uint32_t>(f) >> 16); }
+#else
+static inline void store_act_exact(void *p, int64_t i, float f) { store_act(p, i, f); }
+#endif
 
 // Work-items of the CPU-device kernels (*_cpu.cpp) hold 16 lanes (channels, state columns) in one vector.
 typedef sycl::vec<float, 16> vf16;
@@ -164,6 +173,14 @@ static inline vf16 load_act16(const void *p, int64_t i) {
 static inline void store_act16(void *p, int64_t i, const vf16 &v) {
   for (int l = 0; l < 16; ++l) store_act(p, i + l, v[l]);
 }
+#endif
+#if defined(GDN_ACT_BF16)
+static inline void store_act16_exact(void *p, int64_t i, const vf16 &v) {
+  const vu16 h = (sycl::bit_cast<vu32>(v) >> 16u).convert<uint16_t>();
+  __builtin_memcpy((act_t *)p + i, &h, sizeof(h));
+}
+#else
+static inline void store_act16_exact(void *p, int64_t i, const vf16 &v) { store_act16(p, i, v); }
 #endif
 // 32 consecutive activations, x0's lanes then x1's (bf16: one 64-byte store of both, rounded
 // together by to_bf16x32).
@@ -308,6 +325,7 @@ static inline float hsum(const vf16 &x) {
 //   load             N floats at p (contiguous)
 //   load_act(p,i,s)  activations i, i+s, ... (s = 1: contiguous) widened to float
 //   store_act(p,i,v,s) N activations at i, i+s, ..., rounded
+//   store_act_exact(p,i,v,s) the same for values loaded from act_t (no rounding; see store_act_exact)
 //   at(x,l)          lane l
 template <int N> struct Lanes;
 template <> struct Lanes<1> {
@@ -315,6 +333,7 @@ template <> struct Lanes<1> {
   static T load(const float *p) { return *p; }
   static T load_act(const void *p, int64_t i, int64_t = 1) { return ::load_act(p, i); }
   static void store_act(void *p, int64_t i, const T &v, int64_t = 1) { ::store_act(p, i, v); }
+  static void store_act_exact(void *p, int64_t i, const T &v, int64_t = 1) { ::store_act_exact(p, i, v); }
   static float &at(T &x, int) { return x; }
 };
 template <> struct Lanes<16> {
@@ -329,6 +348,10 @@ template <> struct Lanes<16> {
   static void store_act(void *p, int64_t i, const T &v, int64_t step = 1) {
     if (step == 1) return store_act16(p, i, v);
     for (int l = 0; l < 16; ++l) ::store_act(p, i + l * step, v[l]);
+  }
+  static void store_act_exact(void *p, int64_t i, const T &v, int64_t step = 1) {
+    if (step == 1) return store_act16_exact(p, i, v);
+    for (int l = 0; l < 16; ++l) ::store_act_exact(p, i + l * step, v[l]);
   }
   static float &at(T &x, int l) { return x[l]; }
 };

@@ -61,7 +61,7 @@ static inline void load_weights(const void *weight, int32_t c, int32_t width, ty
 // the window is 48 contiguous values, moved as three vectors regrouped by shuffles (a strided
 // 16-lane load or store went lane by lane, ~200 instructions a window: dim-major decode B=32 conv
 // on one thread 1.05 -> 0.85-0.95 ms). Elsewhere one load or store per column (contiguous in the
-// time-major layout).
+// time-major layout). The state holds inputs as they came: stores are store_act_exact (no rounding).
 static inline bool window16x3(const GdnConvStateView &s) { return s.chan_stride == 3 && s.col_stride == 1; }
 typedef float native_vf32 __attribute__((ext_vector_type(32)));
 static inline native_vf32 cat16(const vf16 &a, const vf16 &b) {  // a's lanes, then b's
@@ -91,12 +91,12 @@ static inline void store_window(const GdnConvStateView &s, int32_t slot, int32_t
     if (window16x3(s)) {  // lanes 0-15: hist[0], 16-31: hist[1], 32-47: hist[2]
       const int64_t off = state_off(s, slot, c, 0);
       const native_vf32 a = cat16(hist[0], hist[1]), b = cat16(hist[2], hist[2]);
-      store_act16(s.base, off, sycl::bit_cast<vf16>(__builtin_shufflevector(a, b, 0, 16, 32, 1, 17, 33, 2, 18, 34, 3, 19, 35, 4, 20, 36, 5)));
-      store_act16(s.base, off + 16, sycl::bit_cast<vf16>(__builtin_shufflevector(a, b, 21, 37, 6, 22, 38, 7, 23, 39, 8, 24, 40, 9, 25, 41, 10, 26)));
-      store_act16(s.base, off + 32, sycl::bit_cast<vf16>(__builtin_shufflevector(a, b, 42, 11, 27, 43, 12, 28, 44, 13, 29, 45, 14, 30, 46, 15, 31, 47)));
+      store_act16_exact(s.base, off, sycl::bit_cast<vf16>(__builtin_shufflevector(a, b, 0, 16, 32, 1, 17, 33, 2, 18, 34, 3, 19, 35, 4, 20, 36, 5)));
+      store_act16_exact(s.base, off + 16, sycl::bit_cast<vf16>(__builtin_shufflevector(a, b, 21, 37, 6, 22, 38, 7, 23, 39, 8, 24, 40, 9, 25, 41, 10, 26)));
+      store_act16_exact(s.base, off + 32, sycl::bit_cast<vf16>(__builtin_shufflevector(a, b, 42, 11, 27, 43, 12, 28, 44, 13, 29, 45, 14, 30, 46, 15, 31, 47)));
       return;
     }
-  for (int32_t i = 0; i < w1; ++i) Lanes<N>::store_act(s.base, state_off(s, slot, c, i), hist[i], s.chan_stride);
+  for (int32_t i = 0; i < w1; ++i) Lanes<N>::store_act_exact(s.base, state_off(s, slot, c, i), hist[i], s.chan_stride);
 }
 
 // The sequence comes from the group id of dimension 0 (local range 1 there), so the CPU device's
@@ -142,14 +142,14 @@ static inline void conv_spec_channels(const GdnConvParams &p, int32_t seq, int32
     load_window<N, WIDTH>(p.state, read_slot, c, read_col0, w1, hist);
   if (p.rolled) {
     // Columns 0..W-3 := the W-2 inputs just before token 0 (hist[1..W-2]); the tokens follow below.
-    for (int32_t i = 0; i + 1 < w1; ++i) L::store_act(p.state.base, state_off(p.state, line, c, i), hist[i + 1], cs);
+    for (int32_t i = 0; i + 1 < w1; ++i) L::store_act_exact(p.state.base, state_off(p.state, line, c, i), hist[i + 1], cs);
   }
   for (int32_t t = 0; t < len; ++t) {
     const int64_t row = global_row(p.token_indx, j0 + t);
     const T x = L::load_act(p.x, row * p.x_stride + c, 1);
     L::store_act(p.out, row * p.out_stride + c, conv_token(w, bias, hist, width, x, p.silu));
     if (p.rolled) {
-      L::store_act(p.state.base, state_off(p.state, line, c, w1 - 1 + t), x, cs);
+      L::store_act_exact(p.state.base, state_off(p.state, line, c, w1 - 1 + t), x, cs);
     } else if (cols[t] != p.pad_slot_id) {
       store_window<N, WIDTH>(p.state, cols[t], c, w1, hist);
     }
