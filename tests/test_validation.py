@@ -657,7 +657,7 @@ def test_python_checks_after_cached_calls(s):
     # another array object in a tensor's place
     cached_then_fails(["mixed_qkv: dtype f16, expected f32"],
                       lambda: s.attention(batch, mixed_qkv=usm(s.q, s.host["mixed_qkv"].astype(np.float16))), TypeError)
-    # an array of the batch replaced, then a count changed
+    # an array of the batch replaced
     good = batch.spec_state_indices
     cached_then_fails(["batch.spec_state_indices: 5 elements, the counts need 6"],
                       lambda: (setattr(batch, "spec_state_indices", usm(s.q, np.arange(3, 8, dtype=np.int32))),
@@ -675,6 +675,7 @@ def test_python_checks_after_cached_calls(s):
     s.attention(batch, a=shrinking["a"])
     shrinking["a"].rows = 8
     fails(s, None, ["a: shape (8, "], lambda: s.attention(batch, a=shrinking["a"]), exc=ValueError)
+    # a count changed
     cached_then_fails(["elements, the counts need"],
                       lambda: (setattr(batch, "num_spec_decodes", 4), s.attention(batch)), ValueError)
     batch.num_spec_decodes = s.meta["num_spec_decodes"]
