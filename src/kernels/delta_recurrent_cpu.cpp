@@ -289,6 +289,16 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
   float dp = 1.0f;
   state_t *Ap = nullptr;
   bool stream_p = false;
+  // The walk's last pass (a decode's update pass, the held rows' last update) runs from this
+  // core's caches and reads no memory, which would idle through it: each of its rows asks for
+  // the same row of the NEXT walk (16 rows on: this head's next 16, or the next head's first 16,
+  // which this work-item or the one after it walks; within the slot), so that walk's first read
+  // finds its rows arriving. Alternated in one process: decode B=8 0.93 -> 0.87 ms, bf16 state
+  // 0.69 -> 0.64, B=32 3.96 -> 3.80, B=1 0.160 -> 0.152; spec B=8 S=1 2.07 -> 2.05, S=3 3.68 ->
+  // 3.52, S=7 6.76 -> 6.42, bf16 S=3 2.37 -> 2.01. 8, 32 or 48 rows on: no gain or slower; the
+  // same request during a spec walk's last read pass instead: about as fast. (The kv layout's
+  // decode update pass asking for the next head's rows: 3-8% slower.)
+  const bool ahead = rs.init && (v0 + 16 < p.V || hv + 1 < p.HV);
   // Row r, vector c of the state before the token (HOLD: after applying the pending update).
   auto state_in = [&](int32_t t, int32_t r, int c) -> vf16 {
     if constexpr (HOLD) {
@@ -338,13 +348,6 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
       for (int c = 0; c < KC; ++c) kp[c] = k[c];
       up = u, dp = decay, Ap = A, stream_p = stream_a;
     } else {
-      // The update pass runs from this core's caches, so the memory would idle through it: each
-      // row asks for the same row of the NEXT pass (16 rows on: this head's next 16, or the next
-      // head's first 16, which this work-item or the one after it walks; within the slot), so
-      // the next read pass finds its rows arriving. Decode B=8 0.93 -> 0.87 ms, bf16 state 0.69 ->
-      // 0.64, B=32 3.96 -> 3.80, B=1 0.160 -> 0.152 (alternated in one process); 8, 32 or 48 rows
-      // on: no gain or slower. (The kv layout's update pass asking for the next head's rows: slower.)
-      const bool ahead = rs.init && (v0 + 16 < p.V || hv + 1 < p.HV);
       for (int32_t r = 0; r < nr; ++r) {
         if (ahead) prefetch_states(S + (16 + r) * KD, KD);
         vf16 x[KC];
@@ -357,6 +360,7 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
   if constexpr (HOLD) {  // the last token's update
     state_t *const B = rs.spec ? nullptr : ssm + (int64_t)rs.cols[0] * p.slot_stride + rows0;
     for (int32_t r = 0; r < nr; ++r) {
+      if (ahead) prefetch_states(S + (16 + r) * KD, KD);
       for (int c = 0; c < KC; ++c) s[r][c] = s[r][c] * dp + kp[c] * up[r];
       if (Ap) vstore_states(Ap + r * KD, s[r], KC, stream_p);
       if (B) vstore_states(B + r * KD, s[r], KC, streaming_to(rs, rs.cols[0]));
