@@ -10,6 +10,7 @@ FOREIGN_FLAG = 0.05   # flag rows during which other processes used more than th
 RETRY_SHARE = 0.15    # ... and measure a case again (once, within a time budget) above this share
 LATE_BUDGET_S = 0.5    # repeat budget per implementation once past the run's soft deadline
 SWITCH_PAUSE_S = 0.15  # pause between implementations (see timed_blocks)
+WARM_S = 0.02          # ... after which each one runs untimed for at least this long (and one call)
 QUIET_SHARE = 0.05    # before a case, wait (within a time budget) for other processes to drop below this
 
 
@@ -68,8 +69,10 @@ def settle():
 
 def timed_blocks(impls, budget_s, together=(), rounds=3):
     """Each implementation in turn: a pause (other libraries' idle worker threads stop spinning:
-    OpenBLAS's spin up to ~0.1 s after a threaded call), one untimed step (wakes its own threads
-    and caches), then its repeats back to back, as a serving loop would run it. impls: name ->
+    OpenBLAS's spin up to ~0.1 s after a threaded call), untimed steps for WARM_S, at least one
+    (they wake its own threads and caches: on this 2-core VM, steps right after the pause and one
+    untimed step ran up to 2-3x slower for ~20 ms -- decode B=1 0.45-0.51 ms against 0.15-0.16
+    back to back), then its repeats back to back, as a serving loop would run it. impls: name ->
     (fn, reps, first_s); each gets at most budget_s of repeats. The names in `together` (variants
     whose times are compared as ratios: our ssm layouts and state dtypes) split their repeats over
     `rounds` interleaved rounds, in alternating order, so this host's swings of minutes hit them
@@ -82,7 +85,10 @@ def timed_blocks(impls, budget_s, together=(), rounds=3):
         fn, _, first = impls[n]
         time.sleep(SWITCH_PAUSE_S)
         if first * (want + 1) <= budget_s:
+            t0 = time.perf_counter()
             fn()
+            while time.perf_counter() - t0 < WARM_S:
+                fn()
         times.setdefault(n, []).extend(call_times(fn, want))
 
     def wanted(n):
