@@ -112,6 +112,15 @@ static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int
   vf16 up[NV];
   state_t *Ap = nullptr;
   bool stream_p = false;
+  // 2-byte states: the walk's last pass (a decode's update pass, the held block's last update)
+  // reads no memory, so each of its rows asks for the same row and columns of the next head (the
+  // next walk of this work-item in gdn_fused_cpu, else likely of the next work-item), as the vk
+  // walk below does for its next 16 rows. Alternated in one process, bf16 state: decode B=8 0.708
+  // -> 0.624 ms, B=1 0.178 -> 0.173; spec S=1 B=8 1.385 -> 1.289, S=3 B=8 2.79 -> 2.53, S=7 B=8 3.61 ->
+  // 3.57, S=3 B=32 9.10 -> 8.54. Not for f32 states (a head is 64 KB, the whole L1 twice over):
+  // decode B=8 3-8% slower, spec S=1 B=8 1.88 -> 2.00.
+  const bool ahead = sizeof(state_t) == 2 && rs.init && hv + 1 < p.HV;
+  const state_t *const S_next = S + (int64_t)KD * p.V;  // the next head's rows (state_column's head stride)
   // Row k, vector j of the state block before the token (HOLD: after applying the pending update).
   auto state_in = [&](int32_t t, int k, int j) -> vf16 {
     if constexpr (HOLD) {
@@ -163,6 +172,7 @@ static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int
       dp = decay, Ap = A, stream_p = stream_a;
     } else {
       for (int k = 0; k < KD; ++k) {
+        if (ahead) prefetch_states(S_next + k * p.V, 16 * NV);
         vf16 x[NV];
         for (int j = 0; j < NV; ++j) x[j] = state_in(t, k, j) * decay + u[j] * kn[k];
         if (A) vstore_states(A + k * p.V, x, NV, stream_a);
@@ -173,6 +183,7 @@ static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int
   if constexpr (HOLD) {  // the last token's update
     state_t *const B = rs.spec ? nullptr : state_column(p, rs.cols[0], hv, v);
     for (int k = 0; k < KD; ++k) {
+      if (ahead) prefetch_states(S_next + k * p.V, 16 * NV);
       for (int j = 0; j < NV; ++j) s[k][j] = s[k][j] * dp + up[j] * kp[k];
       if (Ap) vstore_states(Ap + k * p.V, s[k], NV, stream_p);
       if (B) vstore_states(B + k * p.V, s[k], NV, streaming_to(rs, rs.cols[0]));
@@ -296,8 +307,8 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
   // finds its rows arriving. Alternated in one process: decode B=8 0.93 -> 0.87 ms, bf16 state
   // 0.69 -> 0.64, B=32 3.96 -> 3.80, B=1 0.160 -> 0.152; spec B=8 S=1 2.07 -> 2.05, S=3 3.68 ->
   // 3.52, S=7 6.76 -> 6.42, bf16 S=3 2.37 -> 2.01. 8, 32 or 48 rows on: no gain or slower; the
-  // same request during a spec walk's last read pass instead: about as fast. (The kv layout's
-  // decode update pass asking for the next head's rows: 3-8% slower.)
+  // same request during a spec walk's last read pass instead: about as fast. (The kv walk above
+  // does the same for 2-byte states only.)
   const bool ahead = rs.init && (v0 + 16 < p.V || hv + 1 < p.HV);
   // Row r, vector c of the state before the token (HOLD: after applying the pending update).
   auto state_in = [&](int32_t t, int32_t r, int c) -> vf16 {
