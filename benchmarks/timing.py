@@ -72,12 +72,12 @@ def timed_blocks(impls, budget_s, together=(), rounds=3):
     OpenBLAS's spin up to ~0.1 s after a threaded call), untimed steps for WARM_S, at least one
     (they wake its own threads and caches: on this 2-core VM, steps right after the pause and one
     untimed step ran up to 2-3x slower for tens of ms -- decode B=1 0.45-0.51 ms against 0.15-0.16
-    back to back; README, stop 26), then its repeats back to back, as a serving loop would run it. impls: name ->
-    (fn, reps, first_s); each gets at most budget_s of repeats. The names in `together` (variants
-    whose times are compared as ratios: our ssm layouts and state dtypes) split their repeats over
-    `rounds` interleaved rounds, in alternating order, so this host's swings of minutes hit them
-    alike (measured one block after another, a ratio moved up to ~3x between runs). Returns (name
-    -> stats, share of the CPU other processes used meanwhile)."""
+    back to back; README, stop 26), then its repeats back to back, as a serving loop would run it.
+    impls: name -> (fn, reps, first_s); each gets at most budget_s of repeats. The names in
+    `together` (variants whose times are compared as ratios: our ssm layouts and state dtypes)
+    split their repeats over `rounds` interleaved rounds, in alternating order, so this host's
+    swings of minutes hit them alike (measured one block after another, a ratio moved up to ~3x
+    between runs). Returns (name -> stats, share of the CPU other processes used meanwhile)."""
     stats, times = {}, {}
     watch = CpuWatch()
 
