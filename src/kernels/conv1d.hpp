@@ -205,10 +205,13 @@ static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int3
     // by the tile that convolves that token (tiles never share a token).
     const Checkpoints ckpt0 = checkpoints(p.slots, seq, p.slots.start_pos ? p.slots.start_pos[seq] : 0, first - j0, p.pad_slot_id);
     // BP blocks b0 .. b0+BP-1 over the sequence's tokens of this tile, together: one token's row,
-    // checkpoint test and loop control serve them all, and the CPU variant's pairs store their 32
+    // checkpoint test and loop control serve them all, and the CPU variant stores each pair's 32
     // outputs at once (store_act32: bf16 as one 64-byte store). Pairs against one block at a time,
     // one thread, 512 tokens: conv 3.42-3.55 -> 2.94-3.05 ms (best of 25 in four of five
-    // alternated rounds).
+    // alternated rounds). Four blocks (128 bytes of a bf16 row, two cache lines per token)
+    // against pairs, alternated in one process, conv kernel alone: 2048 tokens 6.2 -> 4.9 ms,
+    // 256 tokens 0.62 -> 0.59 (decode B=8 / B=32 steps, whose fused conv runs this too: no
+    // difference). Eight (the whole work-item at once) spilled: 8.3 ms at 2048 tokens.
     auto blocks = [&](auto bp, int32_t b0) {
       constexpr int BP = decltype(bp)::value;
       T hist[BP][GDN_MAX_WIDTH];
@@ -228,8 +231,10 @@ static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int3
           const T x = L::load_act(p.x, row * p.x_stride + c + N * (b0 + q), 1);
           y[q] = conv_token(w[b0 + q], bias[b0 + q], hist[q], width, x, p.silu);
         }
-        if constexpr (N == 16 && BP == 2) store_act32(p.out, row * p.out_stride + c + N * b0, y[0], y[1]);
-        else for (int q = 0; q < BP; ++q) L::store_act(p.out, row * p.out_stride + c + N * (b0 + q), y[q]);
+        if constexpr (N == 16 && BP % 2 == 0)
+          for (int q = 0; q < BP; q += 2) store_act32(p.out, row * p.out_stride + c + N * (b0 + q), y[q], y[q + 1]);
+        else
+          for (int q = 0; q < BP; ++q) L::store_act(p.out, row * p.out_stride + c + N * (b0 + q), y[q]);
         const int32_t to = ckpt.after(j - j0);
         if (to != p.pad_slot_id)
           for (int q = 0; q < BP; ++q) store_window<N, WIDTH>(p.state, to, c + N * (b0 + q), w1, hist[q]);
@@ -243,8 +248,8 @@ static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int3
       }
     };
     int32_t b = 0;
-    if constexpr (NB > 1)
-      for (; b + 1 < nb; b += 2) blocks(std::integral_constant<int, 2>(), b);
+    if constexpr (NB >= 4)
+      for (; b + 3 < nb; b += 4) blocks(std::integral_constant<int, 4>(), b);
     for (; b < nb; ++b) blocks(std::integral_constant<int, 1>(), b);
   }
 }
