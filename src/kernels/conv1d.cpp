@@ -15,5 +15,5 @@ GDN_KERNEL(2) void gdn_conv_spec(GdnConvParams p) {
 GDN_KERNEL(2) void gdn_conv_non_spec(GdnConvParams p) {
   const auto it = item2();
   const int32_t c = (int32_t)it.get_global_id(1);
-  if (c < p.conv_dim) conv_non_spec_tile<1, 0, 1>(p, (int32_t)it.get_group(0), c, p.conv_dim);
+  if (c < p.conv_dim) conv_non_spec_tile<1, 0, 1, 1>(p, (int32_t)it.get_group(0), c, p.conv_dim);
 }

@@ -158,9 +158,10 @@ static inline void conv_spec_channels(const GdnConvParams &p, int32_t seq, int32
 
 // Prefill and plain decode sequences, tiled over time: the work-item of (tile, channel group)
 // convolves the compact tokens [tile*tile_len, +tile_len) of every sequence overlapping the tile,
-// for NB blocks of N channels from c (fewer where conv_dim ends), block by block within each
-// sequence: a decode batch's sequences are one token each, and a sequence's slot rows are then
-// read NB blocks at a time, contiguously, instead of N channels of every sequence in turn.
+// for NB blocks of N channels from c (fewer where conv_dim ends), BP blocks at a time (the rest one
+// by one) within each sequence: a decode batch's sequences are one token each, and a sequence's
+// slot rows are then read NB blocks at a time, contiguously, instead of N channels of every
+// sequence in turn.
 // (One work-item per whole sequence strode a long prefill's rows one page apart and ran 5-10x
 // slower on the CPU device; tiles also give a single long prefill parallelism.)
 // Blocks stop at channel c_end (gdn_fused_cpu: one k-head's q, k or v channels; else conv_dim).
@@ -168,7 +169,7 @@ static inline void conv_spec_channels(const GdnConvParams &p, int32_t seq, int32
 // state is touched only by the owner, the tile holding the sequence's first token: it reads the
 // slot, takes the sequence's first W-1 tokens even past its tile end (so later tiles never need
 // the old state) and writes the new state, the last W-1 inputs of [old state, x of the sequence].
-template <int N, int WIDTH, int NB>
+template <int N, int WIDTH, int NB, int BP>
 static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int32_t c, int32_t c_end) {
   typedef Lanes<N> L;
   typedef typename L::T T;
@@ -204,18 +205,19 @@ static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int3
     // Block checkpoints (gdn_xpu.h "State caches"): the history after each boundary token, stored
     // by the tile that convolves that token (tiles never share a token).
     const Checkpoints ckpt0 = checkpoints(p.slots, seq, p.slots.start_pos ? p.slots.start_pos[seq] : 0, first - j0, p.pad_slot_id);
-    // BP blocks b0 .. b0+BP-1 over the sequence's tokens of this tile, together: one token's row,
+    // M blocks b0 .. b0+M-1 over the sequence's tokens of this tile, together: one token's row,
     // checkpoint test and loop control serve them all, and the CPU variant stores each pair's 32
     // outputs at once (store_act32: bf16 as one 64-byte store). Pairs against one block at a time,
     // one thread, 512 tokens: conv 3.42-3.55 -> 2.94-3.05 ms (best of 25 in four of five
     // alternated rounds). Four blocks (128 bytes of a bf16 row, two cache lines per token)
     // against pairs, alternated in one process, conv kernel alone: 2048 tokens 6.2 -> 4.9 ms,
-    // 256 tokens 0.62 -> 0.59 (decode B=8 / B=32 steps, whose fused conv runs this too: no
-    // difference). Eight (the whole work-item at once) spilled: 8.3 ms at 2048 tokens.
-    auto blocks = [&](auto bp, int32_t b0) {
-      constexpr int BP = decltype(bp)::value;
-      T hist[BP][GDN_MAX_WIDTH];
-      for (int q = 0; q < BP; ++q) {
+    // 256 tokens 0.62 -> 0.59; decode B=8 / B=32 steps (the fused conv, one token a tile): no
+    // difference, and the build's cold compile ~1.5 s longer, so the fused conv keeps pairs
+    // (BP, the caller's). Eight (the whole work-item at once) spilled: 8.3 ms at 2048 tokens.
+    auto blocks = [&](auto m, int32_t b0) {
+      constexpr int M = decltype(m)::value;
+      T hist[M][GDN_MAX_WIDTH];
+      for (int q = 0; q < M; ++q) {
         const int32_t cb = c + N * (b0 + q);
         if (owner && init)
           load_window<N, WIDTH>(p.state, read, cb, 0, w1, hist[q]);
@@ -226,21 +228,21 @@ static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int3
       Checkpoints ckpt = ckpt0;
       for (int32_t j = first; j < end; ++j) {
         const int64_t row = global_row(p.token_indx, j);
-        T y[BP];
-        for (int q = 0; q < BP; ++q) {
+        T y[M];
+        for (int q = 0; q < M; ++q) {
           const T x = L::load_act(p.x, row * p.x_stride + c + N * (b0 + q), 1);
           y[q] = conv_token(w[b0 + q], bias[b0 + q], hist[q], width, x, p.silu);
         }
-        if constexpr (N == 16 && BP % 2 == 0)
-          for (int q = 0; q < BP; q += 2) store_act32(p.out, row * p.out_stride + c + N * (b0 + q), y[q], y[q + 1]);
+        if constexpr (N == 16 && M % 2 == 0)
+          for (int q = 0; q < M; q += 2) store_act32(p.out, row * p.out_stride + c + N * (b0 + q), y[q], y[q + 1]);
         else
-          for (int q = 0; q < BP; ++q) L::store_act(p.out, row * p.out_stride + c + N * (b0 + q), y[q]);
+          for (int q = 0; q < M; ++q) L::store_act(p.out, row * p.out_stride + c + N * (b0 + q), y[q]);
         const int32_t to = ckpt.after(j - j0);
         if (to != p.pad_slot_id)
-          for (int q = 0; q < BP; ++q) store_window<N, WIDTH>(p.state, to, c + N * (b0 + q), w1, hist[q]);
+          for (int q = 0; q < M; ++q) store_window<N, WIDTH>(p.state, to, c + N * (b0 + q), w1, hist[q]);
       }
       if (!owner) return;
-      for (int q = 0; q < BP; ++q) {
+      for (int q = 0; q < M; ++q) {
         const int32_t cb = c + N * (b0 + q);
         for (int32_t j = sycl::max(end, j1 - w1); j < j1; ++j)  // the inputs other tiles convolve
           push_history(hist[q], width, L::load_act(p.x, global_row(p.token_indx, j) * p.x_stride + cb, 1));
@@ -248,8 +250,8 @@ static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int3
       }
     };
     int32_t b = 0;
-    if constexpr (NB >= 4)
-      for (; b + 3 < nb; b += 4) blocks(std::integral_constant<int, 4>(), b);
+    if constexpr (BP > 1)
+      for (; b + BP <= nb; b += BP) blocks(std::integral_constant<int, BP>(), b);
     for (; b < nb; ++b) blocks(std::integral_constant<int, 1>(), b);
   }
 }

@@ -20,11 +20,13 @@ GDN_KERNEL(2) void gdn_conv_spec_cpu(GdnConvParams p) {
 }
 
 // Prefill and decode sequences, tiled over time: global (num tiles, conv_dim / (16 *
-// GDN_CONV_BLOCKS) rounded up), local (1, 1): GDN_CONV_BLOCKS blocks of 16 channels per work-item.
+// GDN_CONV_BLOCKS) rounded up), local (1, 1): GDN_CONV_BLOCKS blocks of 16 channels per work-item,
+// four at a time over a tile's tokens (conv_non_spec_tile); pairs for other widths than 4 (rare:
+// their copy costs cold-compile time, not steps).
 GDN_KERNEL(2) void gdn_conv_non_spec_cpu(GdnConvParams p) {
   const auto it = item2();
   const int32_t c = (int32_t)it.get_group(1) * 16 * GDN_CONV_BLOCKS;
   if (c >= p.conv_dim) return;
-  if (p.width == 4) conv_non_spec_tile<16, 4, GDN_CONV_BLOCKS>(p, (int32_t)it.get_group(0), c, p.conv_dim);
-  else conv_non_spec_tile<16, 0, GDN_CONV_BLOCKS>(p, (int32_t)it.get_group(0), c, p.conv_dim);
+  if (p.width == 4) conv_non_spec_tile<16, 4, GDN_CONV_BLOCKS, 4>(p, (int32_t)it.get_group(0), c, p.conv_dim);
+  else conv_non_spec_tile<16, 0, GDN_CONV_BLOCKS, 2>(p, (int32_t)it.get_group(0), c, p.conv_dim);
 }
