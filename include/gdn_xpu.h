@@ -346,7 +346,9 @@ GDN_API gdn_status_t gdn_attention(void *queue, const gdn_config_t *cfg, const g
 /* Bytes of workspace a gdn_attention call with this config and these batch counts uses when it
  * is given no conv_out (the most any of the three ops uses). Computed by the same plan the call
  * runs, from the counts alone (checkpoint_interval > 0 counts: its prefill chunks are aligned to
- * the request's positions, one more chunk per prefill): the metadata arrays are not read. */
+ * the request's positions, one more chunk per prefill): the metadata arrays are not read. It
+ * includes some slack: the call aligns its scratch arrays within any workspace (which itself need
+ * only be 4-byte aligned). */
 GDN_API gdn_status_t gdn_attention_workspace_size(const gdn_config_t *cfg, const gdn_batch_t *batch,
                                                   size_t *bytes);
 

@@ -169,7 +169,7 @@ Layout plan_layout(const Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b,
     l.cdstart = take(chunk_rows * 4);
     l.cdend = take(chunk_rows * 4);
   }
-  l.total = std::max<size_t>(at, 256);
+  l.total = std::max<size_t>(at, 256) + GDN_SCRATCH_ALIGN;  // + the slack to align its start (params.hpp)
   return l;
 }
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "errors.hpp"
+#include "kernels/params.hpp"
 
 namespace gdn {
 namespace {
@@ -49,17 +50,19 @@ void grow(Workspace &w, size_t bytes) {
 
 Scratch acquire_workspace(const sycl::queue &q, const gdn_tensors_t &t, size_t bytes) {
   Scratch s;
+  char *start;
   if (t.workspace) {
     if (t.workspace_bytes < bytes)
       fail(GDN_ERROR_OUT_OF_MEMORY, "tensors->workspace_bytes = " + std::to_string(t.workspace_bytes) + " < " +
                                         std::to_string(bytes) + " needed by this batch");
-    s.ptr = static_cast<char *>(t.workspace);
-    return s;
+    start = static_cast<char *>(t.workspace);
+  } else {
+    Workspace &w = workspace_for(q);
+    s.lock = std::unique_lock<std::mutex>(w.m);
+    grow(w, bytes);
+    start = static_cast<char *>(w.ptr);
   }
-  Workspace &w = workspace_for(q);
-  s.lock = std::unique_lock<std::mutex>(w.m);
-  grow(w, bytes);
-  s.ptr = static_cast<char *>(w.ptr);
+  s.ptr = start + (-reinterpret_cast<uintptr_t>(start) & (GDN_SCRATCH_ALIGN - 1));  // within the slack
   return s;
 }
 

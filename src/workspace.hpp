@@ -9,7 +9,8 @@
 
 namespace gdn {
 
-// The scratch memory of one call, at least `bytes` long. With the library's buffer the returned
+// The scratch memory of one call: `bytes` (a plan's layout.total) from its start, ptr, which is
+// aligned to GDN_SCRATCH_ALIGN (the total includes that much slack). With the library's buffer the returned
 // lock is held: concurrent callers of one queue do not resize it under each other while they
 // enqueue (on an in-order queue the next call's kernels run after this call's).
 struct Scratch {

@@ -4,7 +4,7 @@ an element boundary, not on the 64-byte boundary of an allocation; the kernels' 
 (16-wide vectors, the CPU device's streaming stores of spec states) must fall back, never refuse
 or misread. Here ssm_state, conv_state, mixed_qkv, a, b and core_attn_out are each one element
 into a larger USM allocation (described as dpnp describes a slice: the allocation's address and
-an SUAI offset in elements), and a mixed batch (prefill, decodes, spec) must give results equal,
+an SUAI offset in elements), as is the caller's workspace (4 bytes in), and a mixed batch (prefill, decodes, spec) must give results equal,
 bit for bit, to the same call on aligned arrays. (The refusal of a pointer that is not
 element-aligned is in test_validation.py.)
 
@@ -65,10 +65,15 @@ def run(queue, dtype, layout, offset):
                  conv_state=place(queue, conv_from_canonical(conv0, "time_major"), offset),
                  ssm_state=place(queue, ssm_from_canonical(ssm0, layout), offset),
                  core_attn_out=place(queue, quantize(np.zeros((T, HV, V)), dtype)[0], offset))
+    batch = to_device(meta, queue)
+    # The caller's workspace, 4 bytes (its required alignment) past a 64-byte boundary: the call
+    # aligns its scratch within the workspace's slack (the CPU chunk prep streams W, U and Aqk out
+    # in 64-byte stores, which fault on a misaligned address).
+    ws = place(queue, np.zeros(-(-pygdn.workspace_size(cfg, batch) // 4), np.float32), offset)
     if offset:
-        for name, v in views.items():
+        for name, v in dict(views, workspace=ws).items():
             assert v.address % v.base.dtype.itemsize == 0 and v.address % 64 != 0, name
-    pygdn.attention(queue, cfg, to_device(meta, queue), conv_weight=pygdn.UsmArray.from_numpy(w, queue),
+    pygdn.attention(queue, cfg, batch, workspace=ws, conv_weight=pygdn.UsmArray.from_numpy(w, queue),
                     conv_bias=pygdn.UsmArray.from_numpy(bias, queue), A_log=pygdn.UsmArray.from_numpy(A_log, queue),
                     dt_bias=pygdn.UsmArray.from_numpy(dt_bias, queue), **views)
     queue.wait()

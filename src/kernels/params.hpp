@@ -17,6 +17,12 @@
 //   chunked     [num non-spec sequences]: 1 when the sequence takes the chunk kernels, else 0
 enum { GDN_TABLE_INTS = 4 };
 
+// Where every workspace array starts: at a multiple of this many bytes. The host aligns the
+// scratch start (acquire_workspace: a caller's workspace need only be 4-byte aligned, so the
+// workspace size includes this much slack) and places the arrays at 256-byte offsets from it; the
+// CPU chunk prep writes W, U and Aqk with 64-byte streaming stores, which need it.
+enum { GDN_SCRATCH_ALIGN = 64 };
+
 // Which token group a state-carrying kernel walks (GdnDeltaParams.group).
 enum { GDN_GROUP_NON_SPEC = 0, GDN_GROUP_SPEC = 1 };
 
