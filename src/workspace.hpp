@@ -9,10 +9,10 @@
 
 namespace gdn {
 
-// The scratch memory of one call: `bytes` (a plan's layout.total) from its start, ptr, which is
-// aligned to GDN_SCRATCH_ALIGN (the total includes that much slack). With the library's buffer the returned
-// lock is held: concurrent callers of one queue do not resize it under each other while they
-// enqueue (on an in-order queue the next call's kernels run after this call's).
+// The scratch memory of one call: ptr is the first GDN_SCRATCH_ALIGN boundary of a region of
+// `bytes` (a plan's layout.total, which includes that much slack). With the library's
+// buffer the returned lock is held: concurrent callers of one queue do not resize it under each
+// other while they enqueue (on an in-order queue the next call's kernels run after this call's).
 struct Scratch {
   char *ptr = nullptr;
   std::unique_lock<std::mutex> lock;

@@ -4,8 +4,9 @@ an element boundary, not on the 64-byte boundary of an allocation; the kernels' 
 (16-wide vectors, the CPU device's streaming stores of spec states) must fall back, never refuse
 or misread. Here ssm_state, conv_state, mixed_qkv, a, b and core_attn_out are each one element
 into a larger USM allocation (described as dpnp describes a slice: the allocation's address and
-an SUAI offset in elements), as is the caller's workspace (4 bytes in), and a mixed batch (prefill, decodes, spec) must give results equal,
-bit for bit, to the same call on aligned arrays. (The refusal of a pointer that is not
+an SUAI offset in elements), as is the caller's workspace (4 bytes in), and a mixed batch
+(prefill, decodes, spec) must give results equal, bit for bit, to the same call on aligned
+arrays. (The refusal of a pointer that is not
 element-aligned is in test_validation.py.)
 
 Shapes and dtypes of test_attention / test_delta_rule (H=1, HV=2, K=V=16, f32 vk/kv, bf16 kv):
