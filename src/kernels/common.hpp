@@ -126,7 +126,11 @@ static inline vu32 bf16_in_upper_half(const vf16 &v) {
   const vu32 is_nan = sycl::bit_cast<vu32>(f != f);
   return (rounded & ~is_nan) | ((u | 0x400000u) & is_nan);
 }
-static inline vu16 to_bf16x16(const vf16 &v) { return (bf16_in_upper_half(v) >> 16u).convert<uint16_t>(); }
+// The upper halves of 16 32-bit words as 16 consecutive 2-byte values at p (one 32-byte store).
+static inline void store_upper_halves(uint16_t *p, const vu32 &w) {
+  const vu16 h = (w >> 16u).convert<uint16_t>();
+  __builtin_memcpy(p, &h, sizeof(h));
+}
 // 32 two-byte values (64 bytes) as the compiler's own vector, for whole-line stores.
 typedef uint16_t native_vu16x32 __attribute__((ext_vector_type(32)));
 // x0's lanes then x1's rounded to bf16, as one 64-byte vector: the upper halves of the two
@@ -138,10 +142,7 @@ static inline native_vu16x32 to_bf16x32(const vf16 &x0, const vf16 &x1) {
   return __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31, 33, 35, 37, 39,
                                  41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63);
 }
-static inline void store_bf16x16(uint16_t *p, const vf16 &v) {
-  const vu16 h = to_bf16x16(v);
-  __builtin_memcpy(p, &h, sizeof(h));
-}
+static inline void store_bf16x16(uint16_t *p, const vf16 &v) { store_upper_halves(p, bf16_in_upper_half(v)); }
 // x0 then x1 to 32 consecutive bf16 values: one 64-byte store.
 static inline void store_bf16x32(uint16_t *p, const vf16 &x0, const vf16 &x1) {
   const native_vu16x32 c = to_bf16x32(x0, x1);
@@ -176,8 +177,7 @@ static inline void store_act16(void *p, int64_t i, const vf16 &v) {
 #endif
 #if defined(GDN_ACT_BF16)
 static inline void store_act16_exact(void *p, int64_t i, const vf16 &v) {
-  const vu16 h = (sycl::bit_cast<vu32>(v) >> 16u).convert<uint16_t>();
-  __builtin_memcpy((act_t *)p + i, &h, sizeof(h));
+  store_upper_halves((act_t *)p + i, sycl::bit_cast<vu32>(v));  // bf16: the upper halves, unrounded
 }
 #else
 static inline void store_act16_exact(void *p, int64_t i, const vf16 &v) { store_act16(p, i, v); }
