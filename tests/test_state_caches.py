@@ -391,6 +391,37 @@ def test_state_caches_in_one_mixed_batch_kv_whole_rows(queue, monkeypatch):
     test_state_caches_in_one_mixed_batch(queue, monkeypatch, "cpu", "kv", "f32")
 
 
+# The CPU vk kernel walks f32 states of walks up to GDN_VK_TOKENS = 8 tokens row by row
+# (delta_recurrent_cpu.cpp walk_rows_vk_by_row), longer ones 16 rows at a time: a non-spec sequence
+# of several tokens takes the recurrence only when forced (or when the chunk tables overflow).
+@pytest.mark.parametrize("ssm_layout", ["vk", "kv"])
+@pytest.mark.parametrize("v", [16, 20])
+def test_short_recurrent_prefills_store_checkpoints(queue, monkeypatch, ssm_layout, v):
+    """Forced-recurrent prefills of 7, 5 and 9 tokens whose block boundary falls inside them (after
+    their 3rd, 4th and 6th token), one reading another slot, one with no initial state, beside a
+    decode; V = 20 gives the vk kernel a last pass of 4 rows. Outputs, final states, checkpoints
+    and untouched slots against the reference, on the delta rule alone and inside the whole op."""
+    monkeypatch.setattr(sys.modules[__name__], "V", v)
+    rng = np.random.default_rng(170 + v + (ssm_layout == "vk"))
+    cfg = config(24, "f32", ssm_layout, force_recurrent=True)
+    layer = Layer(queue, rng, cfg)
+    lens = [7, 5, 9, 1]
+    qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    T = int(qsl[-1])
+    ckpt = np.full((4, 2), PAD, np.int32)
+    ckpt[0, 0], ckpt[1, 0], ckpt[2, 0] = 10, 11, 12
+    meta = dict(num_prefills=3, num_decodes=1, num_actual_tokens=T, non_spec_token_count=T,
+                non_spec_query_start_loc=qsl, non_spec_state_indices=np.array([2, 3, 4, 5], np.int32),
+                non_spec_read_state_indices=np.array([2, 1, 4, 5], np.int32),
+                non_spec_start_pos=np.array([61, 60, 58, 9], np.int32),
+                has_initial_state=np.array([1, 1, 0, 1], np.uint8),
+                non_spec_token_indx=rng.permutation(T).astype(np.int32),
+                checkpoint_interval=64, checkpoint_cols=2, checkpoint_state_indices=ckpt)
+    for op in ("delta", "attention"):
+        x, a, b = tokens(rng, T, cfg.conv_dim)
+        layer.step(meta, x, a, b, op=op)
+
+
 # ----------------------------------------------------------------------------- widening and rounding, bit for bit
 @pytest.mark.parametrize("path", ["decode", "prefill"])
 @pytest.mark.parametrize("state_dtype", ["bf16", "f16"])

@@ -275,7 +275,9 @@ static inline vf16 row_sums(const vf16 *a) {
       __builtin_shufflevector(y[0], y[1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31));
 }
 
-// The walk of 16 rows from v0 (nr of them real) over the sequence's tokens, in one of two forms:
+// The walk of 16 rows from v0 (nr of them real) over the sequence's tokens (2-byte states, and f32
+// walks longer than GDN_VK_TOKENS; other f32 walks go row by row, walk_rows_vk_by_row below), in
+// one of two forms:
 // HOLD (several tokens): the rows stay in registers across the tokens (on the stack, as far as
 // they do not fit: 16 rows of K = 128 are 128 vectors, four times the register file), and token
 // t's read pass (its two dot products) applies token t-1's update as it goes and stores the
@@ -379,6 +381,79 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
   }
 }
 
+// f32 states, walks of at most GDN_VK_TOKENS tokens (decode, spec decoding): row by row. In the vk
+// layout each state row is a recurrence of its own (row r's u and o need row r alone), so a row
+// walks all the tokens in KC registers: read once, stored after each token, then the next row --
+// a decode moves its state as a bare state pass does, not in walk_rows_vk's two passes over 16
+// rows, and a spec walk holds no block on the stack. The two dot products are reduced by hsum,
+// whose tree adds in row_sums' order (the same values). Alternated in one process against
+// walk_rows_vk, f32 state, 7-9 rounds: decode B=8 1.06 -> 0.94 ms, B=32 3.32 -> 2.94, B=1 0.199
+// -> 0.198 (the host's launch and call); spec B=8 S=1 2.46 -> 1.91, S=3 3.64 -> 3.13, S=7 6.36 ->
+// 5.63, S=3 B=32 12.4 -> 10.2, S=3 B=1 0.55 -> 0.49. 2-byte states keep walk_rows_vk: row by row
+// they took up to 1.4x as long (bf16 decode B=8 0.64 -> 0.81 ms, spec S=3 B=8 1.79 -> 2.53, as
+// slow with the state cache-resident: compute; the rounding's constants were reloaded in the
+// loop). Asking for the next rows early as walk_rows_vk does: no gain here (decode B=32 3.91 ->
+// 4.14 ms, spec S=1 B=8 1.45 -> 1.39). The kv layout cannot walk this way: a column's u needs
+// every row of the state.
+// LC: the walk's token count when fixed at compile time (1: a decode step, whose k and q stay in
+// registers across the rows: decode B=8 0.91 -> 0.86 ms against loading them per row), else 0.
+template <int LC>
+static inline void walk_rows_vk_by_row(const GdnDeltaParams &p, RecurrentSeq &rs, const PreparedTokens &pt, int32_t hv,
+                                       int32_t v0, int32_t nr, int64_t rows0) {
+  state_t *const ssm = (state_t *)p.ssm;
+  const state_t *S = ssm + (int64_t)rs.read_slot * p.slot_stride + rows0;  // read only when rs.init
+  const int32_t L = LC ? LC : pt.n;
+  // Per token: v and o of the 16 rows (lane r: row r), k.q, where the state after it goes.
+  float vs[GDN_VK_TOKENS][16], os[GDN_VK_TOKENS][16], kq[GDN_VK_TOKENS];
+  int64_t orow[GDN_VK_TOKENS];
+  state_t *A[GDN_VK_TOKENS];
+  bool stream_a[GDN_VK_TOKENS];
+  for (int32_t t = 0; t < L; ++t) {
+    const float *k, *q;
+    float d, b;
+    const int64_t row = pt.get(t, k, q, d, b);
+    const int64_t vrow = row * p.qkv_stride + p.v_offset + (int64_t)hv * p.V + v0;
+    orow[t] = row * p.out_stride + (int64_t)hv * p.V + v0;
+    if (nr == 16) vstore(vs[t], load_act16(p.qkv, vrow));
+    else for (int32_t r = 0; r < 16; ++r) vs[t][r] = r < nr ? load_act(p.qkv, vrow + r) : 0.0f;
+    vf16 x(0.0f);
+    for (int c = 0; c < KC; ++c) x += vload(k + 16 * c) * vload(q + 16 * c);
+    kq[t] = hsum(x);
+    const int32_t to = token_store_slot(rs, t);
+    A[t] = to != p.pad_slot_id ? ssm + (int64_t)to * p.slot_stride + rows0 : nullptr;
+    stream_a[t] = streaming_to(rs, to);
+  }
+  // A non-spec sequence's state after its last token also goes to its slot.
+  state_t *const B = rs.spec ? nullptr : ssm + (int64_t)rs.cols[0] * p.slot_stride + rows0;
+  const bool stream_b = !rs.spec && streaming_to(rs, rs.cols[0]);
+  vf16 k1[KC], q1[KC];  // LC == 1: the token's k and q
+  if constexpr (LC == 1)
+    for (int c = 0; c < KC; ++c) k1[c] = vload(pt.kn[0] + 16 * c), q1[c] = vload(pt.qn[0] + 16 * c);
+  auto k_of = [&](int32_t t, int c) { return LC == 1 ? k1[c] : vload(pt.kn[t] + 16 * c); };
+  auto q_of = [&](int32_t t, int c) { return LC == 1 ? q1[c] : vload(pt.qn[t] + 16 * c); };
+  for (int32_t r = 0; r < nr; ++r) {
+    vf16 s[KC];
+    for (int c = 0; c < KC; ++c) s[c] = rs.init ? vload_state(S + r * KD + 16 * c) : vf16(0.0f);
+    for (int32_t t = 0; t < L; ++t) {
+      const float d = pt.decay[t], b = pt.beta[t];
+      vf16 ak(0.0f), aq(0.0f);
+      for (int c = 0; c < KC; ++c) {
+        ak += s[c] * k_of(t, c);
+        aq += s[c] * q_of(t, c);
+      }
+      const float u = b * (vs[t][r] - d * hsum(ak));
+      os[t][r] = d * hsum(aq) + u * kq[t];
+      for (int c = 0; c < KC; ++c) s[c] = s[c] * d + k_of(t, c) * u;
+      if (A[t]) vstore_states(A[t] + r * KD, s, KC, stream_a[t]);
+    }
+    if (B) vstore_states(B + r * KD, s, KC, stream_b);
+  }
+  for (int32_t t = 0; t < L; ++t) {
+    if (nr == 16) store_act16(p.out, orow[t], vload(os[t]));
+    else for (int32_t r = 0; r < nr; ++r) store_act(p.out, orow[t] + r, os[t][r]);
+  }
+}
+
 static inline void recurrent_rows_vk(const GdnDeltaParams &p, RecurrentSeq rs, const PreparedTokens &pt, int32_t hv,
                                      int32_t v0, int32_t h) {
   const int32_t nr = sycl::min(16, p.V - v0);  // rows of this pass (the last may be short)
@@ -387,7 +462,9 @@ static inline void recurrent_rows_vk(const GdnDeltaParams &p, RecurrentSeq rs, c
     return;
   }
   const int64_t rows0 = (int64_t)hv * KD * p.V + (int64_t)v0 * KD;  // S[v0, 0] within a slot
-  if (rs.len == 1) walk_rows_vk<false>(p, rs, pt, hv, v0, nr, h, rows0);
+  if (sizeof(state_t) == 4 && pt.n == 1) walk_rows_vk_by_row<1>(p, rs, pt, hv, v0, nr, rows0);
+  else if (sizeof(state_t) == 4 && pt.n) walk_rows_vk_by_row<0>(p, rs, pt, hv, v0, nr, rows0);
+  else if (rs.len == 1) walk_rows_vk<false>(p, rs, pt, hv, v0, nr, h, rows0);
   else walk_rows_vk<true>(p, rs, pt, hv, v0, nr, h, rows0);
 }
 #undef KC
