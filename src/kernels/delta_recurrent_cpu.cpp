@@ -391,10 +391,11 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
 // -> 0.198 (the host's launch and call); spec B=8 S=1 2.46 -> 1.91, S=3 3.64 -> 3.13, S=7 6.36 ->
 // 5.63, S=3 B=32 12.4 -> 10.2, S=3 B=1 0.55 -> 0.49. 2-byte states keep walk_rows_vk: row by row
 // they took up to 1.4x as long (bf16 decode B=8 0.64 -> 0.81 ms, spec S=3 B=8 1.79 -> 2.53, as
-// slow with the state cache-resident: compute; the rounding's constants were reloaded in the
-// loop). Asking for the next rows early as walk_rows_vk does: no gain here (decode B=32 3.91 ->
-// 4.14 ms, spec S=1 B=8 1.45 -> 1.39). The kv layout cannot walk this way: a column's u needs
-// every row of the state.
+// slow with the state cache-resident: compute -- with the rounding a row's chain is ~100
+// instructions a token, and fewer rows overlap; two rows interleaved: spec 2.18, still slower).
+// Asking for the next rows early as walk_rows_vk does: no gain here (decode B=32 3.91 -> 4.14
+// ms, spec S=1 B=8 1.45 -> 1.39). The kv layout cannot walk this way: a column's u needs every
+// row of the state.
 // LC: the walk's token count when fixed at compile time (1: a decode step, whose k and q stay in
 // registers across the rows: decode B=8 0.91 -> 0.86 ms against loading them per row), else 0.
 template <int LC>
