@@ -391,9 +391,9 @@ def test_state_caches_in_one_mixed_batch_kv_whole_rows(queue, monkeypatch):
     test_state_caches_in_one_mixed_batch(queue, monkeypatch, "cpu", "kv", "f32")
 
 
-# The CPU vk kernel walks f32 states of walks up to GDN_VK_TOKENS = 8 tokens row by row
-# (delta_recurrent_cpu.cpp walk_rows_vk_by_row), longer ones 16 rows at a time: a non-spec sequence
-# of several tokens takes the recurrence only when forced (or when the chunk tables overflow).
+# The CPU vk kernel walks the f32 states of walks of up to GDN_VK_TOKENS = 8 tokens row by row
+# (delta_recurrent_cpu.cpp walk_rows_vk_by_row), longer walks 16 rows at a time; a non-spec
+# sequence of several tokens takes the recurrence only when forced (or when the chunk tables overflow).
 @pytest.mark.parametrize("ssm_layout", ["vk", "kv"])
 @pytest.mark.parametrize("v", [16, 20])
 def test_short_recurrent_prefills_store_checkpoints(queue, monkeypatch, ssm_layout, v):

@@ -306,11 +306,11 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
   // core's caches and reads no memory, which would idle through it: each of its rows asks for
   // the same row of the NEXT walk (16 rows on: this head's next 16, or the next head's first 16,
   // which this work-item or the one after it walks; within the slot), so that walk's first read
-  // finds its rows arriving. Alternated in one process: decode B=8 0.93 -> 0.87 ms, bf16 state
-  // 0.69 -> 0.64, B=32 3.96 -> 3.80, B=1 0.160 -> 0.152; spec B=8 S=1 2.07 -> 2.05, S=3 3.68 ->
-  // 3.52, S=7 6.76 -> 6.42, bf16 S=3 2.37 -> 2.01. 8, 32 or 48 rows on: no gain or slower; the
-  // same request during a spec walk's last read pass instead: about as fast. (The kv walk above
-  // does the same for 2-byte states only.)
+  // finds its rows arriving. Alternated in one process (stop 26, when f32 states walked here
+  // too): decode B=8 0.93 -> 0.87 ms, bf16 state 0.69 -> 0.64, B=32 3.96 -> 3.80, B=1 0.160 ->
+  // 0.152; spec B=8 S=1 2.07 -> 2.05, S=3 3.68 -> 3.52, S=7 6.76 -> 6.42, bf16 S=3 2.37 -> 2.01.
+  // 8, 32 or 48 rows on: no gain or slower; the same request during a spec walk's last read pass
+  // instead: about as fast. (The kv walk above does the same for 2-byte states only.)
   const bool ahead = rs.init && (v0 + 16 < p.V || hv + 1 < p.HV);
   // Row r, vector c of the state before the token (HOLD: after applying the pending update).
   auto state_in = [&](int32_t t, int32_t r, int c) -> vf16 {
