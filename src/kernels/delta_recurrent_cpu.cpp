@@ -386,10 +386,12 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
 // walks all the tokens in KC registers: read once, stored after each token, then the next row --
 // a decode moves its state as a bare state pass does, not in walk_rows_vk's two passes over 16
 // rows, and a spec walk holds no block on the stack. The two dot products are reduced by hsum,
-// whose tree adds in row_sums' order (the same values). Alternated in one process against
-// walk_rows_vk, f32 state, 7-9 rounds: decode B=8 1.06 -> 0.94 ms, B=32 3.32 -> 2.94, B=1 0.199
-// -> 0.198 (the host's launch and call); spec B=8 S=1 2.46 -> 1.91, S=3 3.64 -> 3.13, S=7 6.36 ->
-// 5.63, S=3 B=32 12.4 -> 10.2, S=3 B=1 0.55 -> 0.49. 2-byte states keep walk_rows_vk: row by row
+// whose tree adds in row_sums' order; the same expressions as walk_rows_vk's are contracted into
+// FMAs differently (scalar u and o here), so a state can differ from that walk's by one rounding
+// of its order-1 terms (README "Stop 29"). Alternated in one process against walk_rows_vk, f32
+// state, 7-9 rounds: decode B=8 1.06 -> 0.94 ms, B=32 3.32 -> 2.94, B=1 0.199 -> 0.198 (the
+// host's launch and call); spec B=8 S=1 2.46 -> 1.91, S=3 3.64 -> 3.13, S=7 6.36 -> 5.63, S=3
+// B=32 12.4 -> 10.2, S=3 B=1 0.55 -> 0.49. 2-byte states keep walk_rows_vk: row by row
 // they took up to 1.4x as long (bf16 decode B=8 0.64 -> 0.81 ms, spec S=3 B=8 1.79 -> 2.53, as
 // slow with the state cache-resident: compute -- with the rounding a row's chain is ~100
 // instructions a token, and fewer rows overlap; two rows interleaved: spec 2.18, still slower).
