@@ -103,10 +103,11 @@ static inline void fused_conv(const GdnConvParams &c, const GdnDeltaParams &p, i
 template <int NV, bool HOLD>
 static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int32_t hv, int32_t v, int32_t h) {
   const state_t *S = state_column(p, rs.read_slot, hv, v);  // read only when rs.init
+  // HOLD: the block is loaded by token 0's read pass (state_in), not by a copy pass before it:
+  // spec B=8 f32 S=1 1.665 -> 1.592 ms, S=3 2.75 -> 2.67, bf16 S=1 1.195 -> 1.149 (alternated in
+  // one process; the vk 16-row walk gained nothing that way: bf16 S=1 1.69 -> 1.65, S=3 1.83 ->
+  // 1.86, S=7 3.59 -> 3.71).
   vf16 s[HOLD ? KD : 1][NV];
-  if constexpr (HOLD)
-    for (int k = 0; k < KD; ++k)
-      for (int j = 0; j < NV; ++j) s[k][j] = rs.init ? vload_state(S + k * p.V + 16 * j) : vf16(0.0f);
   // HOLD: the update of the token before (S' = d S + k u^T) and where its state goes (A: none).
   float kp[HOLD ? KD : 1], dp = 1.0f;
   vf16 up[NV];
@@ -121,10 +122,12 @@ static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int
   // decode B=8 3-8% slower, spec S=1 B=8 1.88 -> 2.00.
   const bool ahead = sizeof(state_t) == 2 && rs.init && hv + 1 < p.HV;
   const state_t *const S_next = S + (int64_t)KD * p.V;  // the next head's rows (state_column's head stride)
-  // Row k, vector j of the state block before the token (HOLD: after applying the pending update).
+  // Row k, vector j of the state block before the token (HOLD: loaded at token 0, later after
+  // applying the pending update).
   auto state_in = [&](int32_t t, int k, int j) -> vf16 {
     if constexpr (HOLD) {
-      if (t > 0) s[k][j] = s[k][j] * dp + up[j] * kp[k];
+      if (t == 0) s[k][j] = rs.init ? vload_state(S + k * p.V + 16 * j) : vf16(0.0f);
+      else s[k][j] = s[k][j] * dp + up[j] * kp[k];
       return s[k][j];
     } else {
       return rs.init ? vload_state(S + k * p.V + 16 * j) : vf16(0.0f);
