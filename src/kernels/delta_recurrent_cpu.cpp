@@ -278,6 +278,23 @@ static inline vf16 row_sums(const vf16 *a) {
       __builtin_shufflevector(y[0], y[1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31));
 }
 
+// The 16 rows' activations from index i (lane r: row r; lanes from nr on read as zero), and
+// their outputs back (lanes from nr on not stored): the vk walks' v and o.
+static inline vf16 load_rows(const void *p, int64_t i, int32_t nr) {
+  if (nr == 16) return load_act16(p, i);
+  vf16 x;
+  for (int32_t r = 0; r < 16; ++r) x[r] = r < nr ? load_act(p, i + r) : 0.0f;
+  return x;
+}
+static inline void store_rows(void *p, int64_t i, int32_t nr, const vf16 &x) {
+  if (nr == 16) store_act16(p, i, x);
+  else for (int32_t r = 0; r < nr; ++r) store_act(p, i + r, x[r]);
+}
+// The state rows from rows0 (an offset within a slot) of `slot`; nullptr for pad_slot_id.
+static inline state_t *slot_rows(const GdnDeltaParams &p, int32_t slot, int64_t rows0) {
+  return slot != p.pad_slot_id ? (state_t *)p.ssm + (int64_t)slot * p.slot_stride + rows0 : nullptr;
+}
+
 // The walk of 16 rows from v0 (nr of them real) over the sequence's tokens (2-byte states, and f32
 // walks longer than GDN_VK_TOKENS; other f32 walks go row by row, walk_rows_vk_by_row below), in
 // one of two forms:
@@ -294,8 +311,7 @@ static inline vf16 row_sums(const vf16 *a) {
 template <bool HOLD>
 static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const PreparedTokens &pt, int32_t hv,
                                 int32_t v0, int32_t nr, int32_t h, int64_t rows0) {
-  state_t *const ssm = (state_t *)p.ssm;
-  const state_t *S = ssm + (int64_t)rs.read_slot * p.slot_stride + rows0;  // read only when rs.init
+  const state_t *S = (const state_t *)p.ssm + (int64_t)rs.read_slot * p.slot_stride + rows0;  // read only when rs.init
   vf16 s[HOLD ? 16 : 1][KC];  // HOLD: s[r][c] = S[v0 + r, 16c .. 16c+15]; rows past nr stay zero
   if constexpr (HOLD)
     for (int32_t r = 0; r < 16; ++r)
@@ -346,19 +362,13 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
       }
       if (HOLD && Ap && r < nr) vstore_states(Ap + r * KD, s[r], KC, stream_p);
     }
-    vf16 vv, u, o;
-    if (nr == 16) vv = load_act16(p.qkv, vrow);
-    else for (int32_t r = 0; r < 16; ++r) vv[r] = r < nr ? load_act(p.qkv, vrow + r) : 0.0f;
-    u = beta * (vv - decay * row_sums(ak));
-    o = decay * row_sums(aq) + u * hsum(kq);
-    if (nr == 16) store_act16(p.out, orow, o);
-    else for (int32_t r = 0; r < nr; ++r) store_act(p.out, orow + r, o[r]);
+    const vf16 u = beta * (load_rows(p.qkv, vrow, nr) - decay * row_sums(ak));
+    store_rows(p.out, orow, nr, decay * row_sums(aq) + u * hsum(kq));
     // Where the state after the token goes: its store slot (a spec write-back or a checkpoint)
     // and, for the one token of a non-spec sequence, the sequence's slot. Nothing in this call
     // reads the stored states again: streaming stores unless in place.
     const int32_t to = token_store_slot(rs, t), last = !HOLD && !rs.spec ? rs.cols[0] : p.pad_slot_id;
-    state_t *const A = to != p.pad_slot_id ? ssm + (int64_t)to * p.slot_stride + rows0 : nullptr;
-    state_t *const B = last != p.pad_slot_id ? ssm + (int64_t)last * p.slot_stride + rows0 : nullptr;
+    state_t *const A = slot_rows(p, to, rows0), *const B = slot_rows(p, last, rows0);
     const bool stream_a = streaming_to(rs, to), stream_b = streaming_to(rs, last);
     if constexpr (HOLD) {  // applied by the next token's read pass, or after the walk
       for (int c = 0; c < KC; ++c) kp[c] = k[c];
@@ -374,7 +384,7 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
     }
   }
   if constexpr (HOLD) {  // the last token's update
-    state_t *const B = rs.spec ? nullptr : ssm + (int64_t)rs.cols[0] * p.slot_stride + rows0;
+    state_t *const B = rs.spec ? nullptr : slot_rows(p, rs.cols[0], rows0);
     for (int32_t r = 0; r < nr; ++r) {
       if (ahead) prefetch_states(S + (16 + r) * KD, KD);
       for (int c = 0; c < KC; ++c) s[r][c] = s[r][c] * dp + kp[c] * up[r];
@@ -406,8 +416,7 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
 template <int LC>
 static inline void walk_rows_vk_by_row(const GdnDeltaParams &p, RecurrentSeq &rs, const PreparedTokens &pt, int32_t hv,
                                        int32_t v0, int32_t nr, int64_t rows0) {
-  state_t *const ssm = (state_t *)p.ssm;
-  const state_t *S = ssm + (int64_t)rs.read_slot * p.slot_stride + rows0;  // read only when rs.init
+  const state_t *S = (const state_t *)p.ssm + (int64_t)rs.read_slot * p.slot_stride + rows0;  // read only when rs.init
   const int32_t L = LC ? LC : pt.n;
   // Per token: v and o of the 16 rows (lane r: row r), k.q, where the state after it goes.
   float vs[GDN_VK_TOKENS][16], os[GDN_VK_TOKENS][16], kq[GDN_VK_TOKENS];
@@ -420,17 +429,16 @@ static inline void walk_rows_vk_by_row(const GdnDeltaParams &p, RecurrentSeq &rs
     const int64_t row = pt.get(t, k, q, d, b);
     const int64_t vrow = row * p.qkv_stride + p.v_offset + (int64_t)hv * p.V + v0;
     orow[t] = row * p.out_stride + (int64_t)hv * p.V + v0;
-    if (nr == 16) vstore(vs[t], load_act16(p.qkv, vrow));
-    else for (int32_t r = 0; r < 16; ++r) vs[t][r] = r < nr ? load_act(p.qkv, vrow + r) : 0.0f;
+    vstore(vs[t], load_rows(p.qkv, vrow, nr));
     vf16 x(0.0f);
     for (int c = 0; c < KC; ++c) x += vload(k + 16 * c) * vload(q + 16 * c);
     kq[t] = hsum(x);
     const int32_t to = token_store_slot(rs, t);
-    A[t] = to != p.pad_slot_id ? ssm + (int64_t)to * p.slot_stride + rows0 : nullptr;
+    A[t] = slot_rows(p, to, rows0);
     stream_a[t] = streaming_to(rs, to);
   }
   // A non-spec sequence's state after its last token also goes to its slot.
-  state_t *const B = rs.spec ? nullptr : ssm + (int64_t)rs.cols[0] * p.slot_stride + rows0;
+  state_t *const B = rs.spec ? nullptr : slot_rows(p, rs.cols[0], rows0);
   const bool stream_b = !rs.spec && streaming_to(rs, rs.cols[0]);
   vf16 k1[KC], q1[KC];  // LC == 1: the token's k and q
   if constexpr (LC == 1)
@@ -454,10 +462,7 @@ static inline void walk_rows_vk_by_row(const GdnDeltaParams &p, RecurrentSeq &rs
     }
     if (B) vstore_states(B + r * KD, s, KC, stream_b);
   }
-  for (int32_t t = 0; t < L; ++t) {
-    if (nr == 16) store_act16(p.out, orow[t], vload(os[t]));
-    else for (int32_t r = 0; r < nr; ++r) store_act(p.out, orow[t] + r, os[t][r]);
-  }
+  for (int32_t t = 0; t < L; ++t) store_rows(p.out, orow[t], nr, vload(os[t]));
 }
 
 static inline void recurrent_rows_vk(const GdnDeltaParams &p, RecurrentSeq rs, const PreparedTokens &pt, int32_t hv,
@@ -468,10 +473,15 @@ static inline void recurrent_rows_vk(const GdnDeltaParams &p, RecurrentSeq rs, c
     return;
   }
   const int64_t rows0 = (int64_t)hv * KD * p.V + (int64_t)v0 * KD;  // S[v0, 0] within a slot
-  if (sizeof(state_t) == 4 && pt.n == 1) walk_rows_vk_by_row<1>(p, rs, pt, hv, v0, nr, rows0);
-  else if (sizeof(state_t) == 4 && pt.n) walk_rows_vk_by_row<0>(p, rs, pt, hv, v0, nr, rows0);
-  else if (rs.len == 1) walk_rows_vk<false>(p, rs, pt, hv, v0, nr, h, rows0);
-  else walk_rows_vk<true>(p, rs, pt, hv, v0, nr, h, rows0);
+  if constexpr (sizeof(state_t) == 4) {  // f32: walk_rows_vk<false> is not built (one token: by row)
+    if (pt.n == 1) walk_rows_vk_by_row<1>(p, rs, pt, hv, v0, nr, rows0);
+    else if (pt.n) walk_rows_vk_by_row<0>(p, rs, pt, hv, v0, nr, rows0);
+    else walk_rows_vk<true>(p, rs, pt, hv, v0, nr, h, rows0);  // (pt.n = 0: longer than GDN_VK_TOKENS)
+  } else if (rs.len == 1) {
+    walk_rows_vk<false>(p, rs, pt, hv, v0, nr, h, rows0);
+  } else {
+    walk_rows_vk<true>(p, rs, pt, hv, v0, nr, h, rows0);
+  }
 }
 #undef KC
 
