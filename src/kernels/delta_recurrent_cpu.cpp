@@ -78,13 +78,46 @@ static inline void fused_conv(const GdnConvParams &c, const GdnDeltaParams &p, i
         conv_non_spec_tile<16, 4, GDN_CONV_BLOCKS, 2>(c, tile, ch, r[1]);
 }
 
+// a . b over KD floats (l2-normalized k and q: |a . b| <= 1).
+static inline float dot_kd(const float *a, const float *b) {
+  if (KD % 16 == 0) {
+    vf16 x(0.0f);
+    for (int c = 0; c < KD / 16; ++c) x += vload(a + 16 * c) * vload(b + 16 * c);
+    return hsum(x);
+  }
+  float x = 0.0f;
+  for (int k = 0; k < KD; ++k) x += a[k] * b[k];
+  return x;
+}
+
+// A walk's tokens prepared once (token_in), at most GDN_WALK_TOKENS of them: for a vk work-item's
+// several passes over them (GDN_VK_ITEM_ROWS / GDN_VK_ROWS; n = 0: none, each pass prepares its
+// own), and for the kv walk in WY form, which needs every token's k and q at once. With
+// prep_inline each preparation normalizes k and q and computes the gates (several exp/log calls):
+// done once instead of once per pass.
+struct PreparedTokens {
+  int32_t n;
+  int64_t row[GDN_WALK_TOKENS];
+  const float *kn[GDN_WALK_TOKENS], *qn[GDN_WALK_TOKENS];
+  float decay[GDN_WALK_TOKENS], beta[GDN_WALK_TOKENS];
+  float kb[GDN_WALK_TOKENS][KD], qb[GDN_WALK_TOKENS][KD];
+  void prepare(const GdnDeltaParams &p, const RecurrentSeq &rs, int32_t h, int32_t hv) {
+    for (n = 0; n < rs.len; ++n) row[n] = token_in(p, rs, n, h, hv, kb[n], qb[n], kn[n], qn[n], decay[n], beta[n]);
+  }
+  int64_t get(int32_t t, const float *&k, const float *&q, float &d, float &b) const {
+    k = kn[t], q = qn[t], d = decay[t], b = beta[t];
+    return row[t];
+  }
+};
+
 #if !GDN_VK_LAYOUT
 // kv layout [.., K, V]: a work-item owns 16 NV consecutive state columns, NV = gdn_kv_cpu_vecs(V)
 // (params.hpp): whole rows when V = 128, s[k][j] = S[k, v+16j ..]. The same algebra as the vk
 // kernel below (with d = e^g: u = beta (v - d S^T k), S' = d S + k u^T, o = d S^T q + u (k.q)):
 // one read pass gives both products, one pass updates (and writes back).
 // The walk of the 16 NV columns from v over the sequence's tokens, in one of two forms (as the vk
-// kernel's walk_rows_vk below): HOLD (several tokens: spec decoding, a recurrent prefill): the
+// kernel's walk_rows_vk below; walks of 2 to GDN_WALK_TOKENS tokens -- spec decoding, short
+// recurrent prefills -- take walk_columns_kv_wy, after this one): HOLD (longer walks): the
 // K x 16 NV block stays in registers (on the stack) across the tokens, and token t's read pass
 // applies token t-1's update and stores the updated row as it goes (one pass over the block per
 // token, not three: spec B=8 whole steps S=3 f32 3.92 -> 3.51-3.67 ms, bf16 3.03 -> 2.95; S=1
@@ -139,14 +172,7 @@ static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int
     const int64_t row = token_in(p, rs, t, h, hv, kb, qb, kn, qn, decay, beta);
     const int64_t vrow = row * p.qkv_stride + p.v_offset + (int64_t)hv * p.V + v;
     const int64_t orow = row * p.out_stride + (int64_t)hv * p.V + v;
-    float kdotq = 0.0f;
-    if (KD % 16 == 0) {
-      vf16 kq(0.0f);
-      for (int c = 0; c < KD / 16; ++c) kq += vload(kn + 16 * c) * vload(qn + 16 * c);
-      kdotq = hsum(kq);
-    } else {
-      for (int k = 0; k < KD; ++k) kdotq += kn[k] * qn[k];
-    }
+    const float kdotq = dot_kd(kn, qn);
     vf16 ak[NV], aq[NV], u[NV];
     for (int j = 0; j < NV; ++j) ak[j] = aq[j] = vf16(0.0f);
     if (HOLD || rs.init)
@@ -194,9 +220,92 @@ static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int
   }
 }
 
-// The 16 NV columns from v of (seq, hv): one token in one pass over whole rows, several tokens
-// walked all NV vectors at once while that block is at most 64 KB (K <= 128), else GDN_KV_VECS
-// vectors at a time (rs copied: each walk advances its own checkpoints).
+// The kv walk of 2 to GDN_WALK_TOKENS tokens (every spec sequence, short recurrent prefills) in
+// WY form. With S the state before the walk, d_j token j's decay, D(t, i) the product of the
+// decays of tokens i+1 .. t (1 when i = t) and P(t) that of tokens 0 .. t, the recurrence
+// unrolls to
+//   u_t = beta_t (v_t - P(t) S^T k_t - sum_{i<t} D(t, i) (k_i.k_t) u_i)
+//   o_t = P(t) S^T q_t + sum_{i<=t} D(t, i) (k_i.q_t) u_i,
+// so the walk reads S for the products S^T k_t and S^T q_t of every token (one pass per token,
+// loads only: S stays in this core's caches after the first), solves those small triangular
+// systems for the u_t (a lane is a column), and writes the L states in ONE pass over S, each
+// element walking the tokens in a register (S_t = d_t S_{t-1} + k_t u_t^T, the HOLD walk's update
+// expression). HOLD instead passes over its stack-held block once per token, storing it back
+// each time. Products of decays only, never ratios: a decay of 0 (g = -inf, README "Non-finite
+// gates") zeroes every term across it, as the token-by-token walk does. The u differ from HOLD's
+// by the summation order (rounding only; k and q are l2-normalized, so |k_i.k_t| <= 1).
+// Alternated in one process against HOLD, spec B=8 (7 rounds): f32 S=1 1.620 -> 1.485 ms, S=3
+// 2.460 -> 2.069; bf16 S=1 1.174 -> 1.048, S=3 2.072 -> 1.903, S=7 4.271 -> 4.187 -- the kv
+// f32 spec rows at 1.02-1.06x the vk ones (were up to 1.2x). 2-byte states: each row of the
+// write pass (which reads S from the caches) asks for the same row of the next head, as the HOLD
+// walk's last pass does (bf16 spec B=8 S=1 1.055 -> 1.018 ms, S=3 1.904 -> 1.871).
+template <int NV>
+static inline void walk_columns_kv_wy(const GdnDeltaParams &p, RecurrentSeq &rs, const PreparedTokens &pt, int32_t hv,
+                                      int32_t v) {
+  const state_t *S = state_column(p, rs.read_slot, hv, v);  // read only when rs.init
+  const int32_t L = pt.n;
+  // ck[t][i] = D(t, i) k_i.k_t (i < t), cq[t][i] = D(t, i) k_i.q_t (i <= t), P[t] = P(t).
+  float ck[GDN_WALK_TOKENS][GDN_WALK_TOKENS], cq[GDN_WALK_TOKENS][GDN_WALK_TOKENS], P[GDN_WALK_TOKENS];
+  for (int32_t t = 0; t < L; ++t) {
+    P[t] = t ? P[t - 1] * pt.decay[t] : pt.decay[t];
+    float D = 1.0f;
+    for (int32_t i = t; i >= 0; --i) {
+      if (i < t) ck[t][i] = D * dot_kd(pt.kn[i], pt.kn[t]);
+      cq[t][i] = D * dot_kd(pt.kn[i], pt.qn[t]);
+      D *= pt.decay[i];
+    }
+  }
+  vf16 u[GDN_WALK_TOKENS][NV];
+  for (int32_t t = 0; t < L; ++t) {
+    vf16 a[NV], b[NV];  // S^T k_t, S^T q_t
+    for (int j = 0; j < NV; ++j) a[j] = b[j] = vf16(0.0f);
+    if (rs.init)
+      for (int k = 0; k < KD; ++k)
+        for (int j = 0; j < NV; ++j) {
+          const vf16 x = vload_state(S + k * p.V + 16 * j);
+          a[j] += x * pt.kn[t][k];
+          b[j] += x * pt.qn[t][k];
+        }
+    const int64_t vrow = pt.row[t] * p.qkv_stride + p.v_offset + (int64_t)hv * p.V + v;
+    const int64_t orow = pt.row[t] * p.out_stride + (int64_t)hv * p.V + v;
+    for (int j = 0; j < NV; ++j) {
+      vf16 w = load_act16(p.qkv, vrow + 16 * j) - P[t] * a[j];
+      for (int32_t i = 0; i < t; ++i) w -= ck[t][i] * u[i][j];
+      u[t][j] = pt.beta[t] * w;
+      vf16 o = P[t] * b[j];
+      for (int32_t i = 0; i <= t; ++i) o += cq[t][i] * u[i][j];
+      store_act16(p.out, orow + 16 * j, o);
+    }
+  }
+  // Where each state goes (a spec write-back or a checkpoint; a non-spec sequence's last state
+  // also to its slot). Nothing in this call reads them again: streaming stores unless in place.
+  state_t *A[GDN_WALK_TOKENS];
+  bool stream_a[GDN_WALK_TOKENS];
+  for (int32_t t = 0; t < L; ++t) {
+    const int32_t to = token_store_slot(rs, t);
+    A[t] = to != p.pad_slot_id ? state_column(p, to, hv, v) : nullptr;
+    stream_a[t] = streaming_to(rs, to);
+  }
+  state_t *const B = rs.spec ? nullptr : state_column(p, rs.cols[0], hv, v);
+  const bool stream_b = !rs.spec && streaming_to(rs, rs.cols[0]);
+  const bool ahead = sizeof(state_t) == 2 && rs.init && hv + 1 < p.HV;
+  for (int k = 0; k < KD; ++k) {
+    if (ahead) prefetch_states(S + (int64_t)KD * p.V + k * p.V, 16 * NV);  // (state_column's head stride)
+    vf16 s[NV];
+    for (int j = 0; j < NV; ++j) s[j] = rs.init ? vload_state(S + k * p.V + 16 * j) : vf16(0.0f);
+    for (int32_t t = 0; t < L; ++t) {
+      const float d = pt.decay[t], kk = pt.kn[t][k];
+      for (int j = 0; j < NV; ++j) s[j] = s[j] * d + u[t][j] * kk;
+      if (A[t]) vstore_states(A[t] + k * p.V, s, NV, stream_a[t]);
+    }
+    if (B) vstore_states(B + k * p.V, s, NV, stream_b);
+  }
+}
+
+// The 16 NV columns from v of (seq, hv): one token in one pass over whole rows; up to
+// GDN_WALK_TOKENS tokens in WY form; longer walks all NV vectors at once while that block is at
+// most 64 KB (K <= 128), else GDN_KV_VECS vectors at a time (rs copied: each walk advances its
+// own checkpoints).
 template <int NV>
 static inline void recurrent_columns_kv(const GdnDeltaParams &p, int32_t seq, int32_t hv, int32_t v) {
   RecurrentSeq rs;
@@ -207,6 +316,11 @@ static inline void recurrent_columns_kv(const GdnDeltaParams &p, int32_t seq, in
   }
   const int32_t h = hv / (p.HV / p.H);
   if (rs.len == 1) return walk_columns_kv<NV, false>(p, rs, hv, v, h);
+  if (rs.len <= GDN_WALK_TOKENS) {
+    PreparedTokens pt;
+    pt.prepare(p, rs, h, hv);
+    return walk_columns_kv_wy<NV>(p, rs, pt, hv, v);
+  }
   constexpr int NW = KD <= 128 || NV < GDN_KV_VECS ? NV : GDN_KV_VECS;
   for (int j = 0; j < NV; j += NW) walk_columns_kv<NW, true>(p, rs, hv, v + 16 * j, h);
 }
@@ -238,24 +352,6 @@ GDN_KERNEL(2) void gdn_recurrent_kv_cpu(GdnDeltaParams p) {
 // and adds instead of 32 horizontal sums and 16 scalar u / v / o computations.
 #define KC (KD / 16)
 
-// A walk's tokens prepared once (token_in) for a work-item's several passes over them
-// (GDN_VK_ITEM_ROWS / GDN_VK_ROWS), at most GDN_VK_TOKENS of them; n = 0: none, each
-// pass prepares its own. With prep_inline each preparation normalizes k and q and computes the
-// gates (several exp/log calls): done once instead of once per pass.
-struct PreparedTokens {
-  int32_t n;
-  int64_t row[GDN_VK_TOKENS];
-  const float *kn[GDN_VK_TOKENS], *qn[GDN_VK_TOKENS];
-  float decay[GDN_VK_TOKENS], beta[GDN_VK_TOKENS];
-  float kb[GDN_VK_TOKENS][KD], qb[GDN_VK_TOKENS][KD];
-  void prepare(const GdnDeltaParams &p, const RecurrentSeq &rs, int32_t h, int32_t hv) {
-    for (n = 0; n < rs.len; ++n) row[n] = token_in(p, rs, n, h, hv, kb[n], qb[n], kn[n], qn[n], decay[n], beta[n]);
-  }
-  int64_t get(int32_t t, const float *&k, const float *&q, float &d, float &b) const {
-    k = kn[t], q = qn[t], d = decay[t], b = beta[t];
-    return row[t];
-  }
-};
 static_assert(GDN_VK_ROWS == 16, "a work-item's rows are the lanes of one vector");
 
 // r[i] = the sum of a[i]'s lanes, i = 0..15, by four rounds of pairwise folding: each round adds
@@ -296,7 +392,7 @@ static inline state_t *slot_rows(const GdnDeltaParams &p, int32_t slot, int64_t 
 }
 
 // The walk of 16 rows from v0 (nr of them real) over the sequence's tokens (2-byte states, and f32
-// walks longer than GDN_VK_TOKENS; other f32 walks go row by row, walk_rows_vk_by_row below), in
+// walks longer than GDN_WALK_TOKENS; other f32 walks go row by row, walk_rows_vk_by_row below), in
 // one of two forms:
 // HOLD (several tokens): the rows stay in registers across the tokens (on the stack, as far as
 // they do not fit: 16 rows of K = 128 are 128 vectors, four times the register file), and token
@@ -394,7 +490,7 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
   }
 }
 
-// f32 states, walks of at most GDN_VK_TOKENS tokens (decode, spec decoding): row by row. In the vk
+// f32 states, walks of at most GDN_WALK_TOKENS tokens (decode, spec decoding): row by row. In the vk
 // layout each state row is a recurrence of its own (row r's u and o need row r alone), so a row
 // walks all the tokens in KC registers: read once, stored after each token, then the next row --
 // a decode moves its state as a bare state pass does, not in walk_rows_vk's two passes over 16
@@ -419,10 +515,10 @@ static inline void walk_rows_vk_by_row(const GdnDeltaParams &p, RecurrentSeq &rs
   const state_t *S = (const state_t *)p.ssm + (int64_t)rs.read_slot * p.slot_stride + rows0;  // read only when rs.init
   const int32_t L = LC ? LC : pt.n;
   // Per token: v and o of the 16 rows (lane r: row r), k.q, where the state after it goes.
-  float vs[GDN_VK_TOKENS][16], os[GDN_VK_TOKENS][16], kq[GDN_VK_TOKENS];
-  int64_t orow[GDN_VK_TOKENS];
-  state_t *A[GDN_VK_TOKENS];
-  bool stream_a[GDN_VK_TOKENS];
+  float vs[GDN_WALK_TOKENS][16], os[GDN_WALK_TOKENS][16], kq[GDN_WALK_TOKENS];
+  int64_t orow[GDN_WALK_TOKENS];
+  state_t *A[GDN_WALK_TOKENS];
+  bool stream_a[GDN_WALK_TOKENS];
   for (int32_t t = 0; t < L; ++t) {
     const float *k, *q;
     float d, b;
@@ -430,9 +526,7 @@ static inline void walk_rows_vk_by_row(const GdnDeltaParams &p, RecurrentSeq &rs
     const int64_t vrow = row * p.qkv_stride + p.v_offset + (int64_t)hv * p.V + v0;
     orow[t] = row * p.out_stride + (int64_t)hv * p.V + v0;
     vstore(vs[t], load_rows(p.qkv, vrow, nr));
-    vf16 x(0.0f);
-    for (int c = 0; c < KC; ++c) x += vload(k + 16 * c) * vload(q + 16 * c);
-    kq[t] = hsum(x);
+    kq[t] = dot_kd(k, q);
     const int32_t to = token_store_slot(rs, t);
     A[t] = slot_rows(p, to, rows0);
     stream_a[t] = streaming_to(rs, to);
@@ -476,7 +570,7 @@ static inline void recurrent_rows_vk(const GdnDeltaParams &p, RecurrentSeq rs, c
   if constexpr (sizeof(state_t) == 4) {  // f32: walk_rows_vk<false> is not built (one token: by row)
     if (pt.n == 1) walk_rows_vk_by_row<1>(p, rs, pt, hv, v0, nr, rows0);
     else if (pt.n) walk_rows_vk_by_row<0>(p, rs, pt, hv, v0, nr, rows0);
-    else walk_rows_vk<true>(p, rs, pt, hv, v0, nr, h, rows0);  // (pt.n = 0: longer than GDN_VK_TOKENS)
+    else walk_rows_vk<true>(p, rs, pt, hv, v0, nr, h, rows0);  // (pt.n = 0: longer than GDN_WALK_TOKENS)
   } else if (rs.len == 1) {
     walk_rows_vk<false>(p, rs, pt, hv, v0, nr, h, rows0);
   } else {
@@ -494,7 +588,7 @@ GDN_NOINLINE void recurrent_item(const GdnDeltaParams &p, int32_t seq, int32_t h
   const int32_t h = hv / (p.HV / p.H);
   PreparedTokens pt;
   pt.n = 0;
-  if (!rs.skip && rs.len <= GDN_VK_TOKENS) pt.prepare(p, rs, h, hv);
+  if (!rs.skip && rs.len <= GDN_WALK_TOKENS) pt.prepare(p, rs, h, hv);
   // (rs by value: each pass advances its own copy of the checkpoint cursor)
   for (int32_t r = v; r < sycl::min(p.V, v + GDN_VK_ITEM_ROWS); r += GDN_VK_ROWS) recurrent_rows_vk(p, rs, pt, hv, r, h);
 }

@@ -32,8 +32,8 @@ enum {
   GDN_CONV_BLOCKS = 8,       // gdn_conv_spec_cpu, gdn_conv_non_spec_cpu: 16-channel blocks per work-item
   GDN_VK_ROWS = 16,          // gdn_recurrent_vk_cpu: state rows per pass (one vector's lanes)
   GDN_VK_ITEM_ROWS = 128,    // ... and per work-item, in passes of GDN_VK_ROWS
-  GDN_VK_TOKENS = 8,         // ... and tokens it prepares once for all its passes (longer walks: per pass;
-                             // f32 walks up to this long go row by row)
+  GDN_WALK_TOKENS = 8,       // tokens a CPU recurrent walk prepares once (vk: for all its passes, f32 walks
+                             // up to this long go row by row; kv: walks of 2 up to this long take the WY form)
   GDN_KV_VECS = 4,           // gdn_recurrent_kv_cpu: 16-column vectors of a work-item (V % 64 == 0; of a walk: K > 128)
   GDN_KV_ROW_VECS = 8,       // ... and of a work-item when they make whole rows (V = 128)
   GDN_SCAN_BLOCKS = 8,       // gdn_chunk_scan_cpu: 16-column state blocks per work-item (V = 128 in one)
