@@ -153,3 +153,35 @@ def test_nonfinite_gates(queue, case, layout):
 def test_nonfinite_gates_generic_kernels(queue, monkeypatch, case, layout):
     monkeypatch.setenv("GDN_XPU_GENERIC_KERNELS", "1")
     check(queue, case, 32, layout)
+
+
+@pytest.mark.parametrize("generic", [False, True])
+@pytest.mark.parametrize("path", ["chunked", "recurrent"])
+@pytest.mark.parametrize("layout", ["kv", "vk"])
+def test_reset_is_exact(queue, monkeypatch, layout, path, generic):
+    """A decay of 0 resets the state exactly ("exactly as the recurrence computes it"): whatever
+    comes at and after a reset token does not depend on the state before it. The g = -inf batch run
+    from two initial states, the second 1e30 times the first: from each poisoned sequence's first
+    reset on (the prefill's token 0, the decode's token, spec token 1 of 3 -- inside the kv walk's
+    WY form, whose products of decays must give exact zeros there), the outputs and stored states of
+    v-head 1 are equal in both runs. A reset that kept even a 1e-30 weight of the old state fails
+    (checked by mutation: a WY walk with P = 1e-30 at a reset). CPU variants (K = 16) and generic
+    kernels (K = 32), as the tests above."""
+    K = 32 if generic else 16
+    if generic:
+        monkeypatch.setenv("GDN_XPU_GENERIC_KERNELS", "1")
+    meta = make_meta()
+    bad, _ = inputs(meta, K, "g=-inf")
+    big = dict(bad, s0=(bad["s0"] * np.float32(1e30)).astype(np.float32))
+    (o1, s1), (o2, s2) = (run(queue, meta, d, K, layout, force_recurrent=path == "recurrent") for d in (bad, big))
+    assert not np.array_equal(o1[:, 0], o2[:, 0]), "the second initial state was not used"
+    seqs = sequences(meta)
+    ns_slots, spec_cols = meta["non_spec_state_indices"], meta["spec_state_indices"]
+    after = {("prefill", 0): (0, [int(ns_slots[0])]), ("decode", 0): (0, [int(ns_slots[2])]),
+             ("spec", 0): (1, [int(c) for c in spec_cols[0][1:3]])}
+    for name, (first, written) in after.items():
+        rows = seqs[name][first:]
+        assert np.isfinite(o1[rows, BAD_HEAD]).all()
+        assert np.array_equal(o1[rows, BAD_HEAD], o2[rows, BAD_HEAD]), f"{path}: {name} output after its reset"
+        for sl in written:
+            assert np.array_equal(s1[sl, BAD_HEAD], s2[sl, BAD_HEAD]), f"{path}: {name} slot {sl} after its reset"
