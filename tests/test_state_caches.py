@@ -391,9 +391,11 @@ def test_state_caches_in_one_mixed_batch_kv_whole_rows(queue, monkeypatch):
     test_state_caches_in_one_mixed_batch(queue, monkeypatch, "cpu", "kv", "f32")
 
 
-# The CPU vk kernel walks the f32 states of walks of up to GDN_VK_TOKENS = 8 tokens row by row
-# (delta_recurrent_cpu.cpp walk_rows_vk_by_row), longer walks 16 rows at a time; a non-spec
-# sequence of several tokens takes the recurrence only when forced (or when the chunk tables overflow).
+# The CPU kernels walk up to GDN_WALK_TOKENS = 8 tokens in another form than longer walks (vk f32:
+# row by row, walk_rows_vk_by_row, against 16 rows at a time; kv: the WY form, walk_columns_kv_wy,
+# against the held block): the 7- and 5-token prefills take the first, the 9-token one the second.
+# A non-spec sequence of several tokens takes the recurrence only when forced (or when the chunk
+# tables overflow).
 @pytest.mark.parametrize("ssm_layout", ["vk", "kv"])
 @pytest.mark.parametrize("v", [16, 20])
 def test_short_recurrent_prefills_store_checkpoints(queue, monkeypatch, ssm_layout, v):
