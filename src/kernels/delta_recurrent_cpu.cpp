@@ -232,8 +232,9 @@ static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int
 // element walking the tokens in a register (S_t = d_t S_{t-1} + k_t u_t^T, the HOLD walk's update
 // expression). HOLD instead passes over its stack-held block once per token, storing it back
 // each time. Products of decays only, never ratios: a decay of 0 (g = -inf, README "Non-finite
-// gates") zeroes every term across it, as the token-by-token walk does. The u differ from HOLD's
-// by the summation order (rounding only; k and q are l2-normalized, so |k_i.k_t| <= 1).
+// gates") zeroes every term across it, as the token-by-token walk does. The u and o differ from
+// HOLD's by the summation order: rounding only, the coefficients being bounded (|k_i.k_t| <= 1 for
+// l2-normalized k and q, decays in [0, 1]).
 // Alternated in one process against HOLD, spec B=8 (7 rounds): f32 S=1 1.620 -> 1.485 ms, S=3
 // 2.460 -> 2.069; bf16 S=1 1.174 -> 1.048, S=3 2.072 -> 1.903, S=7 4.271 -> 4.187 -- the kv
 // f32 spec rows at 1.02-1.06x the vk ones (were up to 1.2x). 2-byte states: each row of the
