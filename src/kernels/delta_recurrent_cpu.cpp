@@ -113,59 +113,50 @@ struct PreparedTokens {
 #if !GDN_VK_LAYOUT
 // kv layout [.., K, V]: a work-item owns 16 NV consecutive state columns, NV = gdn_kv_cpu_vecs(V)
 // (params.hpp): whole rows when V = 128, s[k][j] = S[k, v+16j ..]. The same algebra as the vk
-// kernel below (with d = e^g: u = beta (v - d S^T k), S' = d S + k u^T, o = d S^T q + u (k.q)):
-// one read pass gives both products, one pass updates (and writes back).
-// The walk of the 16 NV columns from v over the sequence's tokens, in one of two forms (as the vk
-// kernel's walk_rows_vk below; walks of 2 to GDN_WALK_TOKENS tokens -- spec decoding, short
-// recurrent prefills -- take walk_columns_kv_wy, after this one): HOLD (longer walks): the
-// K x 16 NV block stays in registers (on the stack) across the tokens, and token t's read pass
-// applies token t-1's update and stores the updated row as it goes (one pass over the block per
-// token, not three: spec B=8 whole steps S=3 f32 3.92 -> 3.51-3.67 ms, bf16 3.03 -> 2.95; S=1
-// f32 2.11 -> 1.97-1.99, bf16 1.54 -> 1.52; alternated in one process). Why NV vectors: the walk
-// reads and writes NV*64 contiguous bytes of each of the K state rows; with one vector (64 bytes
-// per row) the kv layout ran ~1.6x the vk layout's time at spec S=3 even on one thread, bound by
-// that access pattern, not by instructions. Whole rows at K = V = 128 (a 64 KB block on the
-// stack) against half rows in two walks: spec B=8 f32 S=1 2.42 -> 2.19 ms, S=3 4.47 -> 4.02,
-// S=7 7.07 -> 6.92, bf16 S=1 2.15 -> 1.95, S=3 3.72 -> 3.42 (alternated in one process; an
-// earlier build measured the two equal). The NV column vectors are also NV independent FMA
-// chains. One token (a decode step, !HOLD): the block (64 KB at K = V = 128, whole rows) is read
-// twice, once for the two products and once more from this core's caches for the update and its
-// store, instead of being held (it spilled through the stack). Whole rows per work-item: with
-// half rows (64 of 128 columns) decode B=8 took 1.64 ms here against 1.07 with whole rows (same
-// run): two work-items reading alternate 256-byte halves of every 512-byte row.
-template <int NV, bool HOLD>
+// kernel below (with d = e^g: u = beta (v - d S^T k), S' = d S + k u^T, o = d S^T q + u (k.q)),
+// but a column's u needs every row of the state, so a kv walk cannot go row by row. Walks of up
+// to GDN_WALK_TOKENS tokens (decode, spec decoding, short recurrent prefills) take the WY form,
+// walk_columns_kv_wy; longer ones hold the block, walk_columns_kv. Why NV vectors: a walk reads
+// and writes NV*64 contiguous bytes of each of the K state rows; with one vector (64 bytes per
+// row) the kv layout ran ~1.6x the vk layout's time at spec S=3 even on one thread, bound by that
+// access pattern, not by instructions. Whole rows at K = V = 128 (a 64 KB block) against half
+// rows in two walks (the held walk then): spec B=8 f32 S=1 2.42 -> 2.19 ms, S=3 4.47 -> 4.02, S=7
+// 7.07 -> 6.92, bf16 S=1 2.15 -> 1.95, S=3 3.72 -> 3.42 (alternated in one process; an earlier
+// build measured the two equal). The NV column vectors are also NV independent FMA chains. Whole
+// rows per work-item: with half rows (64 of 128 columns) decode B=8 took 1.64 ms here against
+// 1.07 with whole rows (same run): two work-items reading alternate 256-byte halves of every
+// 512-byte row.
+// 2-byte states: a walk's last pass (the WY write pass, the held block's last update) reads no
+// memory but this core's caches, so each of its rows asks for the same row and columns of the
+// next head (the next walk of this work-item in gdn_fused_cpu, else likely of the next
+// work-item), as the vk walk below does for its next 16 rows. Alternated in one process, bf16
+// state, when the decode and the spec walks had passes of their own (stop 26): decode B=8 0.708
+// -> 0.624 ms, B=1 0.178 -> 0.173; spec S=1 B=8 1.385 -> 1.289, S=3 B=8 2.79 -> 2.53, S=7 B=8
+// 3.61 -> 3.57, S=3 B=32 9.10 -> 8.54. Not for f32 states (a head is 64 KB, the whole L1 twice
+// over): decode B=8 3-8% slower, spec S=1 B=8 1.88 -> 2.00.
+static inline bool ask_next_head(const GdnDeltaParams &p, const RecurrentSeq &rs, int32_t hv) {
+  return sizeof(state_t) == 2 && rs.init && hv + 1 < p.HV;
+}
+static inline const state_t *next_head(const GdnDeltaParams &p, const state_t *S) { return S + (int64_t)KD * p.V; }
+
+// The held walk of the 16 NV columns from v over a sequence's tokens, for walks longer than
+// GDN_WALK_TOKENS (forced-recurrent prefills): the K x 16 NV block stays in registers (on the
+// stack) across the tokens, and token t's read pass applies token t-1's update and stores the
+// updated row as it goes (one pass over the block per token, not three: spec B=8 whole steps S=3
+// f32 3.92 -> 3.51-3.67 ms, bf16 3.03 -> 2.95; S=1 f32 2.11 -> 1.97-1.99, bf16 1.54 -> 1.52;
+// alternated in one process, when spec walks took this form). The block is loaded by token 0's
+// read pass, not by a copy pass before it: spec B=8 f32 S=1 1.665 -> 1.592 ms, S=3 2.75 -> 2.67,
+// bf16 S=1 1.195 -> 1.149 (the same; the vk 16-row walk gained nothing that way: bf16 S=1 1.69 ->
+// 1.65, S=3 1.83 -> 1.86, S=7 3.59 -> 3.71).
+template <int NV>
 static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int32_t hv, int32_t v, int32_t h) {
   const state_t *S = state_column(p, rs.read_slot, hv, v);  // read only when rs.init
-  // HOLD: the block is loaded by token 0's read pass (state_in), not by a copy pass before it:
-  // spec B=8 f32 S=1 1.665 -> 1.592 ms, S=3 2.75 -> 2.67, bf16 S=1 1.195 -> 1.149 (alternated in
-  // one process; the vk 16-row walk gained nothing that way: bf16 S=1 1.69 -> 1.65, S=3 1.83 ->
-  // 1.86, S=7 3.59 -> 3.71).
-  vf16 s[HOLD ? KD : 1][NV];
-  // HOLD: the update of the token before (S' = d S + k u^T) and where its state goes (A: none).
-  float kp[HOLD ? KD : 1], dp = 1.0f;
+  vf16 s[KD][NV];
+  // The update of the token before (S' = d S + k u^T) and where its state goes (A: none).
+  float kp[KD], dp = 1.0f;
   vf16 up[NV];
   state_t *Ap = nullptr;
   bool stream_p = false;
-  // 2-byte states: the walk's last pass (a decode's update pass, the held block's last update)
-  // reads no memory, so each of its rows asks for the same row and columns of the next head (the
-  // next walk of this work-item in gdn_fused_cpu, else likely of the next work-item), as the vk
-  // walk below does for its next 16 rows. Alternated in one process, bf16 state: decode B=8 0.708
-  // -> 0.624 ms, B=1 0.178 -> 0.173; spec S=1 B=8 1.385 -> 1.289, S=3 B=8 2.79 -> 2.53, S=7 B=8 3.61 ->
-  // 3.57, S=3 B=32 9.10 -> 8.54. Not for f32 states (a head is 64 KB, the whole L1 twice over):
-  // decode B=8 3-8% slower, spec S=1 B=8 1.88 -> 2.00.
-  const bool ahead = sizeof(state_t) == 2 && rs.init && hv + 1 < p.HV;
-  const state_t *const S_next = S + (int64_t)KD * p.V;  // the next head's rows (state_column's head stride)
-  // Row k, vector j of the state block before the token (HOLD: loaded at token 0, later after
-  // applying the pending update).
-  auto state_in = [&](int32_t t, int k, int j) -> vf16 {
-    if constexpr (HOLD) {
-      if (t == 0) s[k][j] = rs.init ? vload_state(S + k * p.V + 16 * j) : vf16(0.0f);
-      else s[k][j] = s[k][j] * dp + up[j] * kp[k];
-      return s[k][j];
-    } else {
-      return rs.init ? vload_state(S + k * p.V + 16 * j) : vf16(0.0f);
-    }
-  };
   for (int32_t t = 0; t < rs.len; ++t) {
     float kb[KD], qb[KD], decay, beta;
     const float *kn, *qn;
@@ -175,52 +166,39 @@ static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int
     const float kdotq = dot_kd(kn, qn);
     vf16 ak[NV], aq[NV], u[NV];
     for (int j = 0; j < NV; ++j) ak[j] = aq[j] = vf16(0.0f);
-    if (HOLD || rs.init)
-      for (int k = 0; k < KD; ++k) {
-        for (int j = 0; j < NV; ++j) {
-          const vf16 x = state_in(t, k, j);
-          ak[j] += x * kn[k];
-          aq[j] += x * qn[k];
-        }
-        if (HOLD && Ap) vstore_states(Ap + k * p.V, s[k], NV, stream_p);
+    for (int k = 0; k < KD; ++k) {
+      for (int j = 0; j < NV; ++j) {  // row k of the block before the token
+        if (t == 0) s[k][j] = rs.init ? vload_state(S + k * p.V + 16 * j) : vf16(0.0f);
+        else s[k][j] = s[k][j] * dp + up[j] * kp[k];
+        ak[j] += s[k][j] * kn[k];
+        aq[j] += s[k][j] * qn[k];
       }
+      if (Ap) vstore_states(Ap + k * p.V, s[k], NV, stream_p);
+    }
     for (int j = 0; j < NV; ++j) {
       u[j] = beta * (load_act16(p.qkv, vrow + 16 * j) - decay * ak[j]);
       store_act16(p.out, orow + 16 * j, decay * aq[j] + u[j] * kdotq);
     }
-    // Where the state after the token goes: its store slot (a spec write-back or a checkpoint)
-    // and, for the one token of a non-spec sequence, the sequence's slot. Nothing in this call
-    // reads the stored states again: streaming stores unless in place.
-    const int32_t to = token_store_slot(rs, t), last = !HOLD && !rs.spec ? rs.cols[0] : p.pad_slot_id;
-    state_t *const A = to != p.pad_slot_id ? state_column(p, to, hv, v) : nullptr;
-    state_t *const B = last != p.pad_slot_id ? state_column(p, last, hv, v) : nullptr;
-    const bool stream_a = streaming_to(rs, to), stream_b = streaming_to(rs, last);
-    if constexpr (HOLD) {  // applied by the next token's read pass, or after the walk
-      for (int k = 0; k < KD; ++k) kp[k] = kn[k];
-      for (int j = 0; j < NV; ++j) up[j] = u[j];
-      dp = decay, Ap = A, stream_p = stream_a;
-    } else {
-      for (int k = 0; k < KD; ++k) {
-        if (ahead) prefetch_states(S_next + k * p.V, 16 * NV);
-        vf16 x[NV];
-        for (int j = 0; j < NV; ++j) x[j] = state_in(t, k, j) * decay + u[j] * kn[k];
-        if (A) vstore_states(A + k * p.V, x, NV, stream_a);
-        if (B) vstore_states(B + k * p.V, x, NV, stream_b);
-      }
-    }
+    // Applied by the next token's read pass, or after the walk; the state after the token goes
+    // to its store slot (a spec write-back or a checkpoint). Nothing in this call reads the
+    // stored states again: streaming stores unless in place.
+    const int32_t to = token_store_slot(rs, t);
+    for (int k = 0; k < KD; ++k) kp[k] = kn[k];
+    for (int j = 0; j < NV; ++j) up[j] = u[j];
+    dp = decay, Ap = to != p.pad_slot_id ? state_column(p, to, hv, v) : nullptr, stream_p = streaming_to(rs, to);
   }
-  if constexpr (HOLD) {  // the last token's update
-    state_t *const B = rs.spec ? nullptr : state_column(p, rs.cols[0], hv, v);
-    for (int k = 0; k < KD; ++k) {
-      if (ahead) prefetch_states(S_next + k * p.V, 16 * NV);
-      for (int j = 0; j < NV; ++j) s[k][j] = s[k][j] * dp + up[j] * kp[k];
-      if (Ap) vstore_states(Ap + k * p.V, s[k], NV, stream_p);
-      if (B) vstore_states(B + k * p.V, s[k], NV, streaming_to(rs, rs.cols[0]));
-    }
+  // The last token's update, also to a non-spec sequence's slot.
+  state_t *const B = rs.spec ? nullptr : state_column(p, rs.cols[0], hv, v);
+  const bool ahead = ask_next_head(p, rs, hv);
+  for (int k = 0; k < KD; ++k) {
+    if (ahead) prefetch_states(next_head(p, S) + k * p.V, 16 * NV);
+    for (int j = 0; j < NV; ++j) s[k][j] = s[k][j] * dp + up[j] * kp[k];
+    if (Ap) vstore_states(Ap + k * p.V, s[k], NV, stream_p);
+    if (B) vstore_states(B + k * p.V, s[k], NV, streaming_to(rs, rs.cols[0]));
   }
 }
 
-// The kv walk of 2 to GDN_WALK_TOKENS tokens (every spec sequence, short recurrent prefills) in
+// The kv walk of up to GDN_WALK_TOKENS tokens (decode, spec decoding, short recurrent prefills) in
 // WY form. With S the state before the walk, d_j token j's decay, D(t, i) the product of the
 // decays of tokens i+1 .. t (1 when i = t) and P(t) that of tokens 0 .. t, the recurrence
 // unrolls to
@@ -229,17 +207,20 @@ static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int
 // so the walk reads S for the products S^T k_t and S^T q_t of every token (one pass per token,
 // loads only: S stays in this core's caches after the first), solves those small triangular
 // systems for the u_t (a lane is a column), and writes the L states in ONE pass over S, each
-// element walking the tokens in a register (S_t = d_t S_{t-1} + k_t u_t^T, the HOLD walk's update
-// expression). HOLD instead passes over its stack-held block once per token, storing it back
-// each time. Products of decays only, never ratios: a decay of 0 (g = -inf, README "Non-finite
-// gates") zeroes every term across it, as the token-by-token walk does. The u and o differ from
-// HOLD's by the summation order: rounding only, the coefficients being bounded (|k_i.k_t| <= 1 for
-// l2-normalized k and q, decays in [0, 1]).
-// Alternated in one process against HOLD, spec B=8 (7 rounds): f32 S=1 1.620 -> 1.485 ms, S=3
-// 2.460 -> 2.069; bf16 S=1 1.174 -> 1.048, S=3 2.072 -> 1.903, S=7 4.271 -> 4.187 -- the kv
-// f32 spec rows at 1.02-1.06x the vk ones (were up to 1.2x). 2-byte states: each row of the
-// write pass (which reads S from the caches) asks for the same row of the next head, as the HOLD
-// walk's last pass does (bf16 spec B=8 S=1 1.055 -> 1.018 ms, S=3 1.904 -> 1.871).
+// element walking the tokens in a register (S_t = d_t S_{t-1} + k_t u_t^T, the held walk's update
+// expression), where the held walk passes over its block once per token, storing it back each
+// time. Products of decays only, never ratios: a decay of 0 (g = -inf, README "Non-finite gates")
+// zeroes every term across it, as the token-by-token walk does. The u and o differ from the held
+// walk's by the summation order: rounding only, the coefficients being bounded (|k_i.k_t| <= 1 for
+// l2-normalized k and q, decays in [0, 1]). Alternated in one process against the held walk,
+// spec B=8 (7 rounds): f32 S=1 1.620 -> 1.485 ms, S=3 2.460 -> 2.069; bf16 S=1 1.174 -> 1.048,
+// S=3 2.072 -> 1.903, S=7 4.271 -> 4.187 -- the kv f32 spec rows at 1.02-1.06x the vk ones (were
+// up to 1.2x); the next head's rows asked for in the write pass (2-byte states, above): bf16 spec
+// B=8 S=1 1.055 -> 1.018 ms, S=3 1.904 -> 1.871. One token (a decode) reads the block twice, for
+// its products and then from this core's caches for the write pass, as the decode's own walk did
+// before (holding the block spilled it through the stack); as the WY walk's L = 1 it takes the
+// same time (alternated: decode B=8 f32 0.879 / 0.879 ms, bf16 0.738 / 0.749) and the kv build
+// compiles ~1.6 s faster from cold without that walk.
 template <int NV>
 static inline void walk_columns_kv_wy(const GdnDeltaParams &p, RecurrentSeq &rs, const PreparedTokens &pt, int32_t hv,
                                       int32_t v) {
@@ -289,9 +270,9 @@ static inline void walk_columns_kv_wy(const GdnDeltaParams &p, RecurrentSeq &rs,
   }
   state_t *const B = rs.spec ? nullptr : state_column(p, rs.cols[0], hv, v);
   const bool stream_b = !rs.spec && streaming_to(rs, rs.cols[0]);
-  const bool ahead = sizeof(state_t) == 2 && rs.init && hv + 1 < p.HV;
+  const bool ahead = ask_next_head(p, rs, hv);
   for (int k = 0; k < KD; ++k) {
-    if (ahead) prefetch_states(S + (int64_t)KD * p.V + k * p.V, 16 * NV);  // (state_column's head stride)
+    if (ahead) prefetch_states(next_head(p, S) + k * p.V, 16 * NV);
     vf16 s[NV];
     for (int j = 0; j < NV; ++j) s[j] = rs.init ? vload_state(S + k * p.V + 16 * j) : vf16(0.0f);
     for (int32_t t = 0; t < L; ++t) {
@@ -303,10 +284,9 @@ static inline void walk_columns_kv_wy(const GdnDeltaParams &p, RecurrentSeq &rs,
   }
 }
 
-// The 16 NV columns from v of (seq, hv): one token in one pass over whole rows; up to
-// GDN_WALK_TOKENS tokens in WY form; longer walks all NV vectors at once while that block is at
-// most 64 KB (K <= 128), else GDN_KV_VECS vectors at a time (rs copied: each walk advances its
-// own checkpoints).
+// The 16 NV columns from v of (seq, hv): up to GDN_WALK_TOKENS tokens in WY form; longer walks
+// held, all NV vectors at once while that block is at most 64 KB (K <= 128), else GDN_KV_VECS
+// vectors at a time (rs copied: each walk advances its own checkpoints).
 template <int NV>
 static inline void recurrent_columns_kv(const GdnDeltaParams &p, int32_t seq, int32_t hv, int32_t v) {
   RecurrentSeq rs;
@@ -316,14 +296,13 @@ static inline void recurrent_columns_kv(const GdnDeltaParams &p, int32_t seq, in
     return;
   }
   const int32_t h = hv / (p.HV / p.H);
-  if (rs.len == 1) return walk_columns_kv<NV, false>(p, rs, hv, v, h);
   if (rs.len <= GDN_WALK_TOKENS) {
     PreparedTokens pt;
     pt.prepare(p, rs, h, hv);
     return walk_columns_kv_wy<NV>(p, rs, pt, hv, v);
   }
   constexpr int NW = KD <= 128 || NV < GDN_KV_VECS ? NV : GDN_KV_VECS;
-  for (int j = 0; j < NV; j += NW) walk_columns_kv<NW, true>(p, rs, hv, v + 16 * j, h);
+  for (int j = 0; j < NV; j += NW) walk_columns_kv<NW>(p, rs, hv, v + 16 * j, h);
 }
 
 // The state columns of a work-item: 16 gdn_kv_cpu_vecs(V) from v of (seq, hv).
