@@ -146,8 +146,8 @@ static inline const state_t *next_head(const GdnDeltaParams &p, const state_t *S
 // f32 3.92 -> 3.51-3.67 ms, bf16 3.03 -> 2.95; S=1 f32 2.11 -> 1.97-1.99, bf16 1.54 -> 1.52;
 // alternated in one process, when spec walks took this form). The block is loaded by token 0's
 // read pass, not by a copy pass before it: spec B=8 f32 S=1 1.665 -> 1.592 ms, S=3 2.75 -> 2.67,
-// bf16 S=1 1.195 -> 1.149 (the same; the vk 16-row walk gained nothing that way: bf16 S=1 1.69 ->
-// 1.65, S=3 1.83 -> 1.86, S=7 3.59 -> 3.71).
+// bf16 S=1 1.195 -> 1.149 (alternated in one process, then too; the vk 16-row walk gained nothing
+// that way: bf16 S=1 1.69 -> 1.65, S=3 1.83 -> 1.86, S=7 3.59 -> 3.71).
 template <int NV>
 static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int32_t hv, int32_t v, int32_t h) {
   const state_t *S = state_column(p, rs.read_slot, hv, v);  // read only when rs.init
