@@ -78,6 +78,12 @@ static inline void fused_conv(const GdnConvParams &c, const GdnDeltaParams &p, i
         conv_non_spec_tile<16, 4, GDN_CONV_BLOCKS, 2>(c, tile, ch, r[1]);
 }
 
+// The state of (slot, hv) from column / row v (state_column), nullptr for pad_slot_id: where a
+// walk stores a state.
+static inline state_t *slot_state(const GdnDeltaParams &p, int32_t slot, int32_t hv, int32_t v) {
+  return slot != p.pad_slot_id ? state_column(p, slot, hv, v) : nullptr;
+}
+
 // a . b over KD floats (l2-normalized k and q: |a . b| <= 1).
 static inline float dot_kd(const float *a, const float *b) {
   if (KD % 16 == 0) {
@@ -185,7 +191,7 @@ static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int
     const int32_t to = token_store_slot(rs, t);
     for (int k = 0; k < KD; ++k) kp[k] = kn[k];
     for (int j = 0; j < NV; ++j) up[j] = u[j];
-    dp = decay, Ap = to != p.pad_slot_id ? state_column(p, to, hv, v) : nullptr, stream_p = streaming_to(rs, to);
+    dp = decay, Ap = slot_state(p, to, hv, v), stream_p = streaming_to(rs, to);
   }
   // The last token's update, also to a non-spec sequence's slot.
   state_t *const B = rs.spec ? nullptr : state_column(p, rs.cols[0], hv, v);
@@ -265,7 +271,7 @@ static inline void walk_columns_kv_wy(const GdnDeltaParams &p, RecurrentSeq &rs,
   bool stream_a[GDN_WALK_TOKENS];
   for (int32_t t = 0; t < L; ++t) {
     const int32_t to = token_store_slot(rs, t);
-    A[t] = to != p.pad_slot_id ? state_column(p, to, hv, v) : nullptr;
+    A[t] = slot_state(p, to, hv, v);
     stream_a[t] = streaming_to(rs, to);
   }
   state_t *const B = rs.spec ? nullptr : state_column(p, rs.cols[0], hv, v);
@@ -366,10 +372,6 @@ static inline void store_rows(void *p, int64_t i, int32_t nr, const vf16 &x) {
   if (nr == 16) store_act16(p, i, x);
   else for (int32_t r = 0; r < nr; ++r) store_act(p, i + r, x[r]);
 }
-// The state rows from rows0 (an offset within a slot) of `slot`; nullptr for pad_slot_id.
-static inline state_t *slot_rows(const GdnDeltaParams &p, int32_t slot, int64_t rows0) {
-  return slot != p.pad_slot_id ? (state_t *)p.ssm + (int64_t)slot * p.slot_stride + rows0 : nullptr;
-}
 
 // The walk of 16 rows from v0 (nr of them real) over the sequence's tokens (2-byte states, and f32
 // walks longer than GDN_WALK_TOKENS; other f32 walks go row by row, walk_rows_vk_by_row below), in
@@ -386,8 +388,8 @@ static inline state_t *slot_rows(const GdnDeltaParams &p, int32_t slot, int64_t 
 // 0.9-1.3 ms, B=1 0.33 -> 0.14 ms).
 template <bool HOLD>
 static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const PreparedTokens &pt, int32_t hv,
-                                int32_t v0, int32_t nr, int32_t h, int64_t rows0) {
-  const state_t *S = (const state_t *)p.ssm + (int64_t)rs.read_slot * p.slot_stride + rows0;  // read only when rs.init
+                                int32_t v0, int32_t nr, int32_t h) {
+  const state_t *S = state_column(p, rs.read_slot, hv, v0);  // S[v0, 0]; read only when rs.init
   vf16 s[HOLD ? 16 : 1][KC];  // HOLD: s[r][c] = S[v0 + r, 16c .. 16c+15]; rows past nr stay zero
   if constexpr (HOLD)
     for (int32_t r = 0; r < 16; ++r)
@@ -444,7 +446,7 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
     // and, for the one token of a non-spec sequence, the sequence's slot. Nothing in this call
     // reads the stored states again: streaming stores unless in place.
     const int32_t to = token_store_slot(rs, t), last = !HOLD && !rs.spec ? rs.cols[0] : p.pad_slot_id;
-    state_t *const A = slot_rows(p, to, rows0), *const B = slot_rows(p, last, rows0);
+    state_t *const A = slot_state(p, to, hv, v0), *const B = slot_state(p, last, hv, v0);
     const bool stream_a = streaming_to(rs, to), stream_b = streaming_to(rs, last);
     if constexpr (HOLD) {  // applied by the next token's read pass, or after the walk
       for (int c = 0; c < KC; ++c) kp[c] = k[c];
@@ -460,7 +462,7 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
     }
   }
   if constexpr (HOLD) {  // the last token's update
-    state_t *const B = rs.spec ? nullptr : slot_rows(p, rs.cols[0], rows0);
+    state_t *const B = rs.spec ? nullptr : slot_state(p, rs.cols[0], hv, v0);
     for (int32_t r = 0; r < nr; ++r) {
       if (ahead) prefetch_states(S + (16 + r) * KD, KD);
       for (int c = 0; c < KC; ++c) s[r][c] = s[r][c] * dp + kp[c] * up[r];
@@ -491,8 +493,8 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
 // registers across the rows: decode B=8 0.91 -> 0.86 ms against loading them per row), else 0.
 template <int LC>
 static inline void walk_rows_vk_by_row(const GdnDeltaParams &p, RecurrentSeq &rs, const PreparedTokens &pt, int32_t hv,
-                                       int32_t v0, int32_t nr, int64_t rows0) {
-  const state_t *S = (const state_t *)p.ssm + (int64_t)rs.read_slot * p.slot_stride + rows0;  // read only when rs.init
+                                       int32_t v0, int32_t nr) {
+  const state_t *S = state_column(p, rs.read_slot, hv, v0);  // S[v0, 0]; read only when rs.init
   const int32_t L = LC ? LC : pt.n;
   // Per token: v and o of the 16 rows (lane r: row r), k.q, where the state after it goes.
   float vs[GDN_WALK_TOKENS][16], os[GDN_WALK_TOKENS][16], kq[GDN_WALK_TOKENS];
@@ -508,11 +510,11 @@ static inline void walk_rows_vk_by_row(const GdnDeltaParams &p, RecurrentSeq &rs
     vstore(vs[t], load_rows(p.qkv, vrow, nr));
     kq[t] = dot_kd(k, q);
     const int32_t to = token_store_slot(rs, t);
-    A[t] = slot_rows(p, to, rows0);
+    A[t] = slot_state(p, to, hv, v0);
     stream_a[t] = streaming_to(rs, to);
   }
   // A non-spec sequence's state after its last token also goes to its slot.
-  state_t *const B = rs.spec ? nullptr : slot_rows(p, rs.cols[0], rows0);
+  state_t *const B = rs.spec ? nullptr : slot_state(p, rs.cols[0], hv, v0);
   const bool stream_b = !rs.spec && streaming_to(rs, rs.cols[0]);
   vf16 k1[KC], q1[KC];  // LC == 1: the token's k and q
   if constexpr (LC == 1)
@@ -546,15 +548,14 @@ static inline void recurrent_rows_vk(const GdnDeltaParams &p, RecurrentSeq rs, c
     for (int32_t r = 0; r < nr; ++r) zero_outputs(p, rs.j0, rs.len, hv, v0 + r);
     return;
   }
-  const int64_t rows0 = (int64_t)hv * KD * p.V + (int64_t)v0 * KD;  // S[v0, 0] within a slot
   if constexpr (sizeof(state_t) == 4) {  // f32: walk_rows_vk<false> is not built (one token: by row)
-    if (pt.n == 1) walk_rows_vk_by_row<1>(p, rs, pt, hv, v0, nr, rows0);
-    else if (pt.n) walk_rows_vk_by_row<0>(p, rs, pt, hv, v0, nr, rows0);
-    else walk_rows_vk<true>(p, rs, pt, hv, v0, nr, h, rows0);  // (pt.n = 0: longer than GDN_WALK_TOKENS)
+    if (pt.n == 1) walk_rows_vk_by_row<1>(p, rs, pt, hv, v0, nr);
+    else if (pt.n) walk_rows_vk_by_row<0>(p, rs, pt, hv, v0, nr);
+    else walk_rows_vk<true>(p, rs, pt, hv, v0, nr, h);  // (pt.n = 0: longer than GDN_WALK_TOKENS)
   } else if (rs.len == 1) {
-    walk_rows_vk<false>(p, rs, pt, hv, v0, nr, h, rows0);
+    walk_rows_vk<false>(p, rs, pt, hv, v0, nr, h);
   } else {
-    walk_rows_vk<true>(p, rs, pt, hv, v0, nr, h, rows0);
+    walk_rows_vk<true>(p, rs, pt, hv, v0, nr, h);
   }
 }
 #undef KC
