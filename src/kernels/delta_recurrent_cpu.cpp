@@ -486,9 +486,16 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
 // they took up to 1.4x as long (bf16 decode B=8 0.64 -> 0.81 ms, spec S=3 B=8 1.79 -> 2.53, as
 // slow with the state cache-resident: compute -- with the rounding a row's chain is ~100
 // instructions a token, and fewer rows overlap; two rows interleaved: spec 2.18, still slower).
-// Asking for the next rows early as walk_rows_vk does: no gain here (decode B=32 3.91 -> 4.14
-// ms, spec S=1 B=8 1.45 -> 1.39). The kv layout cannot walk this way: a column's u needs every
-// row of the state.
+// Every other row asks for two rows BY_ROW_AHEAD = 12 rows on (6 KB at K = 128; within the slot,
+// so the last rows of a head ask for the next head's first, which this work-item or the next one
+// walks next), a prefetch that never waits. Alternated in one process on stop 31's host (a Zen 5
+// VM; README "Stop 31"), in a fast-memory minute: decode B=8 0.493 -> 0.388 ms, B=32 1.651 ->
+// 1.304, spec S=1 B=8 0.728 -> 0.596, S=3 B=8 1.341 -> 1.214, S=1 B=1 0.132 -> 0.110. 8 or 16
+// rows on about as good, 4 rows on or 4 rows every 4th row less, one row a row about the same;
+// the next 16 rows at once (at a pass's start, or every 16th row) slower than none (the runtime's
+// prefetch is a call looping over the lines). On stop 29's host (Zen 4) one row a row, 16 on, was
+// slower (decode B=32 3.91 -> 4.14 ms). The kv layout cannot walk this way: a column's u needs
+// every row of the state.
 // LC: the walk's token count when fixed at compile time (1: a decode step, whose k and q stay in
 // registers across the rows: decode B=8 0.91 -> 0.86 ms against loading them per row), else 0.
 template <int LC>
@@ -521,7 +528,10 @@ static inline void walk_rows_vk_by_row(const GdnDeltaParams &p, RecurrentSeq &rs
     for (int c = 0; c < KC; ++c) k1[c] = vload(pt.kn[0] + 16 * c), q1[c] = vload(pt.qn[0] + 16 * c);
   auto k_of = [&](int32_t t, int c) { return LC == 1 ? k1[c] : vload(pt.kn[t] + 16 * c); };
   auto q_of = [&](int32_t t, int c) { return LC == 1 ? q1[c] : vload(pt.qn[t] + 16 * c); };
+  constexpr int32_t BY_ROW_AHEAD = 12;
+  const int32_t ahead_end = rs.init ? (p.HV - hv) * p.V - v0 - BY_ROW_AHEAD - 1 : 0;  // rows r asking within the slot
   for (int32_t r = 0; r < nr; ++r) {
+    if (r % 2 == 0 && r < ahead_end) prefetch_states(S + (r + BY_ROW_AHEAD) * KD, 2 * KD);
     vf16 s[KC];
     for (int c = 0; c < KC; ++c) s[c] = rs.init ? vload_state(S + r * KD + 16 * c) : vf16(0.0f);
     for (int32_t t = 0; t < L; ++t) {
