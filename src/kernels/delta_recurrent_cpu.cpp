@@ -401,14 +401,19 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
   bool stream_p = false;
   // The walk's last pass (a decode's update pass, the held rows' last update) runs from this
   // core's caches and reads no memory, which would idle through it: each of its rows asks for
-  // the same row of the NEXT walk (16 rows on: this head's next 16, or the next head's first 16,
-  // which this work-item or the one after it walks; within the slot), so that walk's first read
-  // finds its rows arriving. Alternated in one process (stop 26, when f32 states walked here
-  // too): decode B=8 0.93 -> 0.87 ms, bf16 state 0.69 -> 0.64, B=32 3.96 -> 3.80, B=1 0.160 ->
-  // 0.152; spec B=8 S=1 2.07 -> 2.05, S=3 3.68 -> 3.52, S=7 6.76 -> 6.42, bf16 S=3 2.37 -> 2.01.
-  // 8, 32 or 48 rows on: no gain or slower; the same request during a spec walk's last read pass
-  // instead: about as fast. (The kv walk above does the same for 2-byte states only.)
-  const bool ahead = rs.init && (v0 + 16 < p.V || hv + 1 < p.HV);
+  // the same row of the walk after next (WALK_AHEAD = 32 rows on: this head's rows, or the next
+  // head's, which this work-item or the one after it walks; within the slot), so that walk's
+  // first read finds its rows arrived. One walk on (16 rows), alternated in one process (stop 26,
+  // the Zen 4 host, when f32 states walked here too): decode B=8 0.93 -> 0.87 ms, bf16 state 0.69
+  // -> 0.64, B=32 3.96 -> 3.80, B=1 0.160 -> 0.152; spec B=8 S=1 2.07 -> 2.05, S=3 3.68 -> 3.52,
+  // S=7 6.76 -> 6.42, bf16 S=3 2.37 -> 2.01 (8, 32 or 48 rows on: no gain or slower there; the
+  // same request during a spec walk's last read pass instead: about as fast). On stop 31's host
+  // (Zen 5) 32 rows on against 16, bf16 state, two alternated runs: decode B=8 0.375 / 0.369 ->
+  // 0.326 / 0.350 ms, B=32 1.388 / 1.342 -> 1.175 / 1.222, spec B=8 S=1 0.665 / 0.623 -> 0.575 /
+  // 0.551, S=3 1.049 / 1.173 -> 0.956 / 1.000 (24 rows on less, 48 about the same). (The kv walk
+  // above does the same for 2-byte states only, one head on.)
+  constexpr int32_t WALK_AHEAD = 32;
+  const bool ahead = rs.init && (p.HV - hv) * p.V - v0 >= WALK_AHEAD + 16;  // every row's request in the slot
   // Row r, vector c of the state before the token (HOLD: after applying the pending update).
   auto state_in = [&](int32_t t, int32_t r, int c) -> vf16 {
     if constexpr (HOLD) {
@@ -453,7 +458,7 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
       up = u, dp = decay, Ap = A, stream_p = stream_a;
     } else {
       for (int32_t r = 0; r < nr; ++r) {
-        if (ahead) prefetch_states(S + (16 + r) * KD, KD);
+        if (ahead) prefetch_states(S + (WALK_AHEAD + r) * KD, KD);
         vf16 x[KC];
         for (int c = 0; c < KC; ++c) x[c] = state_in(t, r, c) * decay + k[c] * u[r];
         if (A) vstore_states(A + r * KD, x, KC, stream_a);
@@ -464,7 +469,7 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
   if constexpr (HOLD) {  // the last token's update
     state_t *const B = rs.spec ? nullptr : slot_state(p, rs.cols[0], hv, v0);
     for (int32_t r = 0; r < nr; ++r) {
-      if (ahead) prefetch_states(S + (16 + r) * KD, KD);
+      if (ahead) prefetch_states(S + (WALK_AHEAD + r) * KD, KD);
       for (int c = 0; c < KC; ++c) s[r][c] = s[r][c] * dp + kp[c] * up[r];
       if (Ap) vstore_states(Ap + r * KD, s[r], KC, stream_p);
       if (B) vstore_states(B + r * KD, s[r], KC, streaming_to(rs, rs.cols[0]));
