@@ -372,6 +372,9 @@ static inline void store_rows(void *p, int64_t i, int32_t nr, const vf16 &x) {
   if (nr == 16) store_act16(p, i, x);
   else for (int32_t r = 0; r < nr; ++r) store_act(p, i + r, x[r]);
 }
+// The state rows of a slot from row v0 of head hv to the slot's end (this head's and the later
+// heads'): how far ahead of row v0 a walk may ask for rows (prefetch_states).
+static inline int32_t slot_rows_from(const GdnDeltaParams &p, int32_t hv, int32_t v0) { return (p.HV - hv) * p.V - v0; }
 
 // The walk of 16 rows from v0 (nr of them real) over the sequence's tokens (2-byte states, and f32
 // walks longer than GDN_WALK_TOKENS; other f32 walks go row by row, walk_rows_vk_by_row below), in
@@ -413,7 +416,7 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
   // 0.551, S=3 1.049 / 1.173 -> 0.956 / 1.000 (24 rows on less, 48 about the same). (The kv walk
   // above does the same for 2-byte states only, one head on.)
   constexpr int32_t WALK_AHEAD = 32;
-  const bool ahead = rs.init && (p.HV - hv) * p.V - v0 >= WALK_AHEAD + 16;  // every row's request in the slot
+  const bool ahead = rs.init && slot_rows_from(p, hv, v0) >= WALK_AHEAD + 16;  // every row's request in the slot
   // Row r, vector c of the state before the token (HOLD: after applying the pending update).
   auto state_in = [&](int32_t t, int32_t r, int c) -> vf16 {
     if constexpr (HOLD) {
@@ -533,10 +536,10 @@ static inline void walk_rows_vk_by_row(const GdnDeltaParams &p, RecurrentSeq &rs
     for (int c = 0; c < KC; ++c) k1[c] = vload(pt.kn[0] + 16 * c), q1[c] = vload(pt.qn[0] + 16 * c);
   auto k_of = [&](int32_t t, int c) { return LC == 1 ? k1[c] : vload(pt.kn[t] + 16 * c); };
   auto q_of = [&](int32_t t, int c) { return LC == 1 ? q1[c] : vload(pt.qn[t] + 16 * c); };
-  constexpr int32_t BY_ROW_AHEAD = 12;
-  const int32_t ahead_end = rs.init ? (p.HV - hv) * p.V - v0 - BY_ROW_AHEAD - 1 : 0;  // rows r asking within the slot
+  constexpr int32_t BY_ROW_AHEAD = 12, BY_ROW_ASK = 2;  // every BY_ROW_ASK-th row asks for BY_ROW_ASK rows
+  const int32_t ahead_end = rs.init ? slot_rows_from(p, hv, v0) - BY_ROW_AHEAD - (BY_ROW_ASK - 1) : 0;  // in the slot
   for (int32_t r = 0; r < nr; ++r) {
-    if (r % 2 == 0 && r < ahead_end) prefetch_states(S + (r + BY_ROW_AHEAD) * KD, 2 * KD);
+    if (r % BY_ROW_ASK == 0 && r < ahead_end) prefetch_states(S + (r + BY_ROW_AHEAD) * KD, BY_ROW_ASK * KD);
     vf16 s[KC];
     for (int c = 0; c < KC; ++c) s[c] = rs.init ? vload_state(S + r * KD + 16 * c) : vf16(0.0f);
     for (int32_t t = 0; t < L; ++t) {
