@@ -30,6 +30,11 @@ std::string state_option(const gdn_config_t &cfg) {
   return head_option(cfg) + " -DGDN_VK_LAYOUT=" + (cfg.ssm_layout == GDN_SSM_VK ? "1" : "0") + dtype;
 }
 
+// A CPU-variant build's options: with -DGDN_CPU_BF16_INSN where the target allows it.
+std::string cpu_option(const Target &t, std::string options) {
+  return t.bf16_instructions ? options + " -DGDN_CPU_BF16_INSN" : options;
+}
+
 Launch kernel(Family family, std::string options, const char *name) {
   Launch l;
   l.on = true;
@@ -53,6 +58,7 @@ void plan_conv(Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b, const Tar
   const int64_t conv_dim = 2LL * cfg.num_k_heads * cfg.head_k_dim + (int64_t)cfg.num_v_heads * cfg.head_v_dim;
   const bool cpu = t.cpu_variants && conv_dim % GDN_CPU_LANES == 0;
   const Family family = cpu ? Family::Conv1dCpu : Family::Conv1d;
+  const std::string options = cpu ? cpu_option(t, act_option(cfg)) : act_option(cfg);
   const int64_t per_item = GDN_CPU_LANES * GDN_CONV_BLOCKS;  // *_cpu: channels of a work-item, alone in its group
   const int64_t non_spec_seqs = (int64_t)b.num_prefills + b.num_decodes;
   if (non_spec_seqs > 0 && b.non_spec_token_count > 0) {
@@ -60,12 +66,12 @@ void plan_conv(Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b, const Tar
     // search, short enough that one prefill spreads over many work-groups.
     p.conv_tile = cpu ? GDN_CONV_TILE_CPU : GDN_CONV_TILE;
     const int64_t tiles = (b.non_spec_token_count + p.conv_tile - 1) / p.conv_tile;
-    p.conv_non_spec = kernel(family, act_option(cfg), cpu ? "gdn_conv_non_spec_cpu" : "gdn_conv_non_spec");
+    p.conv_non_spec = kernel(family, options, cpu ? "gdn_conv_non_spec_cpu" : "gdn_conv_non_spec");
     if (cpu) shape2(p.conv_non_spec, tiles, (conv_dim + per_item - 1) / per_item, 1);
     else shape2(p.conv_non_spec, tiles, conv_dim, 64);
   }
   if (b.num_spec_decodes > 0 && b.spec_token_count > 0) {
-    p.conv_spec = kernel(family, act_option(cfg), cpu ? "gdn_conv_spec_cpu" : "gdn_conv_spec");
+    p.conv_spec = kernel(family, options, cpu ? "gdn_conv_spec_cpu" : "gdn_conv_spec");
     if (cpu) shape2(p.conv_spec, b.num_spec_decodes, (conv_dim + per_item - 1) / per_item, 1);
     else shape2(p.conv_spec, b.num_spec_decodes, conv_dim, 64);
   }
@@ -78,10 +84,10 @@ Launch recurrent(const gdn_config_t &cfg, const Target &t, int64_t num_seqs) {
   const bool vk = cfg.ssm_layout == GDN_SSM_VK;
   Launch l;
   if (t.cpu_variants && vk && cfg.head_k_dim % GDN_CPU_LANES == 0) {
-    l = kernel(Family::DeltaRecurrentCpu, state_option(cfg), "gdn_recurrent_vk_cpu");
+    l = kernel(Family::DeltaRecurrentCpu, cpu_option(t, state_option(cfg)), "gdn_recurrent_vk_cpu");
     shape2(l, groups, (V + GDN_VK_ITEM_ROWS - 1) / GDN_VK_ITEM_ROWS, 1);  // alone in its work-group
   } else if (t.cpu_variants && !vk && V % GDN_CPU_LANES == 0) {
-    l = kernel(Family::DeltaRecurrentCpu, state_option(cfg), "gdn_recurrent_kv_cpu");
+    l = kernel(Family::DeltaRecurrentCpu, cpu_option(t, state_option(cfg)), "gdn_recurrent_kv_cpu");
     shape2(l, groups, V / (GDN_CPU_LANES * gdn_kv_cpu_vecs((int32_t)V)), 1);  // alone in its work-group
   } else {
     l = kernel(Family::DeltaRecurrent, state_option(cfg), "gdn_recurrent");
@@ -94,7 +100,7 @@ void plan_delta(Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b, const Ta
   const int64_t HV = cfg.num_v_heads, V = cfg.head_v_dim, rows = b.num_actual_tokens;
   const int64_t non_spec_seqs = (int64_t)b.num_prefills + b.num_decodes;
   if (t.cpu_variants && cfg.head_k_dim % GDN_CPU_LANES == 0) {
-    p.prep = kernel(Family::DeltaPrepCpu, head_option(cfg), "gdn_prep_cpu");
+    p.prep = kernel(Family::DeltaPrepCpu, cpu_option(t, head_option(cfg)), "gdn_prep_cpu");
     shape1(p.prep, rows, 1);  // a row per work-item, alone in its group
   } else {
     p.prep = kernel(Family::DeltaPrep, head_option(cfg), "gdn_prep");
@@ -118,8 +124,9 @@ void plan_delta(Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b, const Ta
     shape1(p.chunk_plan, 1, 1);
     const bool cpu = t.cpu_variants && cfg.head_k_dim % GDN_CPU_LANES == 0 && V % GDN_CPU_LANES == 0;
     const Family family = cpu ? Family::DeltaChunkCpu : Family::DeltaChunk;
-    p.chunk_prep = kernel(family, state_option(cfg), cpu ? "gdn_chunk_prep_cpu" : "gdn_chunk_prep");
-    p.chunk_scan = kernel(family, state_option(cfg), cpu ? "gdn_chunk_scan_cpu" : "gdn_chunk_scan");
+    const std::string options = cpu ? cpu_option(t, state_option(cfg)) : state_option(cfg);
+    p.chunk_prep = kernel(family, options, cpu ? "gdn_chunk_prep_cpu" : "gdn_chunk_prep");
+    p.chunk_scan = kernel(family, options, cpu ? "gdn_chunk_scan_cpu" : "gdn_chunk_scan");
     if (cpu) {
       shape1(p.chunk_prep, (int64_t)p.chunk_capacity * cfg.num_k_heads, 1);  // per (chunk, k-head)
       const int64_t cols = GDN_CPU_LANES * GDN_SCAN_BLOCKS;  // per work-item, alone in its work-group
@@ -175,9 +182,23 @@ Layout plan_layout(const Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b,
 
 }  // namespace
 
+// Whether this process's CPU has AVX512-BF16 (the CPU device runs on it).
+static bool host_has_avx512_bf16() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const bool has = __builtin_cpu_supports("avx512bf16");
+  return has;
+#else
+  return false;
+#endif
+}
+
 Target target_of(const sycl::queue &q) {
-  const char *generic = std::getenv("GDN_XPU_GENERIC_KERNELS");  // read per call: tests compare both
-  return Target{q.get_device().is_cpu() && !(generic && generic[0] == '1')};
+  // Both read per call: tests compare both ways.
+  const char *generic = std::getenv("GDN_XPU_GENERIC_KERNELS"), *soft = std::getenv("GDN_XPU_SOFT_BF16");
+  Target t;
+  t.cpu_variants = q.get_device().is_cpu() && !(generic && generic[0] == '1');
+  t.bf16_instructions = t.cpu_variants && host_has_avx512_bf16() && !(soft && soft[0] == '1');
+  return t;
 }
 
 Plan make_plan(const gdn_config_t &cfg, const gdn_batch_t &b, const PlanInputs &in, const Target &t) {

@@ -458,6 +458,32 @@ def test_state_load_store_round_trip_every_value(queue, state_dtype, path):
                           + ", ".join(f"{stored.flat[i]:#06x} -> {got.flat[i]:#06x}" for i in bad[:8]))
 
 
+@pytest.mark.parametrize("ssm_layout", ["vk", "kv"])
+def test_bf16_instructions_store_the_bit_operations_bits(queue, monkeypatch, ssm_layout):
+    """On a host with AVX512-BF16 the CPU variants round bf16 states with vcvtne2ps2bf16 (common.hpp
+    to_bf16x32); GDN_XPU_SOFT_BF16=1 asks for the bit operations instead (the only form elsewhere).
+    The same mixed batch (chunked and 1-token prefills, decodes, spec sequences, padding) from the
+    same caches both ways: every output and every stored state bit for bit the same. (Without the
+    instructions both runs take the bit operations.) K = 32, V = 64: rows of two or more vectors,
+    stored 32 values at a time in both layouts (K = V = 16 stores one vector at a time)."""
+    monkeypatch.setattr(sys.modules[__name__], "K", 32)
+    monkeypatch.setattr(sys.modules[__name__], "V", 64)
+    rng = np.random.default_rng(205)
+    meta = make_batch(rng, num_slots=40, prefill_lens=[70, 130, 1], num_decodes=3, spec_lens=[3, 1, 2, 3],
+                      num_spec=2, accepted=[1, 2, 3, 2], order="random", pad_non_spec=1, pad_spec=1, pad_len=1)
+    layer = Layer(queue, rng, config(40, "bf16", ssm_layout))
+    x, a, b = tokens(rng, meta["num_actual_tokens"], layer.cfg.conv_dim)
+    conv0, ssm0 = layer.d_conv.to_numpy(), layer.d_ssm.to_numpy()
+    got = {}
+    for soft in ("1", "0"):
+        monkeypatch.setenv("GDN_XPU_SOFT_BF16", soft)
+        layer.d_conv, layer.d_ssm = usm(queue, conv0), usm(queue, ssm0)
+        got[soft] = (layer.run(meta, x, a, b), layer.d_ssm.to_numpy(), layer.d_conv.to_numpy())
+    assert not np.array_equal(got["1"][1], ssm0), "the call stored no state"
+    for what, soft, hard in zip(("core_attn_out", "ssm_state", "conv_state"), got["1"], got["0"]):
+        assert np.array_equal(soft.view(np.uint8), hard.view(np.uint8)), f"{what} differs between the two roundings"
+
+
 NAN_PAYLOADS = np.array([0x7FFFFFFF, 0xFFFFFFFF, 0x7FFF8000, 0x7FC00001], np.uint32)  # low halves that carry when rounded
 
 
