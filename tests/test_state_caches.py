@@ -15,6 +15,9 @@ Kernel builds: every test uses K = 16, V = 16 (two tests V = 64 and 128, a run-t
 and test_attention.py, so the f32-state kernels are shared with those files. bf16 and f16 states add
 the recurrent and chunk builds of the CPU variants per ssm layout (8) and, for the generic kernels,
 of (kv, bf16) and (vk, f16) (4): 12 builds, ~19 s of cold compile on the 2-core test host.
+test_bf16_instructions_store_the_bit_operations_bits uses K = 32 (rows of several vectors in both
+layouts), built with and without GDN_XPU_SOFT_BF16 (on a host with AVX512-BF16: ~13 builds more,
+~21 s of cold compile).
 """
 import sys
 
