@@ -142,8 +142,9 @@ typedef uint16_t native_vu16x32 __attribute__((ext_vector_type(32)));
 // except that it flushes denormal inputs to signed zero, so two vfpclassps first test both vectors
 // for denormals, and any found takes the bit operations: the same bits either way. (The
 // runtime's compiler takes x86 assembly through SPIR-V: sycl::ext::oneapi::bfloat16 is not usable,
-// above.) Alternated in one process on stop 32's Zen 5 host, bf16 state (7 rounds): decode B=8
-// 0.344 -> 0.317 ms, B=32 1.395 -> 1.332, B=1 0.080 -> 0.072, spec S=1 B=8 0.664 -> 0.648.
+// above.) On stop 32's Zen 5 host, bf16 state, alternated in one process with the variants' order
+// balanced (README "Stop 32"): decode ~5% faster with the state cache-resident (B=4 0.180 -> 0.171
+// ms), within the host's noise from DRAM (B=8 1-5% faster, B=1 2% slower), spec within +-3%.
 static inline native_vu16x32 to_bf16x32(const vf16 &x0, const vf16 &x1) {
 #if defined(GDN_CPU_BF16_INSN)
   {
