@@ -18,9 +18,9 @@ namespace gdn {
 // (tests use it to check those kernels on the CPU device).
 struct Target {
   bool cpu_variants = false;
-  // The CPU variants may round f32 to bf16 with AVX512-BF16's vcvtne2ps2bf16 (common.hpp,
-  // to_bf16x32): the host CPU (the CPU device) has it and GDN_XPU_SOFT_BF16=1 does not ask for
-  // the bit operations instead (tests use it to check those on such a host too).
+  // The CPU variants round f32 to bf16 with AVX512-BF16's vcvtne2ps2bf16 (common.hpp,
+  // to_bf16x32) when the host CPU (the CPU device) has it, unless GDN_XPU_SOFT_BF16=1 asks for the
+  // bit operations (tests use it to check those on such a host too).
   bool bf16_instructions = false;
 };
 Target target_of(const sycl::queue &q);
