@@ -2,6 +2,7 @@
 #include "plan.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 
 #include "kernels/params.hpp"
@@ -30,11 +31,6 @@ std::string state_option(const gdn_config_t &cfg) {
   return head_option(cfg) + " -DGDN_VK_LAYOUT=" + (cfg.ssm_layout == GDN_SSM_VK ? "1" : "0") + dtype;
 }
 
-// A CPU-variant build's options: with -DGDN_CPU_BF16_INSN where the target allows it.
-std::string cpu_option(const Target &t, std::string options) {
-  return t.bf16_instructions ? options + " -DGDN_CPU_BF16_INSN" : options;
-}
-
 Launch kernel(Family family, std::string options, const char *name) {
   Launch l;
   l.on = true;
@@ -58,7 +54,6 @@ void plan_conv(Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b, const Tar
   const int64_t conv_dim = 2LL * cfg.num_k_heads * cfg.head_k_dim + (int64_t)cfg.num_v_heads * cfg.head_v_dim;
   const bool cpu = t.cpu_variants && conv_dim % GDN_CPU_LANES == 0;
   const Family family = cpu ? Family::Conv1dCpu : Family::Conv1d;
-  const std::string options = cpu ? cpu_option(t, act_option(cfg)) : act_option(cfg);
   const int64_t per_item = GDN_CPU_LANES * GDN_CONV_BLOCKS;  // *_cpu: channels of a work-item, alone in its group
   const int64_t non_spec_seqs = (int64_t)b.num_prefills + b.num_decodes;
   if (non_spec_seqs > 0 && b.non_spec_token_count > 0) {
@@ -66,12 +61,12 @@ void plan_conv(Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b, const Tar
     // search, short enough that one prefill spreads over many work-groups.
     p.conv_tile = cpu ? GDN_CONV_TILE_CPU : GDN_CONV_TILE;
     const int64_t tiles = (b.non_spec_token_count + p.conv_tile - 1) / p.conv_tile;
-    p.conv_non_spec = kernel(family, options, cpu ? "gdn_conv_non_spec_cpu" : "gdn_conv_non_spec");
+    p.conv_non_spec = kernel(family, act_option(cfg), cpu ? "gdn_conv_non_spec_cpu" : "gdn_conv_non_spec");
     if (cpu) shape2(p.conv_non_spec, tiles, (conv_dim + per_item - 1) / per_item, 1);
     else shape2(p.conv_non_spec, tiles, conv_dim, 64);
   }
   if (b.num_spec_decodes > 0 && b.spec_token_count > 0) {
-    p.conv_spec = kernel(family, options, cpu ? "gdn_conv_spec_cpu" : "gdn_conv_spec");
+    p.conv_spec = kernel(family, act_option(cfg), cpu ? "gdn_conv_spec_cpu" : "gdn_conv_spec");
     if (cpu) shape2(p.conv_spec, b.num_spec_decodes, (conv_dim + per_item - 1) / per_item, 1);
     else shape2(p.conv_spec, b.num_spec_decodes, conv_dim, 64);
   }
@@ -84,10 +79,10 @@ Launch recurrent(const gdn_config_t &cfg, const Target &t, int64_t num_seqs) {
   const bool vk = cfg.ssm_layout == GDN_SSM_VK;
   Launch l;
   if (t.cpu_variants && vk && cfg.head_k_dim % GDN_CPU_LANES == 0) {
-    l = kernel(Family::DeltaRecurrentCpu, cpu_option(t, state_option(cfg)), "gdn_recurrent_vk_cpu");
+    l = kernel(Family::DeltaRecurrentCpu, state_option(cfg), "gdn_recurrent_vk_cpu");
     shape2(l, groups, (V + GDN_VK_ITEM_ROWS - 1) / GDN_VK_ITEM_ROWS, 1);  // alone in its work-group
   } else if (t.cpu_variants && !vk && V % GDN_CPU_LANES == 0) {
-    l = kernel(Family::DeltaRecurrentCpu, cpu_option(t, state_option(cfg)), "gdn_recurrent_kv_cpu");
+    l = kernel(Family::DeltaRecurrentCpu, state_option(cfg), "gdn_recurrent_kv_cpu");
     shape2(l, groups, V / (GDN_CPU_LANES * gdn_kv_cpu_vecs((int32_t)V)), 1);  // alone in its work-group
   } else {
     l = kernel(Family::DeltaRecurrent, state_option(cfg), "gdn_recurrent");
@@ -100,7 +95,7 @@ void plan_delta(Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b, const Ta
   const int64_t HV = cfg.num_v_heads, V = cfg.head_v_dim, rows = b.num_actual_tokens;
   const int64_t non_spec_seqs = (int64_t)b.num_prefills + b.num_decodes;
   if (t.cpu_variants && cfg.head_k_dim % GDN_CPU_LANES == 0) {
-    p.prep = kernel(Family::DeltaPrepCpu, cpu_option(t, head_option(cfg)), "gdn_prep_cpu");
+    p.prep = kernel(Family::DeltaPrepCpu, head_option(cfg), "gdn_prep_cpu");
     shape1(p.prep, rows, 1);  // a row per work-item, alone in its group
   } else {
     p.prep = kernel(Family::DeltaPrep, head_option(cfg), "gdn_prep");
@@ -124,9 +119,8 @@ void plan_delta(Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b, const Ta
     shape1(p.chunk_plan, 1, 1);
     const bool cpu = t.cpu_variants && cfg.head_k_dim % GDN_CPU_LANES == 0 && V % GDN_CPU_LANES == 0;
     const Family family = cpu ? Family::DeltaChunkCpu : Family::DeltaChunk;
-    const std::string options = cpu ? cpu_option(t, state_option(cfg)) : state_option(cfg);
-    p.chunk_prep = kernel(family, options, cpu ? "gdn_chunk_prep_cpu" : "gdn_chunk_prep");
-    p.chunk_scan = kernel(family, options, cpu ? "gdn_chunk_scan_cpu" : "gdn_chunk_scan");
+    p.chunk_prep = kernel(family, state_option(cfg), cpu ? "gdn_chunk_prep_cpu" : "gdn_chunk_prep");
+    p.chunk_scan = kernel(family, state_option(cfg), cpu ? "gdn_chunk_scan_cpu" : "gdn_chunk_scan");
     if (cpu) {
       shape1(p.chunk_prep, (int64_t)p.chunk_capacity * cfg.num_k_heads, 1);  // per (chunk, k-head)
       const int64_t cols = GDN_CPU_LANES * GDN_SCAN_BLOCKS;  // per work-item, alone in its work-group
@@ -180,6 +174,20 @@ Layout plan_layout(const Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b,
   return l;
 }
 
+// Every launch of a plan, on or off (Plan::launches keeps those that are on).
+template <class P>
+auto all_launches(P &p) {
+  return std::array{&p.conv_non_spec, &p.conv_spec,  &p.prep,           &p.chunk_plan,     &p.recurrent_non_spec,
+                    &p.chunk_prep,    &p.chunk_scan, &p.fused_non_spec, &p.recurrent_spec, &p.fused_spec,
+                    &p.norm};
+}
+
+// The CPU-device variants (*_cpu.cpp), which plan.cpp picks when target.cpu_variants allows.
+bool cpu_family(Family f) {
+  return f == Family::Conv1dCpu || f == Family::DeltaPrepCpu || f == Family::DeltaRecurrentCpu ||
+         f == Family::DeltaChunkCpu;
+}
+
 }  // namespace
 
 // Whether this process's CPU has AVX512-BF16 (the CPU device runs on it).
@@ -230,6 +238,10 @@ Plan make_plan(const gdn_config_t &cfg, const gdn_batch_t &b, const PlanInputs &
   };
   if (b.num_prefills == 0) fuse(p.fused_non_spec, p.conv_non_spec, p.recurrent_non_spec, b.num_decodes);
   fuse(p.fused_spec, p.conv_spec, p.recurrent_spec, b.num_spec_decodes);
+  // Every CPU-variant build may round bf16 by AVX512-BF16's instruction (common.hpp, to_bf16x32).
+  if (t.bf16_instructions)
+    for (Launch *l : all_launches(p))
+      if (l->on && cpu_family(l->family)) l->options += " -DGDN_CPU_BF16_INSN";
   p.conv_out_in_workspace = in.op == Op::Attention && !in.conv_out_given;
   p.layout = plan_layout(p, cfg, b, delta);
   return p;
@@ -237,8 +249,7 @@ Plan make_plan(const gdn_config_t &cfg, const gdn_batch_t &b, const PlanInputs &
 
 std::vector<const Launch *> Plan::launches() const {
   std::vector<const Launch *> all;
-  for (const Launch *l : {&conv_non_spec, &conv_spec, &prep, &chunk_plan, &recurrent_non_spec, &chunk_prep, &chunk_scan,
-                          &fused_non_spec, &recurrent_spec, &fused_spec, &norm})
+  for (const Launch *l : all_launches(*this))
     if (l->on) all.push_back(l);
   return all;
 }

@@ -136,7 +136,7 @@ typedef uint16_t native_vu16x32 __attribute__((ext_vector_type(32)));
 // x0's lanes then x1's rounded to bf16, as one 64-byte vector: the upper halves of the two
 // vectors' words picked by one shuffle (narrowing each vector on its own, vpmovdw, took two
 // instructions per vector and a third to join them).
-// GDN_CPU_BF16_INSN (plan.cpp: the CPU variants on a host with AVX512-BF16, unless
+// GDN_CPU_BF16_INSN (make_plan: every CPU-variant build on a host with AVX512-BF16, unless
 // GDN_XPU_SOFT_BF16=1): one vcvtne2ps2bf16 instead of the ~13 vector instructions of the bit
 // operations below. It rounds as they do (to nearest even, a NaN truncated and quieted, inf kept)
 // except that it flushes denormal inputs to signed zero, so two vfpclassps first test both vectors
