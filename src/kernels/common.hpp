@@ -143,7 +143,7 @@ typedef uint16_t native_vu16x32 __attribute__((ext_vector_type(32)));
 // for denormals, and any found takes the bit operations: the same bits either way. (The
 // runtime's compiler takes x86 assembly through SPIR-V: sycl::ext::oneapi::bfloat16 is not usable,
 // above.) On stop 32's Zen 5 host, bf16 state, alternated in one process with the variants' order
-// balanced (README "Stop 32"): decode ~5% faster with the state cache-resident (B=4 0.180 -> 0.171
+// balanced (benchmarks/HISTORY.md "Stop 32"): decode ~5% faster with the state cache-resident (B=4 0.180 -> 0.171
 // ms), within the host's noise from DRAM (B=8 1-5% faster, B=1 2% slower), spec within +-3%.
 static inline native_vu16x32 to_bf16x32(const vf16 &x0, const vf16 &x1) {
 #if defined(GDN_CPU_BF16_INSN)
