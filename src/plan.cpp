@@ -238,7 +238,8 @@ Plan make_plan(const gdn_config_t &cfg, const gdn_batch_t &b, const PlanInputs &
   };
   if (b.num_prefills == 0) fuse(p.fused_non_spec, p.conv_non_spec, p.recurrent_non_spec, b.num_decodes);
   fuse(p.fused_spec, p.conv_spec, p.recurrent_spec, b.num_spec_decodes);
-  // Every CPU-variant build may round bf16 by AVX512-BF16's instruction (common.hpp, to_bf16x32).
+  // Every CPU-variant build may round bf16 by AVX512-BF16's instructions (common.hpp, to_bf16x32,
+  // store_bf16x16).
   if (t.bf16_instructions)
     for (Launch *l : all_launches(p))
       if (l->on && cpu_family(l->family)) l->options += " -DGDN_CPU_BF16_INSN";

@@ -17,7 +17,8 @@ the recurrent and chunk builds of the CPU variants per ssm layout (8) and, for t
 of (kv, bf16) and (vk, f16) (4): 12 builds, ~19 s of cold compile on the 2-core test host.
 test_bf16_instructions_store_the_bit_operations_bits uses K = 32 (rows of several vectors in both
 layouts), built with and without GDN_XPU_SOFT_BF16 (on a host with AVX512-BF16: ~13 builds more,
-~21 s of cold compile).
+~21 s of cold compile); test_bf16_instructions_store_one_vector_as_the_bit_operations K = V = 16
+with bf16 activations and states, both ways (~20 s more).
 """
 import sys
 
@@ -483,6 +484,35 @@ def test_bf16_instructions_store_the_bit_operations_bits(queue, monkeypatch, ssm
         layer.d_conv, layer.d_ssm = usm(queue, conv0), usm(queue, ssm0)
         got[soft] = (layer.run(meta, x, a, b), layer.d_ssm.to_numpy(), layer.d_conv.to_numpy())
     assert not np.array_equal(got["1"][1], ssm0), "the call stored no state"
+    for what, soft, hard in zip(("core_attn_out", "ssm_state", "conv_state"), got["1"], got["0"]):
+        assert np.array_equal(soft.view(np.uint8), hard.view(np.uint8)), f"{what} differs between the two roundings"
+
+
+@pytest.mark.parametrize("ssm_layout", ["vk", "kv"])
+def test_bf16_instructions_store_one_vector_as_the_bit_operations(queue, monkeypatch, ssm_layout):
+    """The same as above for the stores of one vector (common.hpp store_bf16x16: vcvtneps2bf16):
+    K = V = 16, so a state row is one vector, and bf16 activations, so the outputs are stored 16
+    at a time (the spec conv's too). Outputs, ssm and conv states bit for bit both ways."""
+    rng = np.random.default_rng(206)
+    meta = make_batch(rng, num_slots=40, prefill_lens=[70, 1], num_decodes=3, spec_lens=[3, 1, 2],
+                      num_spec=2, accepted=[1, 2, 3], order="random", pad_non_spec=1, pad_spec=1, pad_len=1)
+    cfg = pygdn.Config(num_k_heads=H, num_v_heads=HV, head_k_dim=16, head_v_dim=16, num_slots=40, conv_width=W,
+                       act_dtype="bf16", state_dtype="bf16", ssm_layout=ssm_layout, conv_state_len=W - 1 + 2)
+    T = meta["num_actual_tokens"]
+    bf16 = lambda *shape: quantize(rng.standard_normal(shape), "bf16")[0]  # noqa: E731
+    ins = dict(mixed_qkv=bf16(T, cfg.conv_dim), a=bf16(T, HV), b=bf16(T, HV), conv_weight=bf16(cfg.conv_dim, W),
+               conv_bias=bf16(cfg.conv_dim), A_log=np.log(rng.uniform(0.5, 8.0, HV)).astype(np.float32),
+               dt_bias=rng.uniform(-1, 1, HV).astype(np.float32))
+    conv0 = bf16(*cfg.conv_state_shape)
+    ssm0 = quantize(rng.standard_normal(cfg.ssm_state_shape) * 0.5, "bf16")[0]
+    fill = quantize(np.full((T + 1, HV, 16), 5.0), "bf16")[0]
+    got = {}
+    for soft in ("1", "0"):
+        monkeypatch.setenv("GDN_XPU_SOFT_BF16", soft)
+        d = {k: usm(queue, v) for k, v in dict(ins, conv_state=conv0, ssm_state=ssm0, core_attn_out=fill).items()}
+        pygdn.attention(queue, cfg, to_device(meta, queue), **d)
+        got[soft] = [d[k].to_numpy() for k in ("core_attn_out", "ssm_state", "conv_state")]
+    assert not np.array_equal(got["1"][0][:T], fill[:T]) and not np.array_equal(got["1"][1], ssm0), "nothing stored"
     for what, soft, hard in zip(("core_attn_out", "ssm_state", "conv_state"), got["1"], got["0"]):
         assert np.array_equal(soft.view(np.uint8), hard.view(np.uint8)), f"{what} differs between the two roundings"
 
