@@ -18,7 +18,8 @@ of (kv, bf16) and (vk, f16) (4): 12 builds, ~19 s of cold compile on the 2-core 
 test_bf16_instructions_store_the_bit_operations_bits uses K = 32 (rows of several vectors in both
 layouts), built with and without GDN_XPU_SOFT_BF16 (on a host with AVX512-BF16: ~13 builds more,
 ~21 s of cold compile); test_bf16_instructions_store_one_vector_as_the_bit_operations K = V = 16
-with bf16 activations and states, both ways (~20 s more).
+with bf16 activations and states, both ways (~20 s more); test_bf16_store_flushes_denormal_states_both_ways
+K = V = 32, the delta rule alone with g and beta given, both ways.
 """
 import sys
 
@@ -515,6 +516,51 @@ def test_bf16_instructions_store_one_vector_as_the_bit_operations(queue, monkeyp
     assert not np.array_equal(got["1"][0][:T], fill[:T]) and not np.array_equal(got["1"][1], ssm0), "nothing stored"
     for what, soft, hard in zip(("core_attn_out", "ssm_state", "conv_state"), got["1"], got["0"]):
         assert np.array_equal(soft.view(np.uint8), hard.view(np.uint8)), f"{what} differs between the two roundings"
+
+
+@pytest.mark.parametrize("path", ["decode", "spec"])
+@pytest.mark.parametrize("ssm_layout", ["vk", "kv"])
+def test_bf16_store_flushes_denormal_states_both_ways(queue, monkeypatch, ssm_layout, path):
+    """With g = 0 and beta = 0 a token leaves every state as it was (S' = 1 S + k 0). The CPU
+    device's builds take denormal fp32 values as zero (-cl-denorms-are-zero, kernel_cache.cpp), so
+    a bf16 state holding a denormal comes back with +-0 there and every other value (zeros
+    included) bit for bit -- the same bits whether AVX512-BF16's instructions round the stores
+    (they take a denormal input as zero, as those builds' arithmetic does; common.hpp to_bf16x32)
+    or the bit operations do (GDN_XPU_SOFT_BF16=1). K = V = 32: rows of two vectors, stored in
+    place (decode) and streamed to the spec slots (spec)."""
+    monkeypatch.setattr(sys.modules[__name__], "K", 32)
+    monkeypatch.setattr(sys.modules[__name__], "V", 32)
+    rng = np.random.default_rng(207)
+    n, slots = 4, 16
+    cfg = config(slots, "bf16", ssm_layout)
+    meta = make_batch(rng, num_slots=slots, **({"num_decodes": n, "has_initial_state": [1] * n} if path == "decode"
+                                               else {"spec_lens": [2] * n, "num_spec": 2, "accepted": [1] * n}))
+    T = meta["num_actual_tokens"]
+    stored = pygdn.to_bf16_bits(rng.standard_normal(cfg.ssm_state_shape).astype(np.float32))
+    flat = stored.reshape(-1, 32)  # one state row (vk) or one row of a column block (kv) per line
+    flat[::3, 5] = 0x0003  # a denormal lane
+    flat[1::7, 20] = 0x8042  # a negative denormal lane
+    flat[2::5] = 0  # rows of +0
+    flat[4::11, 31] = 0  # a +0 lane
+    denormal = ((stored & 0x7F80) == 0) & ((stored & 0x7F) != 0)
+    want = np.where(denormal, 0, stored)  # compared without the sign of the flushed lanes
+    x = rng.standard_normal((T, cfg.conv_dim)).astype(np.float32)
+    zeros = usm(queue, np.zeros((T, HV), np.float32))
+    got = {}
+    for soft in ("1", "0"):
+        monkeypatch.setenv("GDN_XPU_SOFT_BF16", soft)
+        d_ssm = usm(queue, stored)
+        pygdn.gated_delta_rule(queue, cfg, to_device(meta, queue), conv_out=usm(queue, x), ssm_state=d_ssm,
+                               core_attn_out=usm(queue, np.zeros((T, HV, V), np.float32)), g=zeros, beta=zeros)
+        got[soft] = d_ssm.to_numpy().view(np.uint16)
+    assert np.array_equal(got["1"], got["0"]), f"{int((got['1'] != got['0']).sum())} values differ between the two roundings"
+    if path == "decode":
+        pairs = [(int(s), int(s)) for s in meta["non_spec_state_indices"]]
+    else:  # token j's state (to column j) is the read slot's (column 0: accepted = 1)
+        pairs = [(int(row[j]), int(row[0])) for row in meta["spec_state_indices"] for j in range(2)]
+    for dst, src in pairs:
+        g = got["0"][dst] & np.where(denormal[src], 0x7FFF, 0xFFFF)
+        assert np.array_equal(g, want[src]), f"slot {dst}: {int((g != want[src]).sum())} values are not slot {src}'s"
 
 
 NAN_PAYLOADS = np.array([0x7FFFFFFF, 0xFFFFFFFF, 0x7FFF8000, 0x7FC00001], np.uint32)  # low halves that carry when rounded

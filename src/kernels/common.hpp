@@ -139,49 +139,38 @@ typedef uint16_t native_vu16x32 __attribute__((ext_vector_type(32)));
 // GDN_CPU_BF16_INSN (make_plan: every CPU-variant build on a host with AVX512-BF16, unless
 // GDN_XPU_SOFT_BF16=1): one vcvtne2ps2bf16 instead of the ~13 vector instructions of the bit
 // operations below. It rounds as they do (to nearest even, a NaN truncated and quieted, inf kept)
-// except that it flushes denormal inputs to signed zero, so any_denormal (two vfpclassps) first tests both vectors
-// for denormals, and any found takes the bit operations: the same bits either way. (The
-// runtime's compiler takes x86 assembly through SPIR-V: sycl::ext::oneapi::bfloat16 is not usable,
-// above.) On stop 32's Zen 5 host, bf16 state, alternated in one process with the variants' order
-// balanced (benchmarks/HISTORY.md "Stop 32"): decode ~5% faster with the state cache-resident (B=4 0.180 -> 0.171
-// ms), within the host's noise from DRAM (B=8 1-5% faster, B=1 2% slower), spec within +-3%.
-#if defined(GDN_CPU_BF16_INSN)
-// Whether any lane of x0 or x1 is denormal (vfpclassps class 0x20; pass x0 twice for one vector).
-static inline bool any_denormal(const native_vf16 &x0, const native_vf16 &x1) {
-  unsigned char found;
-  asm("vfpclassps $0x20, %1, %%k1\n\tvfpclassps $0x20, %2, %%k2\n\tkortestw %%k2, %%k1\n\tsetne %0"
-      : "=r"(found)
-      : "v"(x0), "v"(x1)
-      : "k1", "k2", "cc");
-  return found;
-}
-#endif
+// except that it takes a denormal input as zero -- as every fp32 instruction of a CPU build does:
+// those are compiled with -cl-denorms-are-zero (kernel_cache.cpp), so no arithmetic result is
+// denormal and every value these stores round comes out of arithmetic. The same bits either way
+// (test_bf16_instructions_store_the_bit_operations_bits, and with denormal states
+// test_bf16_store_flushes_denormal_states_both_ways). (The runtime's compiler takes x86 assembly
+// through SPIR-V: sycl::ext::oneapi::bfloat16 is not usable, above.) On stop 32's Zen 5 host, bf16
+// state, alternated in one process with the variants' order balanced (benchmarks/HISTORY.md
+// "Stop 32"): decode ~5% faster with the state cache-resident (B=4 0.180 -> 0.171 ms), within the
+// host's noise from DRAM (B=8 1-5% faster, B=1 2% slower), spec within +-3%. Stop 32 tested each
+// pair for denormals first (two vfpclassps and a branch): ~9% of a cache-resident bf16 decode
+// step (stop 33, benchmarks/HISTORY.md), for values that cannot occur.
 static inline native_vu16x32 to_bf16x32(const vf16 &x0, const vf16 &x1) {
 #if defined(GDN_CPU_BF16_INSN)
-  const native_vf16 f0 = sycl::bit_cast<native_vf16>(x0), f1 = sycl::bit_cast<native_vf16>(x1);
-  if (!any_denormal(f0, f1)) {
-    native_vu16x32 r;  // lanes 0-15 from f0, 16-31 from f1
-    asm("vcvtne2ps2bf16 %1, %2, %0" : "=v"(r) : "v"(f0), "v"(f1));
-    return r;
-  }
-#endif
+  native_vu16x32 r;  // lanes 0-15 from x0, 16-31 from x1
+  asm("vcvtne2ps2bf16 %1, %2, %0" : "=v"(r) : "v"(sycl::bit_cast<native_vf16>(x0)), "v"(sycl::bit_cast<native_vf16>(x1)));
+  return r;
+#else
   const native_vu16x32 a = sycl::bit_cast<native_vu16x32>(bf16_in_upper_half(x0));
   const native_vu16x32 b = sycl::bit_cast<native_vu16x32>(bf16_in_upper_half(x1));
   return __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31, 33, 35, 37, 39,
                                  41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63);
+#endif
 }
 // 16 values to bf16 at p (one 32-byte store): vcvtneps2bf16 under GDN_CPU_BF16_INSN, as above.
 static inline void store_bf16x16(uint16_t *p, const vf16 &v) {
 #if defined(GDN_CPU_BF16_INSN)
-  const native_vf16 a = sycl::bit_cast<native_vf16>(v);
-  if (!any_denormal(a, a)) {
-    uint16_t r __attribute__((ext_vector_type(16)));
-    asm("vcvtneps2bf16 %1, %0" : "=v"(r) : "v"(a));
-    __builtin_memcpy(p, &r, sizeof(r));
-    return;
-  }
-#endif
+  uint16_t r __attribute__((ext_vector_type(16)));
+  asm("vcvtneps2bf16 %1, %0" : "=v"(r) : "v"(sycl::bit_cast<native_vf16>(v)));
+  __builtin_memcpy(p, &r, sizeof(r));
+#else
   store_upper_halves(p, bf16_in_upper_half(v));
+#endif
 }
 // x0 then x1 to 32 consecutive bf16 values: one 64-byte store.
 static inline void store_bf16x32(uint16_t *p, const vf16 &x0, const vf16 &x1) {
