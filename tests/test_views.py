@@ -9,8 +9,9 @@ an SUAI offset in elements), as is the caller's workspace (4 bytes in), and a mi
 arrays. (The refusal of a pointer that is not
 element-aligned is in test_validation.py.)
 
-Shapes and dtypes of test_attention / test_delta_rule (H=1, HV=2, K=V=16, f32 vk/kv, bf16 kv):
-no new kernel builds."""
+Shapes and dtypes of test_attention / test_delta_rule (H=1, HV=2, K=V=16, f32 vk/kv, bf16 kv) and,
+with bf16 states (the streaming stores' fallback for them), of test_state_caches: no new kernel
+builds."""
 import numpy as np
 import pytest
 
@@ -48,13 +49,13 @@ def place(queue, array, offset):
     return OffsetView(pygdn.UsmArray.from_numpy(flat, queue), array.shape, offset)
 
 
-def run(queue, dtype, layout, offset):
+def run(queue, dtype, layout, offset, state_dtype="f32"):
     rng = np.random.default_rng(44)
     meta = make_batch(rng, num_slots=SLOTS, prefill_lens=[70], num_decodes=2, spec_lens=[3, 2], num_spec=S,
                       order="random")
     cfg = pygdn.Config(num_k_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V, num_slots=SLOTS, conv_width=W,
                        act_dtype=dtype, ssm_layout=layout, conv_layout="time_major", conv_spec_layout="rolled",
-                       conv_state_len=W - 1 + S)
+                       conv_state_len=W - 1 + S, state_dtype=state_dtype)
     T, C = meta["num_actual_tokens"], cfg.conv_dim
     act = lambda *shape: quantize(rng.standard_normal(shape), dtype)[0]  # noqa: E731
     x, a, b, w, bias = act(T, C), act(T, HV), act(T, HV), act(C, W), act(C)
@@ -64,7 +65,7 @@ def run(queue, dtype, layout, offset):
     dt_bias = rng.uniform(-1, 1, HV).astype(np.float32)
     views = dict(mixed_qkv=place(queue, x, offset), a=place(queue, a, offset), b=place(queue, b, offset),
                  conv_state=place(queue, conv_from_canonical(conv0, "time_major"), offset),
-                 ssm_state=place(queue, ssm_from_canonical(ssm0, layout), offset),
+                 ssm_state=place(queue, quantize(ssm_from_canonical(ssm0, layout), state_dtype)[0], offset),
                  core_attn_out=place(queue, quantize(np.zeros((T, HV, V)), dtype)[0], offset))
     batch = to_device(meta, queue)
     # The caller's workspace, 4 bytes (its required alignment) past a 64-byte boundary: the call
@@ -81,9 +82,10 @@ def run(queue, dtype, layout, offset):
     return {name: views[name].to_numpy() for name in ("core_attn_out", "conv_state", "ssm_state")}
 
 
-@pytest.mark.parametrize("dtype,layout", [("f32", "vk"), ("f32", "kv"), ("bf16", "kv")])
-def test_element_aligned_views_equal_aligned_arrays(queue, dtype, layout):
-    aligned = run(queue, dtype, layout, 0)
-    shifted = run(queue, dtype, layout, 1)
+@pytest.mark.parametrize("dtype,layout,state_dtype", [("f32", "vk", "f32"), ("f32", "kv", "f32"), ("bf16", "kv", "f32"),
+                                                     ("f32", "vk", "bf16"), ("f32", "kv", "bf16")])
+def test_element_aligned_views_equal_aligned_arrays(queue, dtype, layout, state_dtype):
+    aligned = run(queue, dtype, layout, 0, state_dtype)
+    shifted = run(queue, dtype, layout, 1, state_dtype)
     for name in aligned:
         assert np.array_equal(aligned[name], shifted[name]), f"{name}: a view one element in differs"
