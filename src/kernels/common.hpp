@@ -149,11 +149,12 @@ typedef uint16_t native_vu16x32 __attribute__((ext_vector_type(32)));
 // "Stop 32"): decode ~5% faster with the state cache-resident (B=4 0.180 -> 0.171 ms), within the
 // host's noise from DRAM (B=8 1-5% faster, B=1 2% slower), spec within +-3%. Stop 32 tested each
 // pair for denormals first (two vfpclassps and a branch): ~9% of a cache-resident bf16 decode
-// step (stop 33, benchmarks/HISTORY.md), for values that cannot occur.
+// step (stop 33's section), for values that cannot occur.
 static inline native_vu16x32 to_bf16x32(const vf16 &x0, const vf16 &x1) {
 #if defined(GDN_CPU_BF16_INSN)
+  const native_vf16 f0 = sycl::bit_cast<native_vf16>(x0), f1 = sycl::bit_cast<native_vf16>(x1);
   native_vu16x32 r;  // lanes 0-15 from x0, 16-31 from x1
-  asm("vcvtne2ps2bf16 %1, %2, %0" : "=v"(r) : "v"(sycl::bit_cast<native_vf16>(x0)), "v"(sycl::bit_cast<native_vf16>(x1)));
+  asm("vcvtne2ps2bf16 %1, %2, %0" : "=v"(r) : "v"(f0), "v"(f1));
   return r;
 #else
   const native_vu16x32 a = sycl::bit_cast<native_vu16x32>(bf16_in_upper_half(x0));

@@ -487,19 +487,19 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
 // rows, and a spec walk holds no block on the stack. The two dot products are reduced by hsum,
 // whose tree adds in row_sums' order; the same expressions as walk_rows_vk's are contracted into
 // FMAs differently (scalar u and o here), so a state can differ from that walk's by one rounding
-// of its order-1 terms (benchmarks/HISTORY.md "Stop 29"). Alternated in one process against walk_rows_vk, f32
-// state, 7-9 rounds: decode B=8 1.06 -> 0.94 ms, B=32 3.32 -> 2.94, B=1 0.199 -> 0.198 (the
-// host's launch and call); spec B=8 S=1 2.46 -> 1.91, S=3 3.64 -> 3.13, S=7 6.36 -> 5.63, S=3
-// B=32 12.4 -> 10.2, S=3 B=1 0.55 -> 0.49. 2-byte states keep walk_rows_vk: row by row
-// they took up to 1.4x as long (bf16 decode B=8 0.64 -> 0.81 ms, spec S=3 B=8 1.79 -> 2.53, as
-// slow with the state cache-resident: compute -- with the rounding a row's chain is ~100
-// instructions a token, and fewer rows overlap; two rows interleaved: spec 2.18, still slower).
-// Every other row asks for two rows BY_ROW_AHEAD = 12 rows on (6 KB at K = 128; within the slot,
-// so the last rows of a head ask for the next head's first, which this work-item or the next one
-// walks next), a prefetch that never waits. Alternated in one process on stop 31's host (a Zen 5
-// VM; benchmarks/HISTORY.md "Stop 31"), in a fast-memory minute: decode B=8 0.493 -> 0.388 ms, B=32 1.651 ->
-// 1.304, spec S=1 B=8 0.728 -> 0.596, S=3 B=8 1.341 -> 1.214, S=1 B=1 0.132 -> 0.110. 8 or 16
-// rows on about as good, 4 rows on or 4 rows every 4th row less, one row a row about the same;
+// of its order-1 terms (benchmarks/HISTORY.md "Stop 29"). Alternated in one process against
+// walk_rows_vk, f32 state, 7-9 rounds: decode B=8 1.06 -> 0.94 ms, B=32 3.32 -> 2.94, B=1 0.199 ->
+// 0.198 (the host's launch and call); spec B=8 S=1 2.46 -> 1.91, S=3 3.64 -> 3.13, S=7 6.36 ->
+// 5.63, S=3 B=32 12.4 -> 10.2, S=3 B=1 0.55 -> 0.49. 2-byte states keep walk_rows_vk: row by row
+// they took up to 1.4x as long (bf16 decode B=8 0.64 -> 0.81 ms, spec S=3 B=8 1.79 -> 2.53, as slow
+// with the state cache-resident: compute -- with the rounding a row's chain is ~100 instructions a
+// token, and fewer rows overlap; two rows interleaved: spec 2.18, still slower). Every other row
+// asks for two rows BY_ROW_AHEAD = 12 rows on (6 KB at K = 128; within the slot, so the last rows
+// of a head ask for the next head's first, which this work-item or the next one walks next), a
+// prefetch that never waits. Alternated in one process on stop 31's host (a Zen 5 VM;
+// benchmarks/HISTORY.md "Stop 31"), in a fast-memory minute: decode B=8 0.493 -> 0.388 ms, B=32
+// 1.651 -> 1.304, spec S=1 B=8 0.728 -> 0.596, S=3 B=8 1.341 -> 1.214, S=1 B=1 0.132 -> 0.110. 8 or
+// 16 rows on about as good, 4 rows on or 4 rows every 4th row less, one row a row about the same;
 // the next 16 rows at once (at a pass's start, or every 16th row) slower than none (the runtime's
 // prefetch is a call looping over the lines). On stop 29's host (Zen 4) one row a row, 16 on, was
 // slower (decode B=32 3.91 -> 4.14 ms). The kv layout cannot walk this way: a column's u needs
