@@ -463,6 +463,22 @@ def test_state_load_store_round_trip_every_value(queue, state_dtype, path):
                           + ", ".join(f"{stored.flat[i]:#06x} -> {got.flat[i]:#06x}" for i in bad[:8]))
 
 
+def both_roundings(monkeypatch, run):
+    """run() with GDN_XPU_SOFT_BF16=1 (the bit operations), then =0 (AVX512-BF16's instructions
+    where the host has them; else the bit operations again): {"1": its result, "0": its result}."""
+    got = {}
+    for soft in ("1", "0"):
+        monkeypatch.setenv("GDN_XPU_SOFT_BF16", soft)
+        got[soft] = run()
+    return got
+
+
+def assert_same_bits(got, names):
+    """Every array of both_roundings' two results (sequences named by names) bit for bit the same."""
+    for what, soft, hard in zip(names, got["1"], got["0"]):
+        assert np.array_equal(soft.view(np.uint8), hard.view(np.uint8)), f"{what} differs between the two roundings"
+
+
 @pytest.mark.parametrize("ssm_layout", ["vk", "kv"])
 def test_bf16_instructions_store_the_bit_operations_bits(queue, monkeypatch, ssm_layout):
     """On a host with AVX512-BF16 the CPU variants round bf16 states with vcvtne2ps2bf16 (common.hpp
@@ -479,14 +495,14 @@ def test_bf16_instructions_store_the_bit_operations_bits(queue, monkeypatch, ssm
     layer = Layer(queue, rng, config(40, "bf16", ssm_layout))
     x, a, b = tokens(rng, meta["num_actual_tokens"], layer.cfg.conv_dim)
     conv0, ssm0 = layer.d_conv.to_numpy(), layer.d_ssm.to_numpy()
-    got = {}
-    for soft in ("1", "0"):
-        monkeypatch.setenv("GDN_XPU_SOFT_BF16", soft)
+
+    def run():
         layer.d_conv, layer.d_ssm = usm(queue, conv0), usm(queue, ssm0)
-        got[soft] = (layer.run(meta, x, a, b), layer.d_ssm.to_numpy(), layer.d_conv.to_numpy())
+        return layer.run(meta, x, a, b), layer.d_ssm.to_numpy(), layer.d_conv.to_numpy()
+
+    got = both_roundings(monkeypatch, run)
     assert not np.array_equal(got["1"][1], ssm0), "the call stored no state"
-    for what, soft, hard in zip(("core_attn_out", "ssm_state", "conv_state"), got["1"], got["0"]):
-        assert np.array_equal(soft.view(np.uint8), hard.view(np.uint8)), f"{what} differs between the two roundings"
+    assert_same_bits(got, ("core_attn_out", "ssm_state", "conv_state"))
 
 
 @pytest.mark.parametrize("ssm_layout", ["vk", "kv"])
@@ -507,15 +523,16 @@ def test_bf16_instructions_store_one_vector_as_the_bit_operations(queue, monkeyp
     conv0 = bf16(*cfg.conv_state_shape)
     ssm0 = quantize(rng.standard_normal(cfg.ssm_state_shape) * 0.5, "bf16")[0]
     fill = quantize(np.full((T + 1, HV, 16), 5.0), "bf16")[0]
-    got = {}
-    for soft in ("1", "0"):
-        monkeypatch.setenv("GDN_XPU_SOFT_BF16", soft)
+    names = ("core_attn_out", "ssm_state", "conv_state")
+
+    def run():
         d = {k: usm(queue, v) for k, v in dict(ins, conv_state=conv0, ssm_state=ssm0, core_attn_out=fill).items()}
         pygdn.attention(queue, cfg, to_device(meta, queue), **d)
-        got[soft] = [d[k].to_numpy() for k in ("core_attn_out", "ssm_state", "conv_state")]
+        return [d[k].to_numpy() for k in names]
+
+    got = both_roundings(monkeypatch, run)
     assert not np.array_equal(got["1"][0][:T], fill[:T]) and not np.array_equal(got["1"][1], ssm0), "nothing stored"
-    for what, soft, hard in zip(("core_attn_out", "ssm_state", "conv_state"), got["1"], got["0"]):
-        assert np.array_equal(soft.view(np.uint8), hard.view(np.uint8)), f"{what} differs between the two roundings"
+    assert_same_bits(got, names)
 
 
 @pytest.mark.parametrize("path", ["decode", "spec"])
@@ -546,13 +563,14 @@ def test_bf16_store_flushes_denormal_states_both_ways(queue, monkeypatch, ssm_la
     want = np.where(denormal, 0, stored)  # compared without the sign of the flushed lanes
     x = rng.standard_normal((T, cfg.conv_dim)).astype(np.float32)
     zeros = usm(queue, np.zeros((T, HV), np.float32))
-    got = {}
-    for soft in ("1", "0"):
-        monkeypatch.setenv("GDN_XPU_SOFT_BF16", soft)
+
+    def run():
         d_ssm = usm(queue, stored)
         pygdn.gated_delta_rule(queue, cfg, to_device(meta, queue), conv_out=usm(queue, x), ssm_state=d_ssm,
                                core_attn_out=usm(queue, np.zeros((T, HV, V), np.float32)), g=zeros, beta=zeros)
-        got[soft] = d_ssm.to_numpy().view(np.uint16)
+        return d_ssm.to_numpy().view(np.uint16)
+
+    got = both_roundings(monkeypatch, run)
     assert np.array_equal(got["1"], got["0"]), f"{int((got['1'] != got['0']).sum())} values differ between the two roundings"
     if path == "decode":
         pairs = [(int(s), int(s)) for s in meta["non_spec_state_indices"]]
