@@ -170,7 +170,7 @@ def test_step_without_prefills_fused_equals_op_by_op(queue, act_dtype, conv_layo
     for fused in (True, False):
         conv, ssm = usm(queue, conv0), usm(queue, ssm0)
         out = usm(queue, quantize(np.full((T + 1, HV, V), 5.0), act_dtype)[0])  # + a canary row
-        conv_out = usm(queue, quantize(np.zeros((T, C)), act_dtype)[0])
+        conv_out = usm(queue, quantize(np.full((T, C), 5.0), act_dtype)[0])  # every row written, padding's as 0
         if fused:
             pygdn.attention(queue, cfg, batch, mixed_qkv=x, a=a, b=b, conv_weight=w, conv_bias=bias, A_log=A_log,
                             dt_bias=dt_bias, conv_state=conv, ssm_state=ssm, core_attn_out=out, conv_out=conv_out)

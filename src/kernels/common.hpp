@@ -374,24 +374,37 @@ template <> struct Lanes<1> {
   static void store_act_exact(void *p, int64_t i, const T &v, int64_t = 1) { ::store_act_exact(p, i, v); }
   static float &at(T &x, int) { return x; }
 };
+// 16 lanes: contiguous (step 1) as one vector, else lane by lane in a function of its own. Inline,
+// the lane-by-lane forms had the compiler keep 16 lane offsets per call site live across the
+// fused conv's loops (moved between stack slots every block, though a contiguous layout never
+// takes them): with them inline, cache-resident bf16 decode B=8 steps through conv_decode_blocks
+// took ~0.41 ms against ~0.19 (stop 34's section, benchmarks/HISTORY.md).
 template <> struct Lanes<16> {
   typedef vf16 T;
   static T load(const float *p) { return vload(p); }
   static T load_act(const void *p, int64_t i, int64_t step = 1) {
-    if (step == 1) return load_act16(p, i);
+    return step == 1 ? load_act16(p, i) : load_strided(p, i, step);
+  }
+  static void store_act(void *p, int64_t i, const T &v, int64_t step = 1) {
+    if (step == 1) store_act16(p, i, v); else store_strided(p, i, v, step);
+  }
+  static void store_act_exact(void *p, int64_t i, const T &v, int64_t step = 1) {
+    if (step == 1) store_act16_exact(p, i, v); else store_strided_exact(p, i, v, step);
+  }
+  static float &at(T &x, int l) { return x[l]; }
+
+ private:
+  __attribute__((noinline)) static T load_strided(const void *p, int64_t i, int64_t step) {
     vf16 r;
     for (int l = 0; l < 16; ++l) r[l] = ::load_act(p, i + l * step);
     return r;
   }
-  static void store_act(void *p, int64_t i, const T &v, int64_t step = 1) {
-    if (step == 1) return store_act16(p, i, v);
+  __attribute__((noinline)) static void store_strided(void *p, int64_t i, const T &v, int64_t step) {
     for (int l = 0; l < 16; ++l) ::store_act(p, i + l * step, v[l]);
   }
-  static void store_act_exact(void *p, int64_t i, const T &v, int64_t step = 1) {
-    if (step == 1) return store_act16_exact(p, i, v);
+  __attribute__((noinline)) static void store_strided_exact(void *p, int64_t i, const T &v, int64_t step) {
     for (int l = 0; l < 16; ++l) ::store_act_exact(p, i + l * step, v[l]);
   }
-  static float &at(T &x, int l) { return x[l]; }
 };
 
 static inline float silu(float x) { return x / (1.0f + sycl::exp(-x)); }

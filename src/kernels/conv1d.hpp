@@ -255,3 +255,41 @@ static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int3
     for (; b < nb; ++b) blocks(std::integral_constant<int, 1>(), b);
   }
 }
+
+// A plain decode sequence (exactly one token) in the 16-channel blocks [c, c_end), width 4: what
+// conv_non_spec_tile does for it (owner of its only token: pad slot, read slot, initial state,
+// the checkpoint after the token, the new state), in pairs of blocks, each block's weights and
+// window loaded just before its token. gdn_fused_cpu's decode conv: through the tile with its
+// eight blocks' weights loaded up front, cache-resident bf16 decode B=8 steps took ~0.21 ms
+// against ~0.19 here (benchmarks/HISTORY.md, stop 34).
+static inline void conv_decode_blocks(const GdnConvParams &p, int32_t seq, int32_t c, int32_t c_end) {
+  typedef Lanes<16> L;
+  typedef L::T T;
+  const int64_t row = global_row(p.token_indx, p.query_start_loc[seq]);
+  const int32_t slot = p.state_indices[seq];
+  if (slot == p.pad_slot_id) {  // graph padding: zero outputs, no state access
+    for (int32_t cb = c; cb < c_end; cb += 16) L::store_act(p.out, row * p.out_stride + cb, T(0.0f));
+    return;
+  }
+  const int32_t read = p.slots.read_indices ? p.slots.read_indices[seq] : slot;
+  const bool init = (!p.has_initial_state || p.has_initial_state[seq]) && read != p.pad_slot_id;
+  Checkpoints ckpt = checkpoints(p.slots, seq, p.slots.start_pos ? p.slots.start_pos[seq] : 0, 0, p.pad_slot_id);
+  const int32_t to = ckpt.after(0);
+  auto block = [&](int32_t cb) {
+    T w[4], hist[3];
+    load_weights<16, 4>(p.weight, cb, 4, w);
+    const T bias = p.bias ? L::load_act(p.bias, cb, 1) : T(0.0f);
+    if (init) load_window<16, 4>(p.state, read, cb, 0, 3, hist);
+    else hist[0] = hist[1] = hist[2] = T(0.0f);
+    const T y = conv_token(w, bias, hist, 4, L::load_act(p.x, row * p.x_stride + cb, 1), p.silu);
+    if (to != p.pad_slot_id) store_window<16, 4>(p.state, to, cb, 3, hist);
+    store_window<16, 4>(p.state, slot, cb, 3, hist);
+    return y;
+  };
+  int32_t cb = c;
+  for (; cb + 32 <= c_end; cb += 32) {
+    const T y0 = block(cb), y1 = block(cb + 16);
+    store_act32(p.out, row * p.out_stride + cb, y0, y1);
+  }
+  if (cb < c_end) L::store_act(p.out, row * p.out_stride + cb, block(cb));
+}

@@ -58,9 +58,10 @@ static inline int64_t token_in(const GdnDeltaParams &p, const RecurrentSeq &rs, 
 // sequence's tokens in the channels of h -- its q and k channels and the v channels of its
 // v-heads (a k-head's q/k conv state has one owner that way; a work-item per v-head would race
 // on it) -- then walks the states of those v-heads, whose tokens it prepares from the conv output
-// it just wrote. The conv is the conv kernels' own code: conv_spec_channels per 16-channel block,
-// or conv_non_spec_tile with tile_len 1 (tile j is compact token j: the tiles of the sequence's
-// tokens cover it whole, the first, the owner, reading and writing the conv state). Conv width 4
+// it just wrote. The conv is the conv kernels' own code: conv_spec_channels per 16-channel block;
+// for a plain decode's one token conv_decode_blocks (conv1d.hpp), else conv_non_spec_tile with
+// tile_len 1 (tile j is compact token j: the tiles of the sequence's tokens cover it whole, the
+// first, the owner, reading and writing the conv state). Conv width 4
 // only (plan.cpp; Qwen3-Next and Qwen3.5): each width is another copy of the conv in this build.
 static inline void fused_conv(const GdnConvParams &c, const GdnDeltaParams &p, int32_t seq, int32_t h) {
   const int32_t per_k = p.HV / p.H;
@@ -70,6 +71,10 @@ static inline void fused_conv(const GdnConvParams &c, const GdnDeltaParams &p, i
   if (p.group == GDN_GROUP_SPEC) {
     for (const auto &r : ranges)
       for (int32_t ch = r[0]; ch < r[1]; ch += 16) conv_spec_channels<16, 4>(c, seq, ch);
+    return;
+  }
+  if (c.query_start_loc[seq + 1] - c.query_start_loc[seq] == 1) {  // plain decode
+    for (const auto &r : ranges) conv_decode_blocks(c, seq, r[0], r[1]);
     return;
   }
   for (int32_t tile = c.query_start_loc[seq]; tile < c.query_start_loc[seq + 1]; ++tile)
