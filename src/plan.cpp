@@ -206,6 +206,9 @@ Target target_of(const sycl::queue &q) {
   Target t;
   t.cpu_variants = q.get_device().is_cpu() && !(generic && generic[0] == '1');
   t.bf16_instructions = t.cpu_variants && host_has_avx512_bf16() && !(soft && soft[0] == '1');
+#if defined(__x86_64__)
+  t.x86 = t.cpu_variants;
+#endif
   return t;
 }
 
@@ -239,10 +242,12 @@ Plan make_plan(const gdn_config_t &cfg, const gdn_batch_t &b, const PlanInputs &
   if (b.num_prefills == 0) fuse(p.fused_non_spec, p.conv_non_spec, p.recurrent_non_spec, b.num_decodes);
   fuse(p.fused_spec, p.conv_spec, p.recurrent_spec, b.num_spec_decodes);
   // Every CPU-variant build may round bf16 by AVX512-BF16's instructions (common.hpp, to_bf16x32,
-  // store_bf16x16).
-  if (t.bf16_instructions)
-    for (Launch *l : all_launches(p))
-      if (l->on && cpu_family(l->family)) l->options += " -DGDN_CPU_BF16_INSN";
+  // store_bf16x16) and prefetch by x86 instructions (delta_recurrent_cpu.cpp, prefetch_states).
+  for (Launch *l : all_launches(p))
+    if (l->on && cpu_family(l->family)) {
+      if (t.bf16_instructions) l->options += " -DGDN_CPU_BF16_INSN";
+      if (t.x86) l->options += " -DGDN_CPU_X86";
+    }
   p.conv_out_in_workspace = in.op == Op::Attention && !in.conv_out_given;
   p.layout = plan_layout(p, cfg, b, delta);
   return p;
