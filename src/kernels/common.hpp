@@ -378,7 +378,7 @@ template <> struct Lanes<1> {
 // the lane-by-lane forms had the compiler keep 16 lane offsets per call site live across the
 // fused conv's loops (moved between stack slots every block, though a contiguous layout never
 // takes them): with them inline, cache-resident bf16 decode B=8 steps through conv_decode_blocks
-// took ~0.41 ms against ~0.19 (stop 34's section, benchmarks/HISTORY.md).
+// took ~0.41 ms against ~0.19 (stop 34's section).
 template <> struct Lanes<16> {
   typedef vf16 T;
   static T load(const float *p) { return vload(p); }

@@ -261,7 +261,7 @@ static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int3
 // the checkpoint after the token, the new state), in pairs of blocks, each block's weights and
 // window loaded just before its token. gdn_fused_cpu's decode conv: through the tile with its
 // eight blocks' weights loaded up front, cache-resident bf16 decode B=8 steps took ~0.21 ms
-// against ~0.19 here (benchmarks/HISTORY.md, stop 34).
+// against ~0.19 here (stop 34's section).
 static inline void conv_decode_blocks(const GdnConvParams &p, int32_t seq, int32_t c, int32_t c_end) {
   typedef Lanes<16> L;
   typedef L::T T;

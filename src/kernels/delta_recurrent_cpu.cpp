@@ -19,16 +19,17 @@
 static inline bool streaming_to(const RecurrentSeq &rs, int32_t to) { return !(rs.init && to == rs.read_slot); }
 
 // Asks for the n states from p to be brought into this core's caches, without waiting for them
-// (prefetcht0 per 64-byte line; never faults). On an x86-64 host (GDN_CPU_X86, plan.cpp) the
-// instructions inline; else the CPU runtime's __cpu_lprefetch, a call looping the same instruction,
-// after which the walks reload the vectors the call may clobber. Inline, alternated in one
-// process on the Zen 5 host of stop 34: cache-resident decode B=8 bf16 0.190 -> 0.166 ms, f32
-// 0.253 -> 0.224; from DRAM 0-5% on the vk rows. (Stop 32 had measured an inline form 1-6% slower
-// on the same host, before stop 33 changed the walks' stores; benchmarks/HISTORY.md.)
+// (prefetcht0 on each 64-byte line they touch; never faults). On an x86-64 host (GDN_CPU_X86,
+// plan.cpp) the instructions inline; else the CPU runtime's __cpu_lprefetch, a call looping the
+// same instruction, after which the walks reload the vectors the call may clobber. Inline,
+// alternated in one process on the Zen 5 host of stop 34: cache-resident decode B=8 bf16 0.190 ->
+// 0.166 ms, f32 0.253 -> 0.224; from DRAM 0-5% on the vk rows. (Stop 32 had measured an inline
+// form 1-6% slower on the same host, before stop 33 changed the walks' stores; benchmarks/HISTORY.md.)
 static inline void prefetch_states(const state_t *p, size_t n) {
 #if defined(GDN_CPU_X86)
-  const char *line = (const char *)p, *end = (const char *)(p + n);
-  for (; line < end; line += 64) asm volatile("prefetcht0 (%0)" : : "r"(line));
+  const char *end = (const char *)(p + n);
+  for (const char *line = (const char *)((uintptr_t)p & ~(uintptr_t)63); line < end; line += 64)
+    asm volatile("prefetcht0 (%0)" : : "r"(line));
 #else
   sycl::address_space_cast<sycl::access::address_space::global_space, sycl::access::decorated::no>(p).prefetch(n);
 #endif
