@@ -27,9 +27,9 @@ static inline bool streaming_to(const RecurrentSeq &rs, int32_t to) { return !(r
 // form 1-6% slower on the same host, before stop 33 changed the walks' stores; benchmarks/HISTORY.md.)
 static inline void prefetch_states(const state_t *p, size_t n) {
 #if defined(GDN_CPU_X86)
-  const char *end = (const char *)(p + n);
-  for (const char *line = (const char *)((uintptr_t)p & ~(uintptr_t)63); line < end; line += 64)
-    asm volatile("prefetcht0 (%0)" : : "r"(line));
+  const char *first = (const char *)p;  // a fixed count (unrolled), then the last byte's line
+  for (size_t o = 0; o < n * sizeof(state_t); o += 64) asm volatile("prefetcht0 (%0)" : : "r"(first + o));
+  asm volatile("prefetcht0 (%0)" : : "r"(first + n * sizeof(state_t) - 1));  // (p not line-aligned)
 #else
   sycl::address_space_cast<sycl::access::address_space::global_space, sycl::access::decorated::no>(p).prefetch(n);
 #endif
