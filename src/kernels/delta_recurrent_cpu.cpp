@@ -420,7 +420,7 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
   bool stream_p = false;
   // The walk's last pass (a decode's update pass, the held rows' last update) runs from this
   // core's caches and reads no memory, which would idle through it: each of its rows asks for
-  // the same row of the walk after next (WALK_AHEAD = 32 rows on: this head's rows, or the next
+  // the same row of the walk after next (walk_ahead rows on: this head's rows, or the next
   // head's, which this work-item or the one after it walks; within the slot), so that walk's
   // first read finds its rows arrived. One walk on (16 rows), alternated in one process (stop 26,
   // the Zen 4 host, when f32 states walked here too): decode B=8 0.93 -> 0.87 ms, bf16 state 0.69
@@ -429,10 +429,13 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
   // same request during a spec walk's last read pass instead: about as fast). On stop 31's host
   // (Zen 5) 32 rows on against 16, bf16 state, two alternated runs: decode B=8 0.375 / 0.369 ->
   // 0.326 / 0.350 ms, B=32 1.388 / 1.342 -> 1.175 / 1.222, spec B=8 S=1 0.665 / 0.623 -> 0.575 /
-  // 0.551, S=3 1.049 / 1.173 -> 0.956 / 1.000 (24 rows on less, 48 about the same). (The kv walk
-  // above does the same for 2-byte states only, one head on.)
-  constexpr int32_t WALK_AHEAD = 32;
-  const bool ahead = rs.init && slot_rows_from(p, hv, v0) >= WALK_AHEAD + 16;  // every row's request in the slot
+  // 0.551, S=3 1.049 / 1.173 -> 0.956 / 1.000 (24 rows on less, 48 about the same). Stop 34, with
+  // the prefetch inline, 24 against 32, bf16, two alternated runs from DRAM: decode B=8 0.359 ->
+  // 0.339 / 0.331 ms, B=32 1.400 -> 1.262, B=1 0.073 / 0.072 -> 0.069 / 0.068, but spec S=3 B=8
+  // 0.976 / 0.971 -> 0.984 / 0.998: 24 rows on for a one-token sequence (a decode), 32 otherwise.
+  // (The kv walk above does the same for 2-byte states only, one head on.)
+  const int32_t walk_ahead = rs.len == 1 ? 24 : 32;
+  const bool ahead = rs.init && slot_rows_from(p, hv, v0) >= walk_ahead + 16;  // every row's request in the slot
   // Row r, vector c of the state before the token (HOLD: after applying the pending update).
   auto state_in = [&](int32_t t, int32_t r, int c) -> vf16 {
     if constexpr (HOLD) {
@@ -477,7 +480,7 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
       up = u, dp = decay, Ap = A, stream_p = stream_a;
     } else {
       for (int32_t r = 0; r < nr; ++r) {
-        if (ahead) prefetch_states(S + (WALK_AHEAD + r) * KD, KD);
+        if (ahead) prefetch_states(S + (walk_ahead + r) * KD, KD);
         vf16 x[KC];
         for (int c = 0; c < KC; ++c) x[c] = state_in(t, r, c) * decay + k[c] * u[r];
         if (A) vstore_states(A + r * KD, x, KC, stream_a);
@@ -488,7 +491,7 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
   if constexpr (HOLD) {  // the last token's update
     state_t *const B = rs.spec ? nullptr : slot_state(p, rs.cols[0], hv, v0);
     for (int32_t r = 0; r < nr; ++r) {
-      if (ahead) prefetch_states(S + (WALK_AHEAD + r) * KD, KD);
+      if (ahead) prefetch_states(S + (walk_ahead + r) * KD, KD);
       for (int c = 0; c < KC; ++c) s[r][c] = s[r][c] * dp + kp[c] * up[r];
       if (Ap) vstore_states(Ap + r * KD, s[r], KC, stream_p);
       if (B) vstore_states(B + r * KD, s[r], KC, streaming_to(rs, rs.cols[0]));
@@ -509,8 +512,8 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
 // 5.63, S=3 B=32 12.4 -> 10.2, S=3 B=1 0.55 -> 0.49. 2-byte states keep walk_rows_vk: row by row
 // they took up to 1.4x as long (bf16 decode B=8 0.64 -> 0.81 ms, spec S=3 B=8 1.79 -> 2.53, as slow
 // with the state cache-resident: compute -- with the rounding a row's chain is ~100 instructions a
-// token, and fewer rows overlap; two rows interleaved: spec 2.18, still slower). Every other row
-// asks for two rows BY_ROW_AHEAD = 12 rows on (6 KB at K = 128; within the slot, so the last rows
+// token, and fewer rows overlap; two rows interleaved: spec 2.18, still slower). Every row asks
+// for the row BY_ROW_AHEAD = 12 rows on (6 KB at K = 128; within the slot, so the last rows
 // of a head ask for the next head's first, which this work-item or the next one walks next), a
 // prefetch that never waits. Alternated in one process on stop 31's host (a Zen 5 VM;
 // benchmarks/HISTORY.md "Stop 31"), in a fast-memory minute: decode B=8 0.493 -> 0.388 ms, B=32
@@ -518,8 +521,11 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
 // 16 rows on about as good, 4 rows on or 4 rows every 4th row less, one row a row about the same;
 // the next 16 rows at once (at a pass's start, or every 16th row) slower than none (the runtime's
 // prefetch is a call looping over the lines). On stop 29's host (Zen 4) one row a row, 16 on, was
-// slower (decode B=32 3.91 -> 4.14 ms). The kv layout cannot walk this way: a column's u needs
-// every row of the state.
+// slower (decode B=32 3.91 -> 4.14 ms). Stop 34, the prefetch inline (no call): one row a row
+// against two every other row, f32, three alternated runs from DRAM: 1-5% off every vk row (spec
+// S=1 B=8 1.075-1.083 -> 1.038-1.049 ms, S=3 B=1 0.248 -> 0.236, decode B=1 0.100-0.105 ->
+// 0.097-0.102), 8 or 16 rows on about the same. The kv layout cannot walk this way: a column's u
+// needs every row of the state.
 // LC: the walk's token count when fixed at compile time (1: a decode step, whose k and q stay in
 // registers across the rows: decode B=8 0.91 -> 0.86 ms against loading them per row), else 0.
 template <int LC>
@@ -552,7 +558,7 @@ static inline void walk_rows_vk_by_row(const GdnDeltaParams &p, RecurrentSeq &rs
     for (int c = 0; c < KC; ++c) k1[c] = vload(pt.kn[0] + 16 * c), q1[c] = vload(pt.qn[0] + 16 * c);
   auto k_of = [&](int32_t t, int c) { return LC == 1 ? k1[c] : vload(pt.kn[t] + 16 * c); };
   auto q_of = [&](int32_t t, int c) { return LC == 1 ? q1[c] : vload(pt.qn[t] + 16 * c); };
-  constexpr int32_t BY_ROW_AHEAD = 12, BY_ROW_ASK = 2;  // every BY_ROW_ASK-th row asks for BY_ROW_ASK rows
+  constexpr int32_t BY_ROW_AHEAD = 12, BY_ROW_ASK = 1;  // every BY_ROW_ASK-th row asks for BY_ROW_ASK rows
   const int32_t ahead_end = rs.init ? slot_rows_from(p, hv, v0) - BY_ROW_AHEAD - (BY_ROW_ASK - 1) : 0;  // in the slot
   for (int32_t r = 0; r < nr; ++r) {
     if (r % BY_ROW_ASK == 0 && r < ahead_end) prefetch_states(S + (r + BY_ROW_AHEAD) * KD, BY_ROW_ASK * KD);
