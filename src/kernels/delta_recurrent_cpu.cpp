@@ -420,9 +420,9 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
   bool stream_p = false;
   // The walk's last pass (a decode's update pass, the held rows' last update) runs from this
   // core's caches and reads no memory, which would idle through it: each of its rows asks for
-  // the same row of the walk after next (walk_ahead rows on: this head's rows, or the next
-  // head's, which this work-item or the one after it walks; within the slot), so that walk's
-  // first read finds its rows arrived. One walk on (16 rows), alternated in one process (stop 26,
+  // the row walk_ahead rows on (32: the same row of the walk after next; this head's rows, or the
+  // next head's, which this work-item or the one after it walks; within the slot), so the walks
+  // ahead find their rows arrived. One walk on (16 rows), alternated in one process (stop 26,
   // the Zen 4 host, when f32 states walked here too): decode B=8 0.93 -> 0.87 ms, bf16 state 0.69
   // -> 0.64, B=32 3.96 -> 3.80, B=1 0.160 -> 0.152; spec B=8 S=1 2.07 -> 2.05, S=3 3.68 -> 3.52,
   // S=7 6.76 -> 6.42, bf16 S=3 2.37 -> 2.01 (8, 32 or 48 rows on: no gain or slower there; the
