@@ -522,7 +522,7 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
 // the next 16 rows at once (at a pass's start, or every 16th row) slower than none (the runtime's
 // prefetch is a call looping over the lines). On stop 29's host (Zen 4) one row a row, 16 on, was
 // slower (decode B=32 3.91 -> 4.14 ms). Stop 34, the prefetch inline (no call): one row a row
-// against two every other row, f32, three alternated runs from DRAM: 1-5% off every vk row (spec
+// against two every other row, f32, three alternated runs from DRAM: 0-5% off every vk row (spec
 // S=1 B=8 1.075-1.083 -> 1.038-1.049 ms, S=3 B=1 0.248 -> 0.236, decode B=1 0.100-0.105 ->
 // 0.097-0.102), 8 or 16 rows on about the same. The kv layout cannot walk this way: a column's u
 // needs every row of the state.
