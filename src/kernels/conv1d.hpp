@@ -156,6 +156,21 @@ static inline void conv_spec_channels(const GdnConvParams &p, int32_t seq, int32
   }
 }
 
+// A non-spec sequence's slot use (gdn_xpu.h "State caches"), the same for the tile and
+// conv_decode_blocks: the slot its window is read from (an explicit read slot, else its own),
+// whether it starts from that window (has_initial_state, and not a pad read), and its block
+// checkpoints from token t0 of the step on.
+struct NonSpecSlots {
+  int32_t read;
+  bool init;
+  Checkpoints ckpt;
+};
+static inline NonSpecSlots non_spec_slots(const GdnConvParams &p, int32_t seq, int32_t slot, int32_t t0) {
+  const int32_t read = p.slots.read_indices ? p.slots.read_indices[seq] : slot;
+  return {read, (!p.has_initial_state || p.has_initial_state[seq]) && read != p.pad_slot_id,
+          checkpoints(p.slots, seq, p.slots.start_pos ? p.slots.start_pos[seq] : 0, t0, p.pad_slot_id)};
+}
+
 // Prefill and plain decode sequences, tiled over time: the work-item of (tile, channel group)
 // convolves the compact tokens [tile*tile_len, +tile_len) of every sequence overlapping the tile,
 // for NB blocks of N channels from c (fewer where conv_dim ends), BP blocks at a time (the rest one
@@ -200,11 +215,9 @@ static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int3
         for (int32_t b = 0; b < nb; ++b) L::store_act(p.out, global_row(p.token_indx, j) * p.out_stride + c + N * b, T(0.0f));
       continue;
     }
-    const int32_t read = p.slots.read_indices ? p.slots.read_indices[seq] : slot;
-    const bool init = (!p.has_initial_state || p.has_initial_state[seq]) && read != p.pad_slot_id;
-    // Block checkpoints (gdn_xpu.h "State caches"): the history after each boundary token, stored
-    // by the tile that convolves that token (tiles never share a token).
-    const Checkpoints ckpt0 = checkpoints(p.slots, seq, p.slots.start_pos ? p.slots.start_pos[seq] : 0, first - j0, p.pad_slot_id);
+    // Block checkpoints: the history after each boundary token, stored by the tile that
+    // convolves that token (tiles never share a token).
+    const NonSpecSlots use = non_spec_slots(p, seq, slot, first - j0);
     // M blocks b0 .. b0+M-1 over the sequence's tokens of this tile, together: one token's row,
     // checkpoint test and loop control serve them all, and the CPU variant stores each pair's 32
     // outputs at once (store_act32: bf16 as one 64-byte store). Pairs against one block at a time,
@@ -219,13 +232,13 @@ static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int3
       T hist[M][GDN_MAX_WIDTH];
       for (int q = 0; q < M; ++q) {
         const int32_t cb = c + N * (b0 + q);
-        if (owner && init)
-          load_window<N, WIDTH>(p.state, read, cb, 0, w1, hist[q]);
+        if (owner && use.init)
+          load_window<N, WIDTH>(p.state, use.read, cb, 0, w1, hist[q]);
         else  // zeros, or (not the owner: first >= j0 + W-1) the sequence's inputs before `first`
           for (int32_t i = 0; i < w1; ++i)
             hist[q][i] = owner ? T(0.0f) : L::load_act(p.x, global_row(p.token_indx, first - w1 + i) * p.x_stride + cb, 1);
       }
-      Checkpoints ckpt = ckpt0;
+      Checkpoints ckpt = use.ckpt;
       for (int32_t j = first; j < end; ++j) {
         const int64_t row = global_row(p.token_indx, j);
         T y[M];
@@ -271,19 +284,18 @@ static inline void conv_decode_blocks(const GdnConvParams &p, int32_t seq, int32
     for (int32_t cb = c; cb < c_end; cb += 16) L::store_act(p.out, row * p.out_stride + cb, T(0.0f));
     return;
   }
-  const int32_t read = p.slots.read_indices ? p.slots.read_indices[seq] : slot;
-  const bool init = (!p.has_initial_state || p.has_initial_state[seq]) && read != p.pad_slot_id;
-  Checkpoints ckpt = checkpoints(p.slots, seq, p.slots.start_pos ? p.slots.start_pos[seq] : 0, 0, p.pad_slot_id);
-  const int32_t to = ckpt.after(0);
+  NonSpecSlots use = non_spec_slots(p, seq, slot, 0);
+  const int32_t to = use.ckpt.after(0);
+  constexpr int32_t W = 4, W1 = W - 1;
   auto block = [&](int32_t cb) {
-    T w[4], hist[3];
-    load_weights<16, 4>(p.weight, cb, 4, w);
+    T w[W], hist[W1];
+    load_weights<16, W>(p.weight, cb, W, w);
     const T bias = p.bias ? L::load_act(p.bias, cb, 1) : T(0.0f);
-    if (init) load_window<16, 4>(p.state, read, cb, 0, 3, hist);
-    else hist[0] = hist[1] = hist[2] = T(0.0f);
-    const T y = conv_token(w, bias, hist, 4, L::load_act(p.x, row * p.x_stride + cb, 1), p.silu);
-    if (to != p.pad_slot_id) store_window<16, 4>(p.state, to, cb, 3, hist);
-    store_window<16, 4>(p.state, slot, cb, 3, hist);
+    if (use.init) load_window<16, W>(p.state, use.read, cb, 0, W1, hist);
+    else for (int32_t i = 0; i < W1; ++i) hist[i] = T(0.0f);
+    const T y = conv_token(w, bias, hist, W, L::load_act(p.x, row * p.x_stride + cb, 1), p.silu);
+    if (to != p.pad_slot_id) store_window<16, W>(p.state, to, cb, W1, hist);
+    store_window<16, W>(p.state, slot, cb, W1, hist);
     return y;
   };
   int32_t cb = c;
