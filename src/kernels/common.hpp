@@ -88,6 +88,22 @@ typedef sycl::vec<float, 16> vf16;
 // meaning is the same on any device). Measured here (README "Kernel design"): the back-end time
 // of the demo's CPU kernels went from 44-54 s to ~3.5 s.
 
+// Asks for the bytes [p, p + n) to be brought into this core's caches, without waiting for them
+// (prefetcht0 on each 64-byte line they touch; never faults). On an x86-64 host (GDN_CPU_X86,
+// plan.cpp: the CPU-variant builds) the instructions inline -- a fixed count, unrolled where n is
+// known, then the last byte's line for a span not line-aligned; else the CPU runtime's
+// __cpu_lprefetch, a call looping the same instruction, after which the callers reload the
+// vectors the call may clobber. (Register operands only: a memory operand does not link through SPIR-V.)
+static inline void prefetch_bytes(const void *p, size_t n) {
+#if defined(GDN_CPU_X86)
+  const char *first = (const char *)p;
+  for (size_t o = 0; o < n; o += 64) asm volatile("prefetcht0 (%0)" : : "r"(first + o));
+  asm volatile("prefetcht0 (%0)" : : "r"(first + n - 1));
+#else
+  sycl::address_space_cast<sycl::access::address_space::global_space, sycl::access::decorated::no>((const char *)p).prefetch(n);
+#endif
+}
+
 // The compiler's own vector type, for its builtins (shuffles, non-temporal stores); bit_cast to/from vf16.
 typedef float native_vf16 __attribute__((ext_vector_type(16)));
 // 16 contiguous floats as ONE vector move. A lane-by-lane loop (r[i] = p[i]) compiled to 16

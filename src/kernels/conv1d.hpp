@@ -108,6 +108,20 @@ static inline bool seq_and_channel(const GdnConvParams &p, int32_t *seq, int32_t
   return *seq < p.num_seqs && *c < p.conv_dim;
 }
 
+// Where a speculative sequence's window comes from: ROLLED keeps one line (cols[0]) and reads the
+// window at column A-1 of the read slot's line (by default that line itself); SNAPSHOT reads the
+// slot of the last accepted token (by default). An explicit read slot (spec_read_state_indices)
+// replaces the default; pad reads zeros.
+struct SpecRead {
+  int32_t line, slot, col0;
+};
+static inline SpecRead spec_read(const GdnConvParams &p, int32_t seq) {
+  const int32_t *cols = p.state_indices + (int64_t)seq * p.slot_cols;
+  const int32_t accepted = p.num_accepted[seq];
+  return {cols[0], p.slots.read_indices ? p.slots.read_indices[seq] : p.rolled ? cols[0] : cols[accepted - 1],
+          p.rolled ? accepted - 1 : 0};
+}
+
 // Speculative sequences, both conv-state layouts (see gdn_conv_spec_layout_t in gdn_xpu.h):
 // channels c..c+N-1 of sequence seq. WIDTH is the conv width when known at compile time (0:
 // p.width): a fixed width keeps the input history in registers (with a run-time width the CPU
@@ -120,14 +134,9 @@ static inline void conv_spec_channels(const GdnConvParams &p, int32_t seq, int32
   const int32_t j0 = p.query_start_loc[seq], len = p.query_start_loc[seq + 1] - j0;
   if (len == 0) return;  // graph padding: no rows, no state change (ROLLED would otherwise shift the line)
   const int32_t *cols = p.state_indices + (int64_t)seq * p.slot_cols;
-  const int32_t accepted = p.num_accepted[seq];
   const int64_t cs = p.state.chan_stride;
-  // ROLLED keeps one line (cols[0]) and reads the window at column A-1 of the read slot's line
-  // (by default that line itself); SNAPSHOT reads the slot of the last accepted token (by default).
-  // An explicit read slot (spec_read_state_indices) replaces the default; pad reads zeros.
-  const int32_t line = cols[0];
-  const int32_t read_slot = p.slots.read_indices ? p.slots.read_indices[seq] : p.rolled ? line : cols[accepted - 1];
-  const int32_t read_col0 = p.rolled ? accepted - 1 : 0;
+  const SpecRead rd = spec_read(p, seq);
+  const int32_t line = rd.line, read_slot = rd.slot, read_col0 = rd.col0;
   if (p.rolled && line == p.pad_slot_id) {
     for (int32_t t = 0; t < len; ++t)
       L::store_act(p.out, global_row(p.token_indx, j0 + t) * p.out_stride + c, T(0.0f));
@@ -304,4 +313,40 @@ static inline void conv_decode_blocks(const GdnConvParams &p, int32_t seq, int32
     store_act32(p.out, row * p.out_stride + cb, y0, y1);
   }
   if (cb < c_end) L::store_act(p.out, row * p.out_stride + cb, block(cb));
+}
+
+// Asks for the lines the fused conv of sequence seq reads first in channels [c, c_end) -- the W-1
+// columns of its read window and its tokens' inputs -- without waiting for them (prefetch_bytes):
+// gdn_fused_cpu asks for the next work-item's while its own walk runs. A plain decode
+// (conv_decode_blocks) or a speculative sequence (conv_spec_channels, spec true); nothing for
+// other sequences (the tile), pad slots or pad reads. In the time-major layout a window is W-1
+// runs of a few lines each, 2*conv_dim bytes apart (bf16), too short for the hardware's stream
+// prefetchers: each run's first load waited for DRAM.
+static inline void conv_prefetch(const GdnConvParams &p, int32_t seq, int32_t c, int32_t c_end, bool spec) {
+  const int32_t j0 = p.query_start_loc[seq], len = p.query_start_loc[seq + 1] - j0, w1 = p.width - 1;
+  if (len == 0 || (!spec && len != 1)) return;
+  int32_t slot = p.pad_slot_id, col0 = 0;
+  if (spec) {
+    const SpecRead rd = spec_read(p, seq);
+    if (p.rolled && rd.line == p.pad_slot_id) return;
+    slot = rd.slot, col0 = rd.col0;
+  } else {
+    const int32_t own = p.state_indices[seq];
+    if (own == p.pad_slot_id) return;
+    const NonSpecSlots use = non_spec_slots(p, seq, own, 0);
+    if (use.init) slot = use.read;
+  }
+  const GdnConvStateView &s = p.state;
+  if (slot != p.pad_slot_id) {
+    if (s.col_stride == 1) {  // dim-major: the window's columns interleave, one span
+      const int64_t a = state_off(s, slot, c, col0), b = state_off(s, slot, c_end - 1, col0 + w1 - 1) + 1;
+      prefetch_bytes((const act_t *)s.base + a, (b - a) * sizeof(act_t));
+    } else {  // time-major: a span per column
+      for (int32_t i = 0; i < w1; ++i)
+        prefetch_bytes((const act_t *)s.base + state_off(s, slot, c, col0 + i),
+                       ((int64_t)(c_end - c - 1) * s.chan_stride + 1) * sizeof(act_t));
+    }
+  }
+  for (int32_t t = 0; t < len; ++t)
+    prefetch_bytes((const act_t *)p.x + global_row(p.token_indx, j0 + t) * p.x_stride + c, (c_end - c) * sizeof(act_t));
 }

@@ -19,21 +19,11 @@
 static inline bool streaming_to(const RecurrentSeq &rs, int32_t to) { return !(rs.init && to == rs.read_slot); }
 
 // Asks for the n states from p to be brought into this core's caches, without waiting for them
-// (prefetcht0 on each 64-byte line they touch; never faults). On an x86-64 host (GDN_CPU_X86,
-// plan.cpp) the instructions inline; else the CPU runtime's __cpu_lprefetch, a call looping the
-// same instruction, after which the walks reload the vectors the call may clobber. Inline,
-// alternated in one process on the Zen 5 host of stop 34: cache-resident decode B=8 bf16 0.190 ->
-// 0.166 ms, f32 0.253 -> 0.224; from DRAM 0-5% on the vk rows. (Stop 32 had measured an inline
-// form 1-6% slower on the same host, before stop 33 changed the walks' stores; benchmarks/HISTORY.md.)
-static inline void prefetch_states(const state_t *p, size_t n) {
-#if defined(GDN_CPU_X86)
-  const char *first = (const char *)p;  // a fixed count (unrolled), then the last byte's line
-  for (size_t o = 0; o < n * sizeof(state_t); o += 64) asm volatile("prefetcht0 (%0)" : : "r"(first + o));
-  asm volatile("prefetcht0 (%0)" : : "r"(first + n * sizeof(state_t) - 1));  // (p not line-aligned)
-#else
-  sycl::address_space_cast<sycl::access::address_space::global_space, sycl::access::decorated::no>(p).prefetch(n);
-#endif
-}
+// (prefetch_bytes, common.hpp). Inline on an x86-64 host, alternated in one process on the Zen 5
+// host of stop 34: cache-resident decode B=8 bf16 0.190 -> 0.166 ms, f32 0.253 -> 0.224; from DRAM
+// 0-5% on the vk rows. (Stop 32 had measured an inline form 1-6% slower on the same host, before
+// stop 33 changed the walks' stores; benchmarks/HISTORY.md.)
+static inline void prefetch_states(const state_t *p, size_t n) { prefetch_bytes(p, n * sizeof(state_t)); }
 
 // Token t of the walk, for k-head h and v-head hv: returns its global row; kn, qn point to its
 // l2-normalized k and q (KD floats each), decay = e^g, beta. They are the prep kernel's outputs,
@@ -62,6 +52,17 @@ static inline int64_t token_in(const GdnDeltaParams &p, const RecurrentSeq &rs, 
   return row;
 }
 
+// The conv channels of k-head h: its q, k, and its v-heads' v channels, as [begin, end) ranges.
+struct KHeadChannels {
+  int32_t r[3][2];
+};
+static inline KHeadChannels k_head_channels(const GdnDeltaParams &p, int32_t h) {
+  const int32_t per_k = p.HV / p.H;
+  return {{{h * KD, (h + 1) * KD},
+           {(p.H + h) * KD, (p.H + h + 1) * KD},
+           {p.v_offset + h * per_k * p.V, p.v_offset + (h + 1) * per_k * p.V}}};
+}
+
 // A step's conv and recurrence in ONE launch per token group, gdn_fused_cpu (at the end of this
 // file), instead of the group's conv kernel then its recurrent kernel: for the spec group of a
 // step without chunk kernels, and for the non-spec group of a step without prefills. Global
@@ -75,10 +76,8 @@ static inline int64_t token_in(const GdnDeltaParams &p, const RecurrentSeq &rs, 
 // first, the owner, reading and writing the conv state). Conv width 4
 // only (plan.cpp; Qwen3-Next and Qwen3.5): each width is another copy of the conv in this build.
 static inline void fused_conv(const GdnConvParams &c, const GdnDeltaParams &p, int32_t seq, int32_t h) {
-  const int32_t per_k = p.HV / p.H;
-  const int32_t ranges[3][2] = {{h * KD, (h + 1) * KD},
-                                {(p.H + h) * KD, (p.H + h + 1) * KD},
-                                {p.v_offset + h * per_k * p.V, p.v_offset + (h + 1) * per_k * p.V}};
+  const KHeadChannels k_head = k_head_channels(p, h);
+  const auto &ranges = k_head.r;
   if (p.group == GDN_GROUP_SPEC) {
     for (const auto &r : ranges)
       for (int32_t ch = r[0]; ch < r[1]; ch += 16) conv_spec_channels<16, 4>(c, seq, ch);
@@ -629,6 +628,17 @@ GDN_KERNEL(2) void gdn_fused_cpu(GdnFusedParams fp) {  // (see fused_conv)
   const int32_t seq = (int32_t)(it.get_group(0) / p.H), h = (int32_t)(it.get_group(0) % p.H);
   if (seq >= p.num_seqs) return;
   fused_conv(fp.conv, p, seq, h);
+  // While this work-item walks its states, the lines the next one's conv reads first come in
+  // (conv_prefetch; the next group id: the work-item this core most likely runs next). Without it
+  // the conv's first loads of each window column waited for DRAM. Alternated in one process from
+  // DRAM, stop 35 (the bench's time-major conv state, balanced order): bf16 decode B=8 / B=32
+  // 0.351 -> 0.342 / 0.998 -> 0.975 ms, spec B=8 S=1 0.594 -> 0.563, S=3 1.124 -> 1.002 (a slower
+  // run: S=1 / S=3 / S=7 2-4%); f32 decode within 1%, spec B=8 S=3 / S=7 3-4%; B=1 within noise.
+  const int32_t next = (int32_t)it.get_group(0) + 1;
+  if (next / p.H < p.num_seqs) {
+    const KHeadChannels next_head = k_head_channels(p, next % p.H);
+    for (const auto &r : next_head.r) conv_prefetch(fp.conv, next / p.H, r[0], r[1], p.group == GDN_GROUP_SPEC);
+  }
   for (int32_t hv = h * (p.HV / p.H); hv < (h + 1) * (p.HV / p.H); ++hv)
     for (int32_t v = 0; v < p.V; v += item_span(p)) recurrent_item(p, seq, hv, v);
 }
