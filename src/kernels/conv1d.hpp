@@ -320,8 +320,8 @@ static inline void conv_decode_blocks(const GdnConvParams &p, int32_t seq, int32
 // gdn_fused_cpu asks for the next work-item's while its own walk runs. A plain decode
 // (conv_decode_blocks) or a speculative sequence (conv_spec_channels, spec true); nothing for
 // other sequences (the tile), pad slots or pad reads. In the time-major layout a window is W-1
-// runs of a few lines each, 2*conv_dim bytes apart (bf16), too short for the hardware's stream
-// prefetchers: each run's first load waited for DRAM.
+// runs of a few lines each, conv_dim values apart, and the conv's first load of each run waited
+// for DRAM (a profile of stop 35).
 static inline void conv_prefetch(const GdnConvParams &p, int32_t seq, int32_t c, int32_t c_end, bool spec) {
   const int32_t j0 = p.query_start_loc[seq], len = p.query_start_loc[seq + 1] - j0, w1 = p.width - 1;
   if (len == 0 || (!spec && len != 1)) return;
