@@ -88,7 +88,7 @@ typedef sycl::vec<float, 16> vf16;
 // meaning is the same on any device). Measured here (README "Kernel design"): the back-end time
 // of the demo's CPU kernels went from 44-54 s to ~3.5 s.
 
-// Asks for the bytes [p, p + n) to be brought into this core's caches, without waiting for them
+// Asks for the bytes [p, p + n), n > 0, to be brought into this core's caches, without waiting for them
 // (prefetcht0 on each 64-byte line they touch; never faults). On an x86-64 host (GDN_CPU_X86,
 // plan.cpp: the CPU-variant builds) the instructions inline -- a fixed count, unrolled where n is
 // known, then the last byte's line for a span not line-aligned; else the CPU runtime's
