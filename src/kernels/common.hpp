@@ -394,12 +394,12 @@ template <> struct Lanes<1> {
 // the lane-by-lane forms had the compiler keep 16 lane offsets per call site live across the
 // fused conv's loops (moved between stack slots every block, though a contiguous layout never
 // takes them): with them inline, cache-resident bf16 decode B=8 steps through conv_decode_blocks
-// took ~0.41 ms against ~0.19 (stop 34's section). Those functions take the vector BY VALUE: a
+// took ~0.41 ms against ~0.19 (benchmarks/HISTORY.md "Stop 34"). They take the vector BY VALUE: a
 // reference to the caller's variable (a conv window column, hist[i]) let its address escape into
 // the call, so the whole window lived on the stack and every token moved it through memory, even
 // in a layout that never makes the call (the fused conv's loops in the generated assembly). By
 // value, alternated in one process (stop 36, bf16 state): a fused conv alone, cache-resident,
-// decode B=8 / B=32 0.040 -> 0.034 / 0.135 -> 0.109 ms, spec S=3 B=8 0.101 -> 0.091; whole steps
+// decode B=8 / B=32 0.040 -> 0.034 / 0.135 -> 0.109 ms, spec S=3 B=8 0.155 -> 0.123; whole steps
 // from DRAM, two runs: spec S=3 B=8 1.110 / 1.072 -> 1.051 / 1.032, S=1 B=8 1-3%, decode 0-2%.
 template <> struct Lanes<16> {
   typedef vf16 T;
