@@ -11,9 +11,9 @@ import numpy as np
 import pygdn
 from pygdn.batch import make_batch, to_device
 
-from machine import StatePass
+from machine import StatePass, reference_pass
 from peers import CHUNK
-from report import STATE_PASSES, row_line
+from report import REFERENCE_PASS, STATE_PASSES, row_line
 from timing import LATE_BUDGET_S, RETRY_SHARE, first_call_s, timed_blocks, wait_quiet
 
 H, HV, K, V, W = 16, 32, 128, 128, 4          # Qwen3-Next-80B-A3B linear attention, TP=1
@@ -316,9 +316,9 @@ def rel_err(got, want):
 # Our step in other cache formats, measured beside the default (vk layout, f32 state) on every
 # decode / spec case: (record key, ssm layout, state dtype).
 VARIANTS = (("ours_kv_layout", "kv", "f32"), ("ours_bf16_state", "vk", "bf16"), ("ours_bf16_state_kv", "kv", "bf16"))
-# Timed in interleaved rounds (timing.timed_blocks): the variants, and the state passes their
-# times are read against.
-TOGETHER = ("ours",) + tuple(v[0] for v in VARIANTS) + tuple(p[0] for p in STATE_PASSES)
+# Timed in interleaved rounds (timing.timed_blocks): the variants, and the state passes and the
+# reference's stream kernel their times are read against.
+TOGETHER = ("ours",) + tuple(v[0] for v in VARIANTS) + tuple(p[0] for p in STATE_PASSES) + (REFERENCE_PASS,)
 # A bf16 state cache is rounded once per stored state (relative 2^-9): its outputs and states
 # against the f32-state step, max |diff| / max |f32|, must stay well inside this.
 STATE_TOL = 2e-2
@@ -394,6 +394,12 @@ def run_case(queue, case, peers, plan, log, missing=()):
                 log(f"  state pass ({sd}): not measured ({type(e).__name__}: {e})")
                 continue
             impls[name] = (sp.step, reps_ours, first_call_s(sp.step))
+        if "state_pass" not in plan["unsupported"]:  # (the same OpenCL stream kernels)
+            try:
+                ref_step, ref_bytes = reference_pass(queue)
+                impls[REFERENCE_PASS] = (ref_step, reps_ours, first_call_s(ref_step))
+            except Exception as e:  # noqa: BLE001 (the run's reference stands alone)
+                log(f"  reference pass beside the row: not measured ({type(e).__name__}: {e})")
     # Breakdown of our step: the conv alone and the delta rule alone (two calls instead of one).
     reps_part = max(1, reps_ours // 2)
     for part in ("conv", "delta"):
@@ -452,6 +458,8 @@ def run_case(queue, case, peers, plan, log, missing=()):
     for name, sd in STATE_PASSES:
         if name in rec:
             rec[name]["GBps"] = rec["bytes" + of_dtype(sd)] / rec[name]["median_s"] / 1e9
+    if REFERENCE_PASS in rec:
+        rec[REFERENCE_PASS]["GBps"] = ref_bytes / rec[REFERENCE_PASS]["median_s"] / 1e9
     if "flops" in rec:
         rec["ours"]["GFLOPs"] = rec["flops"] / t_ours / 1e9
     log(row_line(rec, plan))

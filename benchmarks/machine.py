@@ -166,6 +166,21 @@ class StatePass:
         self.q.wait()
 
 
+# The reference's own stream kernel, timed beside every decode / spec row in the row's rounds (the
+# row reads against the larger of it and the run's reference, report.row_reference): this
+# host's memory moves at about 63 or about 120 GB/s for minutes at a time (stops 33-37), so a
+# reference taken at the run's start and end alone flattered the rows timed in fast minutes (run
+# 36b: start and end 63.5 GB/s, decode B=32's own in-place pass, the same kernel, 190% of it).
+# In place, 64 KB a work-group as in measure_bandwidth, 64 MiB a step on a 256 MiB pool.
+REFERENCE_PASS_HEADS, REFERENCE_PASS_HEAD_BYTES = 1024, 64 << 10
+
+
+def reference_pass(queue):
+    """(step, bytes moved by one step) of the reference's stream kernel, as StatePass runs it."""
+    return (StatePass(queue, REFERENCE_PASS_HEADS, REFERENCE_PASS_HEAD_BYTES, 0).step,
+            2 * REFERENCE_PASS_HEADS * REFERENCE_PASS_HEAD_BYTES)
+
+
 def measure_peak(torch_ok):
     n = 2048
     rng = np.random.default_rng(1)
