@@ -166,13 +166,14 @@ class StatePass:
         self.q.wait()
 
 
-# The reference's own stream kernel, timed beside every decode / spec row in the row's rounds (the
-# row reads against the larger of it and the run's reference, report.row_reference): this
-# host's memory moves at about 63 or about 120 GB/s for minutes at a time (stops 33-37), so a
-# reference taken at the run's start and end alone flattered the rows timed in fast minutes (run
-# 36b: start and end 63.5 GB/s, decode B=32's own in-place pass, the same kernel, 190% of it).
-# In place, 64 KB a work-group as in measure_bandwidth, 64 MiB a step on a 256 MiB pool.
-REFERENCE_PASS_HEADS, REFERENCE_PASS_HEAD_BYTES = 1024, 64 << 10
+# The reference's own stream kernel, timed beside every decode / spec row in the row's rounds: the
+# row's % is of what it moved then (report.row_reference). This host's memory moves about 63 or
+# about 120 GB/s for minutes at a time (stops 33-37): against a reference taken at the run's start
+# and end, rows timed in fast minutes read up to 190% (run 36b, decode B=32's own bare pass: the
+# same kernel) and rows timed in slow minutes half what they moved (run 37a). In place, 64 KB a
+# work-group as in measure_bandwidth, the 256 MiB of measure_bandwidth a step (two such regions in
+# turn); one per run, made when the first row needs it.
+REFERENCE_PASS_HEADS, REFERENCE_PASS_HEAD_BYTES = 4096, 64 << 10
 
 
 def reference_pass(queue):
