@@ -498,31 +498,44 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
   }
 }
 
-// f32 states, walks of at most GDN_WALK_TOKENS tokens (decode, spec decoding): row by row. In the vk
-// layout each state row is a recurrence of its own (row r's u and o need row r alone), so a row
-// walks all the tokens in KC registers: read once, stored after each token, then the next row --
-// a decode moves its state as a bare state pass does, not in walk_rows_vk's two passes over 16
-// rows, and a spec walk holds no block on the stack. The two dot products are reduced by hsum,
-// whose tree adds in row_sums' order; the same expressions as walk_rows_vk's are contracted into
-// FMAs differently (scalar u and o here), so a state can differ from that walk's by one rounding
-// of its order-1 terms (benchmarks/HISTORY.md "Stop 29"). Alternated in one process against
-// walk_rows_vk, f32 state, 7-9 rounds: decode B=8 1.06 -> 0.94 ms, B=32 3.32 -> 2.94, B=1 0.199 ->
-// 0.198 (the host's launch and call); spec B=8 S=1 2.46 -> 1.91, S=3 3.64 -> 3.13, S=7 6.36 ->
-// 5.63, S=3 B=32 12.4 -> 10.2, S=3 B=1 0.55 -> 0.49. 2-byte states keep walk_rows_vk: row by row
-// they took up to 1.4x as long (bf16 decode B=8 0.64 -> 0.81 ms, spec S=3 B=8 1.79 -> 2.53, as slow
-// with the state cache-resident: compute -- with the rounding a row's chain is ~100 instructions a
-// token, and fewer rows overlap; two rows interleaved: spec 2.18, still slower). Every row asks
-// for the row BY_ROW_AHEAD = 12 rows on (6 KB at K = 128; within the slot, so the last rows
-// of a head ask for the next head's first, which this work-item or the next one walks next), a
-// prefetch that never waits. Alternated in one process on stop 31's host (a Zen 5 VM;
-// benchmarks/HISTORY.md "Stop 31"), in a fast-memory minute: decode B=8 0.493 -> 0.388 ms, B=32
-// 1.651 -> 1.304, spec S=1 B=8 0.728 -> 0.596, S=3 B=8 1.341 -> 1.214, S=1 B=1 0.132 -> 0.110. 8 or
-// 16 rows on about as good, 4 rows on or 4 rows every 4th row less, one row a row about the same;
-// the next 16 rows at once (at a pass's start, or every 16th row) slower than none (the runtime's
-// prefetch is a call looping over the lines). On stop 29's host (Zen 4) one row a row, 16 on, was
-// slower (decode B=32 3.91 -> 4.14 ms). Stop 34, the prefetch inline (no call): one row a row
-// against two every other row, f32, three alternated runs from DRAM: 0-5% off every vk row (spec
-// S=1 B=8 1.075-1.083 -> 1.038-1.049 ms, S=3 B=1 0.248 -> 0.236, decode B=1 0.100-0.105 ->
+// x[0] + ... + x[N-1] as a tree (N = 1..4).
+template <int N>
+static inline vf16 sum_partials(const vf16 *x) {
+  static_assert(N >= 1 && N <= 4, "one to four partial sums");
+  if constexpr (N == 4) return (x[0] + x[1]) + (x[2] + x[3]);
+  else if constexpr (N == 3) return (x[0] + x[1]) + x[2];
+  else if constexpr (N == 2) return x[0] + x[1];
+  else return x[0];
+}
+
+// f32 states, walks of at most GDN_WALK_TOKENS tokens (decode, spec decoding): row by row. In the
+// vk layout each state row is a recurrence of its own (row r's u and o need row r alone), so a row
+// walks all the tokens in KC registers: read once, stored after each token, then the next row -- a
+// decode moves its state as a bare state pass does, not in walk_rows_vk's two passes over 16 rows,
+// and a spec walk holds no block on the stack. Each of the two dot products is summed in four
+// partial sums (BY_ROW_SUMS; one chain of KC FMAs before stop 37), then by hsum, and the same
+// expressions as walk_rows_vk's are contracted into FMAs differently (scalar u and o here), so a
+// state can differ from that walk's in its last bits (benchmarks/HISTORY.md "Stop 29"). The four
+// sums, alternated in one process (stop 37, f32): cache-resident decode B=8 0.263 -> 0.228 ms, B=1
+// 0.050 -> 0.046; from DRAM in slow-memory minutes (~63 GB/s) unchanged, as are spec rows, whose
+// streaming stores go to DRAM even with the state cache-resident. Row by row against walk_rows_vk
+// (stop 29), alternated in one process, f32 state, 7-9 rounds: decode B=8 1.06 -> 0.94 ms, B=32
+// 3.32 -> 2.94, B=1 0.199 -> 0.198 (the host's launch and call); spec B=8 S=1 2.46 -> 1.91, S=3
+// 3.64 -> 3.13, S=7 6.36 -> 5.63, S=3 B=32 12.4 -> 10.2, S=3 B=1 0.55 -> 0.49. 2-byte states keep
+// walk_rows_vk: row by row they took up to 1.4x as long (bf16 decode B=8 0.64 -> 0.81 ms, spec S=3
+// B=8 1.79 -> 2.53, as slow with the state cache-resident: compute -- with the rounding a row's
+// chain is ~100 instructions a token, and fewer rows overlap; two rows interleaved: spec 2.18,
+// still slower). Every row asks for the row BY_ROW_AHEAD = 12 rows on (6 KB at K = 128; within the
+// slot, so the last rows of a head ask for the next head's first, which this work-item or the next
+// one walks next), a prefetch that never waits. Alternated in one process on stop 31's host (a Zen
+// 5 VM; benchmarks/HISTORY.md "Stop 31"), in a fast-memory minute: decode B=8 0.493 -> 0.388 ms,
+// B=32 1.651 -> 1.304, spec S=1 B=8 0.728 -> 0.596, S=3 B=8 1.341 -> 1.214, S=1 B=1 0.132 -> 0.110.
+// 8 or 16 rows on about as good, 4 rows on or 4 rows every 4th row less, one row a row about the
+// same; the next 16 rows at once (at a pass's start, or every 16th row) slower than none (the
+// runtime's prefetch is a call looping over the lines). On stop 29's host (Zen 4) one row a row, 16
+// on, was slower (decode B=32 3.91 -> 4.14 ms). Stop 34, the prefetch inline (no call): one row a
+// row against two every other row, f32, three alternated runs from DRAM: 0-5% off every vk row
+// (spec S=1 B=8 1.075-1.083 -> 1.038-1.049 ms, S=3 B=1 0.248 -> 0.236, decode B=1 0.100-0.105 ->
 // 0.097-0.102), 8 or 16 rows on about the same. The kv layout cannot walk this way: a column's u
 // needs every row of the state.
 // LC: the walk's token count when fixed at compile time (1: a decode step, whose k and q stay in
@@ -558,6 +571,7 @@ static inline void walk_rows_vk_by_row(const GdnDeltaParams &p, RecurrentSeq &rs
   auto k_of = [&](int32_t t, int c) { return LC == 1 ? k1[c] : vload(pt.kn[t] + 16 * c); };
   auto q_of = [&](int32_t t, int c) { return LC == 1 ? q1[c] : vload(pt.qn[t] + 16 * c); };
   constexpr int32_t BY_ROW_AHEAD = 12, BY_ROW_ASK = 1;  // every BY_ROW_ASK-th row asks for BY_ROW_ASK rows
+  constexpr int BY_ROW_SUMS = KC < 4 ? KC : 4;
   const int32_t ahead_end = rs.init ? slot_rows_from(p, hv, v0) - BY_ROW_AHEAD - (BY_ROW_ASK - 1) : 0;  // in the slot
   for (int32_t r = 0; r < nr; ++r) {
     if (r % BY_ROW_ASK == 0 && r < ahead_end) prefetch_states(S + (r + BY_ROW_AHEAD) * KD, BY_ROW_ASK * KD);
@@ -565,11 +579,15 @@ static inline void walk_rows_vk_by_row(const GdnDeltaParams &p, RecurrentSeq &rs
     for (int c = 0; c < KC; ++c) s[c] = rs.init ? vload_state(S + r * KD + 16 * c) : vf16(0.0f);
     for (int32_t t = 0; t < L; ++t) {
       const float d = pt.decay[t], b = pt.beta[t];
-      vf16 ak(0.0f), aq(0.0f);
-      for (int c = 0; c < KC; ++c) {
-        ak += s[c] * k_of(t, c);
-        aq += s[c] * q_of(t, c);
+      // The row's two dot products as BY_ROW_SUMS partial sums each: chains of KC / BY_ROW_SUMS
+      // FMAs, not KC (the next token's products wait for this token's update).
+      vf16 akp[BY_ROW_SUMS], aqp[BY_ROW_SUMS];
+      for (int c = 0; c < BY_ROW_SUMS; ++c) akp[c] = s[c] * k_of(t, c), aqp[c] = s[c] * q_of(t, c);
+      for (int c = BY_ROW_SUMS; c < KC; ++c) {
+        akp[c % BY_ROW_SUMS] += s[c] * k_of(t, c);
+        aqp[c % BY_ROW_SUMS] += s[c] * q_of(t, c);
       }
+      const vf16 ak = sum_partials<BY_ROW_SUMS>(akp), aq = sum_partials<BY_ROW_SUMS>(aqp);
       const float u = b * (vs[t][r] - d * hsum(ak));
       os[t][r] = d * hsum(aq) + u * kq[t];
       for (int c = 0; c < KC; ++c) s[c] = s[c] * d + k_of(t, c) * u;
