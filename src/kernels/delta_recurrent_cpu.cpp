@@ -517,8 +517,10 @@ static inline vf16 sum_partials(const vf16 *x) {
 // expressions as walk_rows_vk's are contracted into FMAs differently (scalar u and o here), so a
 // state can differ from that walk's in its last bits (benchmarks/HISTORY.md "Stop 29"). The four
 // sums, alternated in one process (stop 37, f32): cache-resident decode B=8 0.263 -> 0.228 ms, B=1
-// 0.050 -> 0.046; from DRAM in slow-memory minutes (~63 GB/s) unchanged, as are spec rows, whose
-// streaming stores go to DRAM even with the state cache-resident. Row by row against walk_rows_vk
+// 0.050 -> 0.046; from DRAM in slow-memory minutes (~63 GB/s) unchanged, in fast ones (~110-120
+// GB/s, 20 rounds) spec S=3 B=8 1.201 -> 1.118 ms, decode B=8 / B=32 within noise (0.357 / 0.367,
+// 1.253 / 1.243); spec rows cache-resident unchanged (their streaming stores go to DRAM anyway).
+// Row by row against walk_rows_vk
 // (stop 29), alternated in one process, f32 state, 7-9 rounds: decode B=8 1.06 -> 0.94 ms, B=32
 // 3.32 -> 2.94, B=1 0.199 -> 0.198 (the host's launch and call); spec B=8 S=1 2.46 -> 1.91, S=3
 // 3.64 -> 3.13, S=7 6.36 -> 5.63, S=3 B=32 12.4 -> 10.2, S=3 B=1 0.55 -> 0.49. 2-byte states keep
