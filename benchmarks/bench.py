@@ -18,8 +18,8 @@ One run measures, on Qwen3-Next TP=1 shapes (H=16, HV=32, K=V=128, W=4; bf16 act
     bytes) against memory bandwidth measured in the same run (best of a numpy copy of 256 MiB,
     a USM device-to-device queue.memcpy and an in-place read+write kernel on all the device's
     threads, at the run's start and end; a decode / spec row against that kernel timed beside it
-    in its rounds: report.row_reference), and for prefill FLOP/s of the chunked algorithm against a numpy float32 2048^3
-    matmul; decode / spec steps rotate over copies of their caches (>= 256 MiB together), so
+    in its rounds: report.row_reference), and for prefill FLOP/s of the chunked algorithm against
+    a numpy float32 2048^3 matmul; decode / spec steps rotate over copies of their caches (>= 256 MiB together), so
     the state comes from DRAM as in a model, not from the last-level cache; beside that, each
     decode / spec row's share of its read/write bound (reads at a read-only, writes at a
     write-only kernel's rate, overlapped: report.rw_bound_share);
@@ -61,7 +61,7 @@ import peers as P
 from cases import H, HV, K, V, W, chunked_flops, make_case, run_case, traffic_bytes
 from machine import c_host_overhead, cpu_model, host_overhead, measure_bandwidth, measure_peak
 from prefill_sweep import CHECKPOINT_INTERVAL, checkpoint_line, run_checkpoint_case, run_sweep, sweep_line
-from report import HEADER, REFERENCE_PASS, plot, row_line, targets, variants_lines
+from report import HEADER, beside_GBps, plot, row_line, targets, variants_lines
 from timing import FOREIGN_FLAG, CpuWatch, wait_quiet
 
 # specs: (num_spec, batches) of the spec decode cases; sweep: the prefill sweep's points (pygdn
@@ -335,7 +335,7 @@ def log_results(title, records, plan, sweep, checkpoints, foreign):
     log(quiet_line(foreign))
     log(f"reference bandwidth {bw['reference_GBps']:.2f} GB/s (best of numpy copy / USM memcpy / stream "
         f"kernel, start and end of the run); reference peak {peak['numpy_matmul_GFLOPs']:.1f} GFLOP/s (numpy f32 matmul 2048^3)")
-    beside = [r[REFERENCE_PASS]["GBps"] for r in ok_records if "GBps" in r.get(REFERENCE_PASS, {})]
+    beside = beside_GBps(ok_records)
     if beside:
         log(f"each decode / spec row's % is of the same stream kernel timed beside the row in its rounds, the best "
             f"of its repeats ('of X beside'; the memory's rate in the row's minutes): {min(beside):.1f} .. "
@@ -444,8 +444,7 @@ def main(argv=None) -> int:
                   "ratio": "peer median time / our median time"}})
     msg = plot(ok_records, args.plot, f"pygdn {pygdn.__version__} on {dev['name']}"
                + (" (SYCL CPU device)" if dev["is_sycl_cpu_device"] else "") + f", Qwen3-Next TP=1, {args.dtype}",
-               max([bw["reference_GBps"]] + [r[REFERENCE_PASS]["GBps"] for r in ok_records
-                                              if "GBps" in r.get(REFERENCE_PASS, {})]), sweep)
+               max([bw["reference_GBps"]] + beside_GBps(ok_records)), sweep)
     log("")
     log(f"wrote {args.json}" + (f" and {args.plot}" if msg is None else f"; {msg}"))
     log(f"total run time {total:.0f} s")

@@ -170,9 +170,9 @@ class StatePass:
 # row's % is of what it moved then (report.row_reference). This host's memory moves about 63 or
 # about 120 GB/s for minutes at a time (stops 33-37): against a reference taken at the run's start
 # and end, rows timed in fast minutes read up to 190% (run 36b, decode B=32's own bare pass: the
-# same kernel) and rows timed in slow minutes half what they moved (run 37a). In place, 64 KB a
-# work-group as in measure_bandwidth, the 256 MiB of measure_bandwidth a step (two such regions in
-# turn); one per run, made when the first row needs it.
+# same kernel) and, against a fast start, rows timed in slow minutes half what they moved (run
+# 37a). In place, 64 KB a work-group as in measure_bandwidth, the 256 MiB of measure_bandwidth a
+# step (two such regions in turn); one per run, made when the first row needs it.
 REFERENCE_PASS_HEADS, REFERENCE_PASS_HEAD_BYTES = 4096, 64 << 10
 
 

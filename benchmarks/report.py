@@ -47,6 +47,11 @@ def row_reference(rec, plan):
     return rec.get(REFERENCE_PASS, {}).get("GBps") or plan["bw"]["reference_GBps"]
 
 
+def beside_GBps(records):
+    """The rates of the reference's stream kernel timed beside the rows (those that have one)."""
+    return [r[REFERENCE_PASS]["GBps"] for r in records if "GBps" in r.get(REFERENCE_PASS, {})]
+
+
 def state_pass_share(rec, name, plan):
     """Of a decode / spec row: its state pass `name` (STATE_PASSES) in the issue's metric -- the
     traffic model's bytes over the pass's time, as a share of the row's reference: what the row
