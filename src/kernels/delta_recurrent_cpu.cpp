@@ -513,33 +513,32 @@ static inline vf16 sum_partials(const vf16 *x) {
 // walks all the tokens in KC registers: read once, stored after each token, then the next row -- a
 // decode moves its state as a bare state pass does, not in walk_rows_vk's two passes over 16 rows,
 // and a spec walk holds no block on the stack. Each of the two dot products is summed in four
-// partial sums (BY_ROW_SUMS; one chain of KC FMAs before stop 37), then by hsum, and the same
-// expressions as walk_rows_vk's are contracted into FMAs differently (scalar u and o here), so a
-// state can differ from that walk's in its last bits (benchmarks/HISTORY.md "Stop 29"). The four
-// sums, alternated in one process (stop 37, f32): cache-resident decode B=8 0.263 -> 0.228 ms, B=1
-// 0.050 -> 0.046; from DRAM in slow-memory minutes (~63 GB/s) unchanged, in fast ones (~110-120
-// GB/s, 20 rounds) spec S=3 B=8 1.201 -> 1.118 ms, decode B=8 / B=32 within noise (0.357 / 0.367,
-// 1.253 / 1.243); spec rows cache-resident unchanged (their streaming stores go to DRAM anyway).
-// Row by row against walk_rows_vk
-// (stop 29), alternated in one process, f32 state, 7-9 rounds: decode B=8 1.06 -> 0.94 ms, B=32
-// 3.32 -> 2.94, B=1 0.199 -> 0.198 (the host's launch and call); spec B=8 S=1 2.46 -> 1.91, S=3
-// 3.64 -> 3.13, S=7 6.36 -> 5.63, S=3 B=32 12.4 -> 10.2, S=3 B=1 0.55 -> 0.49. 2-byte states keep
-// walk_rows_vk: row by row they took up to 1.4x as long (bf16 decode B=8 0.64 -> 0.81 ms, spec S=3
-// B=8 1.79 -> 2.53, as slow with the state cache-resident: compute -- with the rounding a row's
-// chain is ~100 instructions a token, and fewer rows overlap; two rows interleaved: spec 2.18,
-// still slower). Every row asks for the row BY_ROW_AHEAD = 12 rows on (6 KB at K = 128; within the
-// slot, so the last rows of a head ask for the next head's first, which this work-item or the next
-// one walks next), a prefetch that never waits. Alternated in one process on stop 31's host (a Zen
-// 5 VM; benchmarks/HISTORY.md "Stop 31"), in a fast-memory minute: decode B=8 0.493 -> 0.388 ms,
-// B=32 1.651 -> 1.304, spec S=1 B=8 0.728 -> 0.596, S=3 B=8 1.341 -> 1.214, S=1 B=1 0.132 -> 0.110.
-// 8 or 16 rows on about as good, 4 rows on or 4 rows every 4th row less, one row a row about the
-// same; the next 16 rows at once (at a pass's start, or every 16th row) slower than none (the
-// runtime's prefetch is a call looping over the lines). On stop 29's host (Zen 4) one row a row, 16
-// on, was slower (decode B=32 3.91 -> 4.14 ms). Stop 34, the prefetch inline (no call): one row a
-// row against two every other row, f32, three alternated runs from DRAM: 0-5% off every vk row
-// (spec S=1 B=8 1.075-1.083 -> 1.038-1.049 ms, S=3 B=1 0.248 -> 0.236, decode B=1 0.100-0.105 ->
-// 0.097-0.102), 8 or 16 rows on about the same. The kv layout cannot walk this way: a column's u
-// needs every row of the state.
+// partial sums (BY_ROW_SUMS, fewer for K < 64; one chain of KC FMAs before stop 37), then by hsum,
+// and the same expressions as walk_rows_vk's are contracted into FMAs differently (scalar u and o
+// here), so a state can differ from that walk's in its last bits (benchmarks/HISTORY.md "Stop 29").
+// The four sums, alternated in one process (stop 37, f32): cache-resident decode B=8 0.263 -> 0.228
+// ms, B=1 0.050 -> 0.046; from DRAM in slow-memory minutes (~63 GB/s) unchanged, in fast ones
+// (~110-120 GB/s, 20 rounds) spec S=3 B=8 1.201 -> 1.118 ms, decode B=8 / B=32 within noise (0.357
+// / 0.367, 1.253 / 1.243); spec rows cache-resident unchanged (their streaming stores go to DRAM
+// anyway). Row by row against walk_rows_vk (stop 29), alternated in one process, f32 state, 7-9
+// rounds: decode B=8 1.06 -> 0.94 ms, B=32 3.32 -> 2.94, B=1 0.199 -> 0.198 (the host's launch and
+// call); spec B=8 S=1 2.46 -> 1.91, S=3 3.64 -> 3.13, S=7 6.36 -> 5.63, S=3 B=32 12.4 -> 10.2, S=3
+// B=1 0.55 -> 0.49. 2-byte states keep walk_rows_vk: row by row they took up to 1.4x as long (bf16
+// decode B=8 0.64 -> 0.81 ms, spec S=3 B=8 1.79 -> 2.53, as slow with the state cache-resident:
+// compute -- with the rounding a row's chain is ~100 instructions a token, and fewer rows overlap;
+// two rows interleaved: spec 2.18, still slower). Every row asks for the row BY_ROW_AHEAD = 12 rows
+// on (6 KB at K = 128; within the slot, so the last rows of a head ask for the next head's first,
+// which this work-item or the next one walks next), a prefetch that never waits. Alternated in one
+// process on stop 31's host (a Zen 5 VM; benchmarks/HISTORY.md "Stop 31"), in a fast-memory minute:
+// decode B=8 0.493 -> 0.388 ms, B=32 1.651 -> 1.304, spec S=1 B=8 0.728 -> 0.596, S=3 B=8 1.341 ->
+// 1.214, S=1 B=1 0.132 -> 0.110. 8 or 16 rows on about as good, 4 rows on or 4 rows every 4th row
+// less, one row a row about the same; the next 16 rows at once (at a pass's start, or every 16th
+// row) slower than none (the runtime's prefetch is a call looping over the lines). On stop 29's
+// host (Zen 4) one row a row, 16 on, was slower (decode B=32 3.91 -> 4.14 ms). Stop 34, the
+// prefetch inline (no call): one row a row against two every other row, f32, three alternated runs
+// from DRAM: 0-5% off every vk row (spec S=1 B=8 1.075-1.083 -> 1.038-1.049 ms, S=3 B=1 0.248 ->
+// 0.236, decode B=1 0.100-0.105 -> 0.097-0.102), 8 or 16 rows on about the same. The kv layout
+// cannot walk this way: a column's u needs every row of the state.
 // LC: the walk's token count when fixed at compile time (1: a decode step, whose k and q stay in
 // registers across the rows: decode B=8 0.91 -> 0.86 ms against loading them per row), else 0.
 template <int LC>
