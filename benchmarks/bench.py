@@ -339,7 +339,8 @@ def log_results(title, records, plan, sweep, checkpoints, foreign):
     if beside:
         log(f"each decode / spec row's % is of the same stream kernel timed beside the row in its rounds, the best "
             f"of its repeats ('of X beside'; the memory's rate in the row's minutes): {min(beside):.1f} .. "
-            f"{max(beside):.1f} GB/s in this run")
+            f"{max(beside):.1f} GB/s in this run; its read/write bound ('r/w') of the read-only and write-only "
+            f"kernels timed beside it too")
     log(HEADER)
     for r in ok_records:
         log(row_line(r, plan))
@@ -356,7 +357,7 @@ def log_results(title, records, plan, sweep, checkpoints, foreign):
     log("")
     log("decode / spec decode per ssm cache format (traffic model: each state touched read once and written once per "
         "stored state, in the state dtype's bytes, plus activations; '%rw' = the time the read/write bound allows "
-        "(reads at the read-only, writes at the write-only stream rate, overlapped) / the time; "
+        "(reads at the read-only, writes at the write-only stream rate timed beside the row, overlapped) / the time; "
         "'/vk' = time against the vk layout's; '!' = "
         "bf16-state results disagree with the f32-state step beyond 2e-2):")
     for line in variants_lines(ok_records, plan):
@@ -412,7 +413,7 @@ def main(argv=None) -> int:
     bw, peak = measure_machine(queue, P.TorchPeer in peers)
     plan, specs = make_plan(args.quick, bw, peak, t_start)
     records = run_cases(queue, specs, args.dtype, peers, plan, missing)
-    plan.pop("reference_pass", None)  # (its 512 MiB back before the prefills)
+    plan.pop("reference_passes", None)  # (their 512 MiB back before the prefills)
     checkpoints = run_checkpoints(queue, plan, args.dtype)
     sweep = run_sweep(queue, plan["sweep"], args.dtype, plan, log)
     ho = measure_host_overhead(queue, args.dtype, (QUICK_PLAN if args.quick else FULL_PLAN)["host_calls"])

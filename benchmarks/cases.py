@@ -11,9 +11,9 @@ import numpy as np
 import pygdn
 from pygdn.batch import make_batch, to_device
 
-from machine import StatePass, reference_pass
+from machine import StatePass, reference_passes
 from peers import CHUNK
-from report import REFERENCE_PASS, STATE_PASSES, row_line
+from report import REFERENCE_PASSES, STATE_PASSES, row_line
 from timing import LATE_BUDGET_S, RETRY_SHARE, first_call_s, timed_blocks, wait_quiet
 
 H, HV, K, V, W = 16, 32, 128, 128, 4          # Qwen3-Next-80B-A3B linear attention, TP=1
@@ -317,8 +317,8 @@ def rel_err(got, want):
 # decode / spec case: (record key, ssm layout, state dtype).
 VARIANTS = (("ours_kv_layout", "kv", "f32"), ("ours_bf16_state", "vk", "bf16"), ("ours_bf16_state_kv", "kv", "bf16"))
 # Timed in interleaved rounds (timing.timed_blocks): the variants, and the state passes and the
-# reference's stream kernel their times are read against.
-TOGETHER = ("ours",) + tuple(v[0] for v in VARIANTS) + tuple(p[0] for p in STATE_PASSES) + (REFERENCE_PASS,)
+# reference's stream kernels their times are read against.
+TOGETHER = ("ours",) + tuple(v[0] for v in VARIANTS) + tuple(p[0] for p in STATE_PASSES + REFERENCE_PASSES)
 # A bf16 state cache is rounded once per stored state (relative 2^-9): its outputs and states
 # against the f32-state step, max |diff| / max |f32|, must stay well inside this.
 STATE_TOL = 2e-2
@@ -396,12 +396,13 @@ def run_case(queue, case, peers, plan, log, missing=()):
             impls[name] = (sp.step, reps_ours, first_call_s(sp.step))
         if "state_pass" not in plan["unsupported"]:  # (the same OpenCL stream kernels)
             try:
-                if "reference_pass" not in plan:
-                    plan["reference_pass"] = reference_pass(queue)
-                ref_step, ref_bytes = plan["reference_pass"]
-                impls[REFERENCE_PASS] = (ref_step, reps_ours, first_call_s(ref_step))
+                if "reference_passes" not in plan:
+                    plan["reference_passes"] = reference_passes(queue)
+                for name, kind in REFERENCE_PASSES:
+                    ref_step = plan["reference_passes"][kind][0]
+                    impls[name] = (ref_step, reps_ours, first_call_s(ref_step))
             except Exception as e:  # noqa: BLE001 (the run's reference stands alone)
-                log(f"  reference pass beside the row: not measured ({type(e).__name__}: {e})")
+                log(f"  reference passes beside the row: not measured ({type(e).__name__}: {e})")
     # Breakdown of our step: the conv alone and the delta rule alone (two calls instead of one).
     reps_part = max(1, reps_ours // 2)
     for part in ("conv", "delta"):
@@ -460,8 +461,9 @@ def run_case(queue, case, peers, plan, log, missing=()):
     for name, sd in STATE_PASSES:
         if name in rec:
             rec[name]["GBps"] = rec["bytes" + of_dtype(sd)] / rec[name]["median_s"] / 1e9
-    if REFERENCE_PASS in rec:  # the best of its repeats, as the run's reference is the best of 5
-        rec[REFERENCE_PASS]["GBps"] = ref_bytes / rec[REFERENCE_PASS]["min_s"] / 1e9
+    for name, kind in REFERENCE_PASSES:  # the best of the repeats, as the run's are the best of 5
+        if name in rec:
+            rec[name]["GBps"] = plan["reference_passes"][kind][1] / rec[name]["min_s"] / 1e9
     if "flops" in rec:
         rec["ours"]["GFLOPs"] = rec["flops"] / t_ours / 1e9
     log(row_line(rec, plan))

@@ -166,20 +166,33 @@ class StatePass:
         self.q.wait()
 
 
-# The reference's own stream kernel, timed beside every decode / spec row in the row's rounds: the
-# row's % is of what it moved then (report.row_reference). This host's memory moves about 63 or
+# The reference's stream kernels, timed beside every decode / spec row in the row's rounds: the
+# row's % is of what the memory moved then (report.row_reference), its read/write bound of the
+# read-only and write-only rates then (report.rw_bound_share). This host's memory moves about 63 or
 # about 120 GB/s for minutes at a time (stops 33-37): against a reference taken at the run's start
 # and end, rows timed in fast minutes read up to 190% (run 36b, decode B=32's own bare pass: the
 # same kernel) and, against a fast start, rows timed in slow minutes half what they moved (run
-# 37a). In place, 64 KB a work-group as in measure_bandwidth, the 256 MiB of measure_bandwidth a
-# step (two such regions in turn); one per run, made when the first row needs it.
-REFERENCE_PASS_HEADS, REFERENCE_PASS_HEAD_BYTES = 4096, 64 << 10
+# 37a). measure_bandwidth's kernels, 64 KB a work-group, its 256 MiB a step (two such regions of
+# one pool in turn); one set per run, made when the first row needs it.
+REFERENCE_PASS_BYTES, REFERENCE_PASS_CHUNK = 256 << 20, 64 << 10
 
 
-def reference_pass(queue):
-    """(step, bytes moved by one step) of the reference's stream kernel, as StatePass runs it."""
-    return (StatePass(queue, REFERENCE_PASS_HEADS, REFERENCE_PASS_HEAD_BYTES, 0).step,
-            2 * REFERENCE_PASS_HEADS * REFERENCE_PASS_HEAD_BYTES)
+def reference_passes(queue):
+    """kind ("rw", "read", "write": _STREAM_KERNELS) -> (step, bytes one step moves)."""
+    import ctypes
+    buf, out = _filled_usm(queue, 2 * REFERENCE_PASS_BYTES), {}
+    for kind, (name, moved) in _STREAM_KERNELS.items():
+        k, regions = _stream_kernel(queue, name), []
+        for r in range(2):
+            regions.append([buf, ctypes.c_long(r * REFERENCE_PASS_BYTES // 64),
+                            ctypes.c_int(REFERENCE_PASS_CHUNK // 64), ctypes.c_float(1.0)])
+
+        def step(k=k, regions=regions, turn=[0]):  # noqa: B006 (the region cursor of this kind)
+            queue.submit(k, regions[turn[0]], [REFERENCE_PASS_BYTES // REFERENCE_PASS_CHUNK], [1])
+            queue.wait()
+            turn[0] ^= 1
+        out[kind] = (step, moved * REFERENCE_PASS_BYTES)
+    return out
 
 
 def measure_peak(torch_ok):

@@ -23,26 +23,31 @@ def _peer_cell(rec, name):
     return f"{_fmt_ms(p['median_s'])} {p['ratio']:6.2f}x{bad:1s} "
 
 
+# The reference's stream kernels timed beside each decode / spec row (machine.reference_passes):
+# record key, kind. "ref_pass" (in place, read + write) is the row's reference.
+REFERENCE_PASSES = (("ref_pass", "rw"), ("ref_read", "read"), ("ref_write", "write"))
+REFERENCE_PASS = REFERENCE_PASSES[0][0]
+
+
 def rw_bound_share(rec, name, plan):
     """Of a decode / spec row's implementation `name` (ours or a cache-format variant): the time of
     its read/write bound (bytes read at the read-only stream rate and bytes written at the
-    write-only rate, overlapped: the larger of the two) over its measured time; None when the
-    run has no read/write rates."""
-    bw, v = plan["bw"], rec.get(name, {})
+    write-only rate, both timed beside the row, else at the run's start and end; overlapped: the
+    larger of the two) over its measured time; None when the run has no read/write rates."""
+    v = rec.get(name, {})
     rw = v.get("bytes_read_written")  # in its state dtype's bytes (cases.run_case)
-    if not (bw.get("kernel_read_GBps") and bw.get("kernel_write_GBps") and rw and "median_s" in v):
+    read, write = (rec.get(k, {}).get("GBps") for k, _ in REFERENCE_PASSES[1:])
+    if not (read and write):  # not timed beside the row: the run's start and end
+        read, write = plan["bw"].get("kernel_read_GBps"), plan["bw"].get("kernel_write_GBps")
+    if not (read and write and rw and "median_s" in v):
         return None
-    return max(rw[0] / bw["kernel_read_GBps"], rw[1] / bw["kernel_write_GBps"]) / 1e9 / v["median_s"]
-
-
-# The reference's stream kernel timed beside each decode / spec row (machine.reference_pass).
-REFERENCE_PASS = "ref_pass"
+    return max(rw[0] / read, rw[1] / write) / 1e9 / v["median_s"]
 
 
 def row_reference(rec, plan):
     """The bandwidth a row's % is of: for a decode / spec row, the reference's stream kernel timed
     beside it in the row's rounds (the best of its repeats: what the memory moved in the row's
-    minutes, machine.reference_pass); else, or where that was not measured, the run's reference
+    minutes, machine.reference_passes); else, or where that was not measured, the run's reference
     (measured at its start and end)."""
     return rec.get(REFERENCE_PASS, {}).get("GBps") or plan["bw"]["reference_GBps"]
 
