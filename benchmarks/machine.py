@@ -145,15 +145,22 @@ def kernel_stream_GBps(queue, nbytes, chunk=64 << 10, kind="rw"):
 # as the rows' rotating caches do.
 class StatePass:
     """step(): one pass over `heads` head states of `head_bytes` each (in place when copies == 0,
-    else read once and streamed to `copies` places), on the next region of its pool; waits."""
+    else read once and streamed to `copies` places), on the next region of its pool; waits.
+    kernel: another in-place kernel of _STREAM_SRC for copies == 0 (the read-only or write-only
+    pass); pool: a buffer of pool_bytes(...) to share with other passes instead of its own."""
 
-    def __init__(self, queue, heads, head_bytes, copies):
+    @staticmethod
+    def pool_bytes(heads, head_bytes, copies):
+        footprint = heads * head_bytes * (1 + copies)
+        return max(2, -(-(256 << 20) // footprint)) * footprint  # >= 256 MiB and >= 2 footprints
+
+    def __init__(self, queue, heads, head_bytes, copies, kernel=None, pool=None):
         import ctypes
-        k = _stream_kernel(queue, "gdn_bench_r1wn" if copies else "gdn_bench_rw")
+        k = _stream_kernel(queue, kernel or ("gdn_bench_r1wn" if copies else "gdn_bench_rw"))
         self.q, self.groups = queue, heads
         footprint = heads * head_bytes * (1 + copies)
-        self.regions = max(2, -(-(256 << 20) // footprint))  # >= 256 MiB and >= 2 footprints
-        self.buf = _filled_usm(queue, self.regions * footprint)
+        self.regions = self.pool_bytes(heads, head_bytes, copies) // footprint
+        self.buf = pool if pool is not None else _filled_usm(queue, self.regions * footprint)
         n16, tail = ctypes.c_int(head_bytes // 64), [ctypes.c_int(copies)] if copies else []
         self.calls = [(k, [self.buf, ctypes.c_long(r * footprint // 64), n16, ctypes.c_float(1.0)] + tail)
                       for r in range(self.regions)]
@@ -172,27 +179,19 @@ class StatePass:
 # about 120 GB/s for minutes at a time (stops 33-37): against a reference taken at the run's start
 # and end, rows timed in fast minutes read up to 190% (run 36b, decode B=32's own bare pass: the
 # same kernel) and, against a fast start, rows timed in slow minutes half what they moved (run
-# 37a). measure_bandwidth's kernels, 64 KB a work-group, its 256 MiB a step (two such regions of
-# one pool in turn); one set per run, made when the first row needs it.
+# 37a). measure_bandwidth's kernels as StatePass runs them, 64 KB a work-group, its 256 MiB a step
+# (two such regions of one pool in turn, shared by the three); one set per run, made when the first
+# row needs it.
 REFERENCE_PASS_BYTES, REFERENCE_PASS_CHUNK = 256 << 20, 64 << 10
 
 
 def reference_passes(queue):
     """kind ("rw", "read", "write": _STREAM_KERNELS) -> (step, bytes one step moves)."""
-    import ctypes
-    buf, out = _filled_usm(queue, 2 * REFERENCE_PASS_BYTES), {}
-    for kind, (name, moved) in _STREAM_KERNELS.items():
-        k, regions = _stream_kernel(queue, name), []
-        for r in range(2):
-            regions.append([buf, ctypes.c_long(r * REFERENCE_PASS_BYTES // 64),
-                            ctypes.c_int(REFERENCE_PASS_CHUNK // 64), ctypes.c_float(1.0)])
-
-        def step(k=k, regions=regions, turn=[0]):  # noqa: B006 (the region cursor of this kind)
-            queue.submit(k, regions[turn[0]], [REFERENCE_PASS_BYTES // REFERENCE_PASS_CHUNK], [1])
-            queue.wait()
-            turn[0] ^= 1
-        out[kind] = (step, moved * REFERENCE_PASS_BYTES)
-    return out
+    heads = REFERENCE_PASS_BYTES // REFERENCE_PASS_CHUNK
+    pool = _filled_usm(queue, StatePass.pool_bytes(heads, REFERENCE_PASS_CHUNK, 0))
+    return {kind: (StatePass(queue, heads, REFERENCE_PASS_CHUNK, 0, kernel=name, pool=pool).step,
+                   moved * REFERENCE_PASS_BYTES)
+            for kind, (name, moved) in _STREAM_KERNELS.items()}
 
 
 def measure_peak(torch_ok):
