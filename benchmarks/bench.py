@@ -19,10 +19,10 @@ One run measures, on Qwen3-Next TP=1 shapes (H=16, HV=32, K=V=128, W=4; bf16 act
     a USM device-to-device queue.memcpy and an in-place read+write kernel on all the device's
     threads, at the run's start and end; a decode / spec row against that kernel timed beside it
     in its rounds: report.row_reference), and for prefill FLOP/s of the chunked algorithm against
-    a numpy float32 2048^3 matmul; decode / spec steps rotate over copies of their caches (>= 256 MiB together), so
-    the state comes from DRAM as in a model, not from the last-level cache; beside that, each
-    decode / spec row's share of its read/write bound (reads at a read-only, writes at a
-    write-only kernel's rate, overlapped: report.rw_bound_share);
+    a numpy float32 2048^3 matmul; decode / spec steps rotate over copies of their caches (>= 256
+    MiB together), so the state comes from DRAM as in a model, not from the last-level cache;
+    beside that, each decode / spec row's share of its read/write bound (reads at a read-only,
+    writes at a write-only kernel's rate, overlapped: report.rw_bound_share);
   - the prefill sweep (pygdn alone, µs/token and CPU-µs/token): 512 .. 131072 tokens in one
     sequence and 16 x 8192 in two rounds, each point keeping its faster one (--quick: 512 and 2048,
     one round), and a prefill with block checkpoints every 256 tokens against none (when the build
