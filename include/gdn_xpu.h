@@ -24,8 +24,8 @@
  *    (thread-local, valid until the next gdn_* call on the same thread).
  *  - The chunk plan of prefills is built on the device: no call reads metadata back to plan it.
  *    Under GDN_VALIDATE_COUNTS a batch without prefills reads nothing back and never waits; with
- *    prefills non_spec_query_start_loc is still read back and checked (it bounds the rows the
- *    chunk kernels walk).
+ *    prefills non_spec_query_start_loc is still read back and checked, in every op (it bounds the
+ *    rows the kernels walk).
  *  - Structs are versioned by their first field `struct_size` = sizeof(struct) of the caller's
  *    header. Fill them with the gdn_*_init() functions, which set defaults and struct_size.
  *    The structs only grow, by fields appended at the end: a caller built against an older
@@ -66,7 +66,7 @@ extern "C" {
 /* Library version (semantic). meson.build checks these against the project version. */
 #define GDN_VERSION_MAJOR 0
 #define GDN_VERSION_MINOR 2
-#define GDN_VERSION_PATCH 22
+#define GDN_VERSION_PATCH 23
 /* Bumped whenever a struct layout or a function signature changes incompatibly (appending a
  * field to a struct does not: see "Structs are versioned" above). */
 #define GDN_ABI_VERSION 1
@@ -131,7 +131,7 @@ typedef enum gdn_conv_spec_layout {
 /* Bits of gdn_config_t.flags. */
 enum {
   GDN_FLAG_NO_SILU = 1,          /* conv output without SiLU                                  */
-  GDN_FLAG_NO_QK_L2NORM = 2,     /* q/k are used as given (caller normalized them)            */
+  GDN_FLAG_NO_QK_L2NORM = 2,     /* q/k not l2-normalized (caller did it); q is still scaled  */
   GDN_FLAG_FORCE_RECURRENT = 4,  /* prefill through the token recurrence, not the chunk form  */
   GDN_FLAG_L2NORM_DIV = 8,       /* l2norm as x/(|x|+eps) instead of x*rsqrt(sum x^2 + eps)   */
   GDN_FLAG_ALL = 15              /* every bit this version knows; others are rejected         */
@@ -162,11 +162,14 @@ enum {
  * sequences may read one slot; a slot read by one sequence and written by another in the same call
  * is rejected (GDN_ERROR_DUPLICATE_SLOT: the result would depend on kernel order). With
  * has_initial_state[i] == 0 nothing is read: the sequence starts from zeros.
- * pad_slot_id as a sequence's write slot (non_spec_state_indices[i], or the ROLLED line [n][0])
- * makes the sequence graph padding: zero outputs, nothing read, nothing written, no checkpoint.
- * As an explicitly given read slot it means "nothing to read": the sequence starts from zeros and
- * writes as usual. (With spec_read_state_indices NULL a padded spec_state_indices[n][A-1] keeps its
- * version-1 meaning: no SSM state read or written, zero delta-rule outputs.)
+ * pad_slot_id as a non-spec sequence's write slot non_spec_state_indices[i] makes the sequence
+ * graph padding: zero outputs, nothing read, nothing written, no checkpoint. A spec sequence's
+ * columns are slots of their own: a pad [n][t] is not written, and the ROLLED line [n][0] being
+ * pad means zero conv outputs and no conv read or write for the sequence (its SSM state follows
+ * the rules here on its own). As an explicitly given read slot pad_slot_id means "nothing to
+ * read": the sequence starts from zeros and writes as usual. (With spec_read_state_indices NULL a
+ * padded spec_state_indices[n][A-1] keeps its version-1 meaning: no SSM state read or written,
+ * zero delta-rule outputs.)
  *
  * Block checkpoints (non-spec sequences, when checkpoint_interval = I > 0): token j (0-based within
  * this step) of non-spec sequence i is a boundary when (non_spec_start_pos[i] + j + 1) % I == 0,
@@ -248,13 +251,14 @@ typedef struct gdn_batch {
   /* [num_spec_decodes], int32, or NULL = spec_state_indices[n][A-1] (SSM, SNAPSHOT conv) and
    * spec_state_indices[n][0] (ROLLED conv line): each spec sequence's read slot */
   const int32_t *spec_read_state_indices;
-  /* tokens between checkpoints: 0 = none (default; the checkpoint fields are then not read), else
-   * a positive multiple of GDN_CHUNK_SIZE */
+  /* tokens between checkpoints: 0 = none (default; checkpoint_cols and checkpoint_state_indices
+   * are then not read), else a positive multiple of GDN_CHUNK_SIZE */
   int32_t checkpoint_interval;
   /* columns of checkpoint_state_indices, >= 0: the most boundaries a sequence may cross in a call */
   int32_t checkpoint_cols;
   /* [num_prefills+num_decodes], int32 >= 0, or NULL = all 0: tokens of each non-spec sequence's
-   * request already in its state before this step (its first token's position in the request) */
+   * request already in its state before this step (its first token's position in the request).
+   * Used only to place block checkpoints, but checked whenever given. */
   const int32_t *non_spec_start_pos;
   /* [num_prefills+num_decodes, checkpoint_cols], int32, row-major: slot of the k-th checkpoint of
    * non-spec sequence i in this step (pad_slot_id = not stored); needed when checkpoint_interval
@@ -300,7 +304,9 @@ GDN_API size_t gdn_sizeof_batch(void);          /*   lets bindings check their s
 GDN_API size_t gdn_sizeof_tensors(void);
 
 /* Defaults: struct_size set, pad_slot_id = -1, layouts 0, l2norm_eps = norm_eps = 1e-6,
- * state_dtype = F32, act_dtype = BF16, everything else 0/NULL. */
+ * state_dtype = F32, act_dtype = BF16, everything else 0/NULL. Layouts 0 are GDN_SSM_KV,
+ * GDN_CONV_DIM_MAJOR and GDN_CONV_SPEC_SNAPSHOT; pygdn.Config defaults to vk / time_major /
+ * rolled instead (vLLM >= 0.34's caches): set them explicitly when moving between the two. */
 GDN_API void gdn_config_init(gdn_config_t *cfg);
 GDN_API void gdn_batch_init(gdn_batch_t *batch);
 GDN_API void gdn_tensors_init(gdn_tensors_t *t);
@@ -323,7 +329,8 @@ GDN_API gdn_status_t gdn_causal_conv1d(void *queue, const gdn_config_t *cfg, con
  * Reads  conv_out (q|k|v per row), a/b + A_log/dt_bias (or g/beta), ssm_state.
  * Writes core_attn_out at each addressed row (zeros for padded sequences), ssm_state.
  * Per v-head with state S [K,V] f32:  S = exp(g) S;  u = beta (v - S^T k);  S += k u^T;  o = S^T q
- * with q,k l2-normalized and q scaled (unless GDN_FLAG_NO_QK_L2NORM). Non-spec sequences of
+ * with q,k l2-normalized (unless GDN_FLAG_NO_QK_L2NORM) and q scaled by cfg->scale (always; set
+ * scale = 1 for none). Non-spec sequences of
  * length > 1 use the chunked (GDN_CHUNK_SIZE) form unless GDN_FLAG_FORCE_RECURRENT. Initial
  * states come from the read slots, final states go to the write slots, spec sequence n writes
  * the state after token t to spec_state_indices[n][t], checkpoints as in "State caches".
@@ -363,7 +370,10 @@ GDN_API void gdn_free(void *queue, void *ptr);
 /* Name of the queue's device, written into buf (truncated to len-1 characters). */
 GDN_API gdn_status_t gdn_device_name(void *queue, char *buf, size_t len);
 
-/* Drop cached kernels and workspaces (e.g. before unloading). Kernels on disk stay cached. */
+/* Drop cached kernels and workspaces (e.g. before unloading). Kernels on disk stay cached. The
+ * library keeps one workspace per queue it was called on without tensors->workspace, grown to the
+ * largest call, until this is called. Safe while calls run on other threads: a workspace in use
+ * is freed when its call returns, after waiting for its kernels. */
 GDN_API void gdn_release_caches(void);
 
 /* GDN_CDEF_END */

@@ -56,7 +56,10 @@ _CONFIG_CACHES = ("_c_cache", "_specs_cache", "_arrays_cache")
 
 @_dc.dataclass
 class Config:
-    """Model dims, dtypes and cache layouts of one GDN layer (gdn_config_t)."""
+    """Model dims, dtypes and cache layouts of one GDN layer (gdn_config_t).
+
+    The layouts default to vLLM >= 0.34's caches (vk / time_major / rolled); the C library's
+    gdn_config_init gives kv / dim_major / snapshot (zeros). Set them explicitly when porting."""
 
     num_k_heads: int
     num_v_heads: int

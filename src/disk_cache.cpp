@@ -25,11 +25,8 @@
 namespace gdn::disk_cache {
 namespace {
 
-
 #define GDN_STR2(x) #x
 #define GDN_STR(x) GDN_STR2(x)
-constexpr const char *kLibraryVersion =
-    GDN_STR(GDN_VERSION_MAJOR) "." GDN_STR(GDN_VERSION_MINOR) "." GDN_STR(GDN_VERSION_PATCH);
 
 // One line on stderr per `what` per process.
 void warn_once(const std::string &what, const std::string &message) {
@@ -191,7 +188,7 @@ std::string entry_path(const std::string &dir, const std::string &key, const std
 }  // namespace
 
 std::string key_text(const sycl::device &dev, const BuildInputs &inputs) {
-  std::string k = "libgdn_xpu kernel cache format " + std::to_string(cache_file::kFormat) + ", library " + kLibraryVersion +
+  std::string k = "libgdn_xpu kernel cache format " + std::to_string(cache_file::kFormat) + ", library " + gdn_version() +
                   "\nsycl headers " GDN_STR(__LIBSYCL_MAJOR_VERSION) "." GDN_STR(__LIBSYCL_MINOR_VERSION) "." GDN_STR(
                       __LIBSYCL_PATCH_VERSION) ", compiler " GDN_STR(__SYCL_COMPILER_VERSION) "\nruntime " +
                   runtime_identity() + "\n" + device_identity(dev);

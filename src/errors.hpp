@@ -13,9 +13,6 @@ struct Failure {
 };
 
 [[noreturn]] inline void fail(gdn_status_t status, std::string message) { throw Failure{status, std::move(message)}; }
-inline void require(bool ok, gdn_status_t status, const std::string &message) {
-  if (!ok) fail(status, message);
-}
 
 void set_last_error(const std::string &message);
 

@@ -30,11 +30,11 @@ GDN_API const char *gdn_status_string(gdn_status_t status) {
     case GDN_ERROR_BAD_LAYOUT: return "unknown layout or stride too small";
     case GDN_ERROR_BAD_START_LOC: return "query_start_loc not monotonic or not matching the token count";
     case GDN_ERROR_BAD_STATE_INDEX: return "state index out of range";
-    case GDN_ERROR_DUPLICATE_SLOT: return "a state slot is written by two sequences in one call";
+    case GDN_ERROR_DUPLICATE_SLOT: return "a state slot has two writers, or a writer and a reader, in one call";
     case GDN_ERROR_BAD_ACCEPTED: return "num_accepted_tokens outside [1, 1 + num_spec]";
     case GDN_ERROR_BAD_TOKEN_INDEX: return "token index out of range or rows overlapping";
     case GDN_ERROR_BAD_STRUCT_SIZE: return "struct_size of an older, unsupported caller";
-    case GDN_ERROR_BAD_POINTER: return "not a USM pointer of the queue's context";
+    case GDN_ERROR_BAD_POINTER: return "not USM of the queue's context, or misaligned";
     case GDN_ERROR_BAD_QUEUE: return "NULL queue";
     case GDN_ERROR_UNSUPPORTED: return "not supported by this build or device";
     case GDN_ERROR_COMPILE: return "run-time kernel compilation failed";

@@ -12,8 +12,6 @@
 namespace gdn {
 namespace {
 
-std::string str(int64_t v) { return std::to_string(v); }
-
 // Host copies of the caller's metadata arrays. Arrays in host-accessible USM (host, shared) are
 // read in place once the queue is idle: no command is enqueued. Device USM is copied by the
 // queue into a per-thread staging buffer of that array kind, kept from call to call, never into

@@ -51,7 +51,7 @@ void shape1(Launch &l, int64_t n, int64_t wg) {
 }
 
 void plan_conv(Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b, const Target &t) {
-  const int64_t conv_dim = 2LL * cfg.num_k_heads * cfg.head_k_dim + (int64_t)cfg.num_v_heads * cfg.head_v_dim;
+  const int64_t conv_dim = conv_dim_of(cfg);
   const bool cpu = t.cpu_variants && conv_dim % GDN_CPU_LANES == 0;
   const Family family = cpu ? Family::Conv1dCpu : Family::Conv1d;
   const int64_t per_item = GDN_CPU_LANES * GDN_CONV_BLOCKS;  // *_cpu: channels of a work-item, alone in its group
@@ -151,8 +151,7 @@ Layout plan_layout(const Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b,
   };
   const size_t rows = (size_t)b.num_actual_tokens, H = (size_t)cfg.num_k_heads, HV = (size_t)cfg.num_v_heads;
   const size_t K = (size_t)cfg.head_k_dim, V = (size_t)cfg.head_v_dim;
-  const size_t act = cfg.act_dtype == GDN_DTYPE_F32 ? 4 : 2;
-  if (p.conv_out_in_workspace) l.conv_out = take(rows * (2 * H * K + HV * V) * act);
+  if (p.conv_out_in_workspace) l.conv_out = take(rows * (size_t)conv_dim_of(cfg) * dtype_bytes(cfg.act_dtype));
   if (delta) {
     l.qn = take(rows * H * K * 4);
     l.kn = take(rows * H * K * 4);

@@ -10,11 +10,11 @@
 #include <string>
 
 #include "errors.hpp"
+#include "kernels/params.hpp"
 
 namespace gdn {
 namespace {
 
-std::string str(int64_t v) { return std::to_string(v); }
 
 std::string ptr_str(const void *p) {
   char buf[32];
@@ -165,7 +165,7 @@ gdn_config_t validate_config(const gdn_config_t *in) {
           "cfg->num_v_heads = " + str(cfg.num_v_heads) + " is not a multiple of num_k_heads = " + str(cfg.num_k_heads));
   check_range(cfg.head_k_dim, 1, 256, GDN_ERROR_BAD_SHAPE, "cfg->head_k_dim");
   check_range(cfg.head_v_dim, 1, 256, GDN_ERROR_BAD_SHAPE, "cfg->head_v_dim");
-  check_range(cfg.conv_width, 2, 8, GDN_ERROR_BAD_SHAPE, "cfg->conv_width");
+  check_range(cfg.conv_width, 2, GDN_MAX_CONV_WIDTH, GDN_ERROR_BAD_SHAPE, "cfg->conv_width");
   GDN_REQUIRE(dtype_bytes(cfg.act_dtype) != 0, GDN_ERROR_BAD_DTYPE, "cfg->act_dtype = " + str(cfg.act_dtype) + " is not a gdn_dtype_t");
   GDN_REQUIRE(dtype_bytes(cfg.state_dtype) != 0, GDN_ERROR_BAD_DTYPE,
           "cfg->state_dtype = " + str(cfg.state_dtype) + " is not a gdn_dtype_t");
@@ -174,7 +174,7 @@ gdn_config_t validate_config(const gdn_config_t *in) {
   check_range(cfg.conv_spec_layout, 0, 1, GDN_ERROR_BAD_LAYOUT, "cfg->conv_spec_layout");
   check_range(cfg.num_slots, 1, INT32_MAX, GDN_ERROR_BAD_COUNT, "cfg->num_slots");
   check_range(cfg.conv_state_len, cfg.conv_width - 1, 1 << 20, GDN_ERROR_BAD_LAYOUT, "cfg->conv_state_len");
-  const int64_t conv_dim = 2LL * cfg.num_k_heads * cfg.head_k_dim + (int64_t)cfg.num_v_heads * cfg.head_v_dim;
+  const int64_t conv_dim = conv_dim_of(cfg);
   check_stride(cfg.conv_slot_stride, conv_dim * cfg.conv_state_len, "cfg->conv_slot_stride");
   check_stride(cfg.ssm_slot_stride, (int64_t)cfg.num_v_heads * cfg.head_k_dim * cfg.head_v_dim, "cfg->ssm_slot_stride");
   GDN_REQUIRE(cfg.scale >= 0.0f, GDN_ERROR_BAD_SHAPE, "cfg->scale = " + fstr(cfg.scale) + " is negative (0 = 1/sqrt(K))");
@@ -224,7 +224,7 @@ Checked validate_call(void *queue, const gdn_config_t *cfg_in, const gdn_batch_t
   const gdn_config_t &cfg = c.cfg;
   gdn_batch_t &b = c.batch;
   gdn_tensors_t &t = c.t;
-  c.conv_dim = 2 * cfg.num_k_heads * cfg.head_k_dim + cfg.num_v_heads * cfg.head_v_dim;
+  c.conv_dim = (int32_t)conv_dim_of(cfg);  // at most 2*1024*256 + 4096*256 (validate_config)
   c.num_non_spec_seqs = b.num_prefills + b.num_decodes;
   c.act_bytes = dtype_bytes(cfg.act_dtype);
   const int32_t hv = cfg.num_v_heads, ov = cfg.num_v_heads * cfg.head_v_dim;
@@ -275,11 +275,12 @@ Checked validate_call(void *queue, const gdn_config_t *cfg_in, const gdn_batch_t
   check_pointers(c);
 
   // GDN_VALIDATE_FULL: read the metadata back and check its contents. GDN_VALIDATE_COUNTS trusts
-  // the contents, except the start locations of a batch with prefills for the delta rule: the
-  // chunk kernels walk whole prefills, and a decreasing or overlong start location would send them
-  // outside the token rows (a crash, not a wrong result). Decode-only batches read nothing back.
+  // the contents, except the start locations of a batch with prefills, in every op: the chunk
+  // kernels, the conv's time tiles and the token recurrence walk whole prefills, and a decreasing
+  // or overlong start location would send them outside the token rows (a crash, not a wrong
+  // result). Decode-only batches read nothing back.
   if (b.validate != GDN_VALIDATE_FULL) {
-    if (delta && b.num_prefills > 0 && !(cfg.flags & GDN_FLAG_FORCE_RECURRENT)) check_prefill_start_loc(c);
+    if (b.num_prefills > 0) check_prefill_start_loc(c);
     return c;
   }
   check_metadata(c);

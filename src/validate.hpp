@@ -1,16 +1,17 @@
 // validate.hpp — every check of a call, in one place, before anything is launched.
 // A call that passes has consistent counts, non-null arrays where the counts need them, USM
 // pointers of the queue's context, and (GDN_VALIDATE_FULL) metadata whose contents are in
-// range and free of write conflicts. README "Validation rules" lists each rule and its status.
+// range and free of write conflicts. README "Errors and validation" lists each rule and its status.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 #include <sycl/sycl.hpp>
 #include "gdn_xpu.h"
 
 namespace gdn {
 
-// require() with the message built only when the check fails: these run on every call, and
+// A check with its failure message built only when it fails: these run on every call, and
 // building every message eagerly (std::to_string, "%g" formatting, heap strings) cost ~1 us a
 // call on the host path (issue 17).
 #define GDN_REQUIRE(ok, status, message)            \
@@ -48,7 +49,15 @@ Checked validate_call(void *queue, const gdn_config_t *cfg, const gdn_batch_t *b
 gdn_config_t validate_config(const gdn_config_t *cfg);
 gdn_batch_t validate_batch_counts(const gdn_batch_t *batch);
 
-size_t dtype_bytes(int32_t dtype);
+size_t dtype_bytes(int32_t dtype);  // 0 for a value that is not a gdn_dtype_t
+
+// conv_dim = 2*H*K + HV*V: the channels of mixed_qkv, conv_out and a conv slot.
+inline int64_t conv_dim_of(const gdn_config_t &cfg) {
+  return 2LL * cfg.num_k_heads * cfg.head_k_dim + (int64_t)cfg.num_v_heads * cfg.head_v_dim;
+}
+
+// Decimal text of a value, for failure messages.
+inline std::string str(int64_t v) { return std::to_string(v); }
 
 // The batch stores block checkpoints (its checkpoint fields are read only then).
 inline bool checkpoints(const Checked &c) { return c.batch.checkpoint_interval > 0 && c.num_non_spec_seqs > 0; }

@@ -22,17 +22,20 @@ struct Workspace {
     }
   }
 };
-// Never destroyed at exit (see kernel_cache.cpp); gdn_release_caches() frees them explicitly.
+// Never destroyed at exit (see kernel_cache.cpp); gdn_release_caches() drops them. A call holds
+// its queue's workspace by a shared_ptr: a gdn_release_caches() on another thread during the
+// call only drops the list's reference, and the call's Scratch frees the buffer after its
+// kernels (~Workspace waits for them).
 std::mutex &workspaces_mutex = *new std::mutex;
-std::vector<std::unique_ptr<Workspace>> &workspaces = *new std::vector<std::unique_ptr<Workspace>>;
+std::vector<std::shared_ptr<Workspace>> &workspaces = *new std::vector<std::shared_ptr<Workspace>>;
 
-Workspace &workspace_for(const sycl::queue &q) {
+std::shared_ptr<Workspace> workspace_for(const sycl::queue &q) {
   std::lock_guard<std::mutex> lock(workspaces_mutex);
   for (auto &w : workspaces)
-    if (w->q == q) return *w;
-  workspaces.push_back(std::make_unique<Workspace>());
+    if (w->q == q) return w;
+  workspaces.push_back(std::make_shared<Workspace>());
   workspaces.back()->q = q;
-  return *workspaces.back();
+  return workspaces.back();
 }
 
 void grow(Workspace &w, size_t bytes) {
@@ -57,18 +60,23 @@ Scratch acquire_workspace(const sycl::queue &q, const gdn_tensors_t &t, size_t b
                                         std::to_string(bytes) + " needed by this batch");
     start = static_cast<char *>(t.workspace);
   } else {
-    Workspace &w = workspace_for(q);
-    s.lock = std::unique_lock<std::mutex>(w.m);
-    grow(w, bytes);
-    start = static_cast<char *>(w.ptr);
+    std::shared_ptr<Workspace> w = workspace_for(q);
+    s.lock = std::unique_lock<std::mutex>(w->m);
+    grow(*w, bytes);
+    start = static_cast<char *>(w->ptr);
+    s.owner = std::move(w);
   }
   s.ptr = start + (-reinterpret_cast<uintptr_t>(start) & (GDN_SCRATCH_ALIGN - 1));  // within the slack
   return s;
 }
 
 void release_workspaces() {
-  std::lock_guard<std::mutex> lock(workspaces_mutex);
-  workspaces.clear();
+  std::vector<std::shared_ptr<Workspace>> dropped;
+  {
+    std::lock_guard<std::mutex> lock(workspaces_mutex);
+    dropped.swap(workspaces);
+  }
+  // Freed here unless a call on another thread still holds one (then at the end of that call).
 }
 
 }  // namespace gdn

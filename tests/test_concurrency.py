@@ -3,6 +3,8 @@ and both on one shared queue -- gives bit-for-bit the results of running the sam
 Each thread runs a "program" of 20 steps (mixed prefill / decode / spec batches, a prefill long
 enough for the chunked path and the library-owned workspace to grow) on its own caches. The
 two-thread runs happen in a child process (a race may crash it) and are repeated for many rounds.
+gdn_release_caches() on another thread while calls run (it drops the workspace a call is using, and
+the kernels) changes nothing either.
 """
 import os
 import subprocess
@@ -101,18 +103,40 @@ def assert_same(serial, concurrent, what):
     assert np.array_equal(s1, s2), f"{what}: ssm_state differs from the serial run"
 
 
+def releasing_meanwhile(queue, programs):
+    """Runs the programs one after the other on one thread while another calls gdn_release_caches()
+    over and over; returns their results."""
+    done = threading.Event()
+
+    def run():
+        try:
+            return [run_program(queue, p) for p in programs]
+        finally:
+            done.set()
+
+    def release():
+        while not done.is_set():
+            pygdn.lib.gdn_release_caches()
+
+    return in_threads([run, release])[0]
+
+
 def rounds(mode, count):
     """Runs the programs serially, then `count` rounds of both at once; returns a failure message or None.
-    mode "own": each thread has its own new in-order queue every round; "shared": both use one queue."""
+    mode "own": each thread has its own new in-order queue every round; "shared": both use one queue;
+    "release": the programs run on one thread while another releases the library's caches."""
     main_queue = default_queue()
     programs = [make_program(100 + i, **kw) for i, kw in enumerate(PROGRAM_CONFIGS)]
     serial = [run_program(main_queue, p) for p in programs]
     for r in range(count):
-        if mode == "own":
-            queues = [dpctl.SyclQueue(main_queue.sycl_device, property="in_order") for _ in programs]
+        if mode == "release":
+            results = releasing_meanwhile(main_queue, programs)
         else:
-            queues = [main_queue] * len(programs)
-        results = in_threads([lambda q=q, p=p: run_program(q, p) for q, p in zip(queues, programs)])
+            if mode == "own":
+                queues = [dpctl.SyclQueue(main_queue.sycl_device, property="in_order") for _ in programs]
+            else:
+                queues = [main_queue] * len(programs)
+            results = in_threads([lambda q=q, p=p: run_program(q, p) for q, p in zip(queues, programs)])
         for i, (want, got) in enumerate(zip(serial, results)):
             try:
                 assert_same(want, got, f"round {r}, thread {i}")
@@ -134,6 +158,9 @@ def run_isolated(mode, count):
 # wrong results, then a segfault in gdn_conv_non_spec, when every call fetched a new sycl::kernel from
 # the cached bundle) showed up within ~100 rounds of 25 ms: 300 rounds make a regression reliable.
 OWN_QUEUE_ROUNDS, SHARED_QUEUE_ROUNDS = 300, 50
+# Before 0.2.23 a release freed the workspace a call was using: the child process died of heap
+# corruption within its first round (0.3 s) in every try; 10 rounds take ~6 s.
+RELEASE_ROUNDS = 10
 
 
 def test_threads_with_own_queues():
@@ -142,6 +169,10 @@ def test_threads_with_own_queues():
 
 def test_threads_sharing_one_queue():
     run_isolated("shared", SHARED_QUEUE_ROUNDS)
+
+
+def test_release_caches_during_calls():
+    run_isolated("release", RELEASE_ROUNDS)
 
 
 def test_last_error_is_per_thread(queue):

@@ -774,11 +774,26 @@ def test_counts_mode_skips_content_checks(s):
     s.check_reference(written=range(1, 9))
 
 
-def test_counts_mode_still_checks_non_spec_start_loc(s):
-    # The chunk kernels walk whole prefills: with a prefill in the batch non_spec_query_start_loc
-    # is read back, and checked, in COUNTS mode too (validate.cpp says why).
-    fails(s, "GDN_ERROR_BAD_START_LOC", ["non_spec_query_start_loc decreases at [2]: 5 -> 4"],
-          lambda: s.attention(s.batch(validate="counts", non_spec_query_start_loc=[0, 5, 4])))
+@pytest.mark.parametrize("op", ["attention", "force_recurrent", "causal_conv1d", "gated_delta_rule"])
+def test_counts_mode_still_checks_non_spec_start_loc(s, op):
+    # Every op walks whole prefills (the chunk kernels, the token recurrence, the conv's time
+    # tiles): with a prefill in the batch non_spec_query_start_loc is read back, and checked, in
+    # COUNTS mode too (validate.cpp says why).
+    bad = s.batch(validate="counts", non_spec_query_start_loc=[0, 5, 4])
+    conv_out = usm(s.q, np.full((s.host["mixed_qkv"].shape[0], C), CANARY, np.float32))
+    t = s.t
+    calls = {
+        "attention": lambda: s.attention(bad),
+        "force_recurrent": lambda: pygdn.attention(s.q, dataclasses.replace(s.cfg, force_recurrent=True), bad, **t),
+        "causal_conv1d": lambda: pygdn.causal_conv1d(s.q, s.cfg, bad, mixed_qkv=t["mixed_qkv"],
+                                                     conv_weight=t["conv_weight"], conv_bias=t["conv_bias"],
+                                                     conv_state=t["conv_state"], conv_out=conv_out),
+        "gated_delta_rule": lambda: pygdn.gated_delta_rule(s.q, s.cfg, bad, conv_out=conv_out,
+                                                           ssm_state=t["ssm_state"], core_attn_out=t["core_attn_out"],
+                                                           a=t["a"], b=t["b"], A_log=t["A_log"], dt_bias=t["dt_bias"]),
+    }
+    fails(s, "GDN_ERROR_BAD_START_LOC", ["non_spec_query_start_loc decreases at [2]: 5 -> 4"], calls[op])
+    assert np.all(conv_out.to_numpy() == CANARY)
 
 
 def test_counts_mode_still_checks_counts(s):

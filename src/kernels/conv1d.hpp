@@ -9,8 +9,6 @@
 #pragma once
 #include "common.hpp"
 
-#define GDN_MAX_WIDTH 8
-
 static inline int64_t state_off(const GdnConvStateView &s, int32_t slot, int32_t c, int32_t col) {
   return (int64_t)slot * s.slot_stride + (int64_t)c * s.chan_stride + (int64_t)col * s.col_stride;
 }
@@ -142,7 +140,7 @@ static inline void conv_spec_channels(const GdnConvParams &p, int32_t seq, int32
       L::store_act(p.out, global_row(p.token_indx, j0 + t) * p.out_stride + c, T(0.0f));
     return;
   }
-  T w[GDN_MAX_WIDTH], hist[GDN_MAX_WIDTH];
+  T w[GDN_MAX_CONV_WIDTH], hist[GDN_MAX_CONV_WIDTH];
   load_weights<N, WIDTH>(p.weight, c, width, w);
   const T bias = p.bias ? L::load_act(p.bias, c, 1) : T(0.0f);
   if (read_slot == p.pad_slot_id)
@@ -201,7 +199,7 @@ static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int3
   const int32_t t0 = tile * p.tile_len, t1 = sycl::min(t0 + p.tile_len, p.num_tokens);
   const int32_t width = WIDTH ? WIDTH : p.width, w1 = width - 1;
   const int32_t nb = sycl::min(NB, (c_end - c) / N);
-  T w[NB][GDN_MAX_WIDTH], bias[NB];
+  T w[NB][GDN_MAX_CONV_WIDTH], bias[NB];
   for (int32_t b = 0; b < nb; ++b) {
     load_weights<N, WIDTH>(p.weight, c + N * b, width, w[b]);
     bias[b] = p.bias ? L::load_act(p.bias, c + N * b, 1) : T(0.0f);
@@ -238,7 +236,7 @@ static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int3
     // (BP, the caller's). Eight (the whole work-item at once) spilled: 8.3 ms at 2048 tokens.
     auto blocks = [&](auto m, int32_t b0) {
       constexpr int M = decltype(m)::value;
-      T hist[M][GDN_MAX_WIDTH];
+      T hist[M][GDN_MAX_CONV_WIDTH];
       for (int q = 0; q < M; ++q) {
         const int32_t cb = c + N * (b0 + q);
         if (owner && use.init)

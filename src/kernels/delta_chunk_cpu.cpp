@@ -104,7 +104,7 @@ GDN_KERNEL(1) void gdn_chunk_prep_cpu(GdnDeltaParams p) {
   // GDN_SCRATCH_ALIGN, and K, V, GDN_CHUNK_SIZE are multiples of 16 floats). Nothing reads them in
   // this kernel, and the chunk scan after it finds them in memory either way (from ~1000 tokens on
   // they outgrow the last-level cache), so plain stores only made every written line be read
-  // first. Chunk prep alone, alternated in one process (EXP builds, 5 rounds): 512 tokens 3.62 ->
+  // first. Chunk prep alone, alternated in one process (timing builds, 5 rounds): 512 tokens 3.62 ->
   // 3.09 ms, 2048 19.2 -> 17.4, 8192 67.8 -> 61.8; the chunk scan after it unchanged (10.83 /
   // 10.85, 59.4 / 59.7, 209.3 / 209.3 ms).
   for (int32_t r = 0; r < ratio; ++r) {

@@ -23,6 +23,9 @@ enum { GDN_TABLE_INTS = 4 };
 // CPU chunk prep writes W, U and Aqk with 64-byte streaming stores, which need it.
 enum { GDN_SCRATCH_ALIGN = 64 };
 
+// The widest causal conv (cfg->conv_width): validation's bound and the kernels' window arrays.
+enum { GDN_MAX_CONV_WIDTH = 8 };
+
 // Which token group a state-carrying kernel walks (GdnDeltaParams.group).
 enum { GDN_GROUP_NON_SPEC = 0, GDN_GROUP_SPEC = 1 };
 
