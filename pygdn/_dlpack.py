@@ -71,7 +71,7 @@ class ManagedTensor:
     deleter, exactly once. `producer` is kept alive with it; `tensor` (the DLTensor) is valid
     until release()."""
 
-    __slots__ = ("_ptr", "producer", "tensor")
+    __slots__ = ("_ptr", "producer", "tensor", "read_only")
 
     def __init__(self, capsule, producer, name):
         self.producer, self._ptr = producer, None
@@ -89,6 +89,8 @@ class ManagedTensor:
             raise BufferError(f"{name}: DLPack version {self._ptr.version.major}.{self._ptr.version.minor} "
                               "(pygdn reads 1.x)")
         self.tensor = self._ptr.dl_tensor
+        # DLPack 1.x: flags bit 0 = DLPACK_FLAG_BITMASK_READ_ONLY (a legacy capsule cannot say)
+        self.read_only = ctype is _VERSIONED and bool(self._ptr.flags & 1)
 
     def release(self):
         ptr, self._ptr = self._ptr, None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses as _dc
 import inspect as _inspect
 import math as _math
+import operator as _operator
 import typing as _t
 import weakref as _weakref
 
@@ -48,6 +49,26 @@ def _choice(table, value, name):
     if value not in table:
         raise ValueError(f"{name}={value!r}: expected one of {sorted(table)}")
     return table[value]
+
+
+def _int32(value, name):
+    """value for an int32_t field of a C struct, or an error naming the field (an int-like value
+    only: 3.7 is not silently 3)."""
+    try:
+        v = _operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}={value!r}: expected an integer, got {type(value).__name__}") from None
+    if not -2**31 <= v < 2**31:
+        raise ValueError(f"{name}={v}: does not fit int32")
+    return v
+
+
+def _float(value, name):
+    """value for a float field of a C struct, or an error naming the field."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name}={value!r}: expected a number, got {type(value).__name__}") from None
 
 
 # What a Config derives from its fields and keeps until one of them changes (Config.__setattr__).
@@ -127,14 +148,14 @@ class Config:
         c = _ffi.new("gdn_config_t *")
         _lib.gdn_config_init(c)
         for f in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "conv_width", "num_slots"):
-            setattr(c, f, int(getattr(self, f)))
+            setattr(c, f, _int32(getattr(self, f), f"cfg.{f}"))
         c.act_dtype = _choice(_DTYPES, self.act_dtype, "act_dtype")
         c.state_dtype = _choice(_DTYPES, self.state_dtype, "state_dtype")
         c.ssm_layout = _choice(_SSM_LAYOUTS, self.ssm_layout, "ssm_layout")
         c.conv_layout = _choice(_CONV_LAYOUTS, self.conv_layout, "conv_layout")
         c.conv_spec_layout = _choice(_CONV_SPEC, self.conv_spec_layout, "conv_spec_layout")
-        c.conv_state_len = self.state_len
-        c.scale, c.l2norm_eps, c.norm_eps = self.scale, self.l2norm_eps, self.norm_eps
+        c.conv_state_len = _int32(self.state_len, "cfg.conv_state_len")
+        c.scale, c.l2norm_eps, c.norm_eps = (_float(getattr(self, f), f"cfg.{f}") for f in ("scale", "l2norm_eps", "norm_eps"))
         c.flags = ((_lib.GDN_FLAG_NO_SILU if self.no_silu else 0) | (_lib.GDN_FLAG_NO_QK_L2NORM if self.no_qk_l2norm else 0)
                    | (_lib.GDN_FLAG_FORCE_RECURRENT if self.force_recurrent else 0)
                    | (_lib.GDN_FLAG_L2NORM_DIV if self.l2norm_div else 0))
@@ -238,8 +259,8 @@ class Batch:
             c = _ffi.new(_BATCH_P)
             _lib.gdn_batch_init(c)
             for f in BATCH_COUNTS:
-                setattr(c, f, int(getattr(self, f)))
-            c.pad_slot_id = int(self.pad_slot_id)
+                setattr(c, f, _int32(getattr(self, f), f"batch.{f}"))
+            c.pad_slot_id = _int32(self.pad_slot_id, "batch.pad_slot_id")
             c.validate = _choice({"full": _lib.GDN_VALIDATE_FULL, "counts": _lib.GDN_VALIDATE_COUNTS}, self.validate,
                                  "validate")
             counts = vars(self)
@@ -299,11 +320,14 @@ def _arrays_cached(cfg: Config, queue, rows: int, arrays: dict, keep: list):
     return _ffi.new(_TENSORS_P, cached[4][0])
 
 
-def _view(obj, name, queue):
-    """(address, shape, dtype name, hold) of an array argument, after the checks every array gets."""
-    address, shape, dtype, contiguous, q, hold = _usm_view(obj, name, queue)
+def _view(obj, name, queue, written=False):
+    """(address, shape, dtype name, hold) of an array argument, after the checks every array gets
+    (written: the call writes it, so memory its producer marked read-only is refused)."""
+    address, shape, dtype, contiguous, q, hold, read_only = _usm_view(obj, name, queue)
     if not contiguous:
         raise ValueError(f"{name}: must be C-contiguous")
+    if written and read_only:
+        raise ValueError(f"{name}: read-only memory (its producer says so), but the call writes it")
     # The same queue object is the common case; comparing contexts builds dpctl objects (~µs each).
     # (A DLPack tensor has no queue: its device and context were checked when it was consumed.)
     if q is not None and q is not queue and q.sycl_context != queue.sycl_context:
@@ -330,7 +354,11 @@ _TENSORS_INIT = _ffi.new(_TENSORS_P)  # gdn_tensors_init's defaults, copied by e
 _lib.gdn_tensors_init(_TENSORS_INIT)
 
 
-def _marshal(queue, cfg: Config, batch: Batch, arrays: dict):
+# The arrays a call writes (gdn_gated_delta_rule reads conv_out: _marshal's reads_conv_out).
+_WRITTEN = frozenset(("conv_state", "conv_out", "ssm_state", "core_attn_out", "workspace"))
+
+
+def _marshal(queue, cfg: Config, batch: Batch, arrays: dict, reads_conv_out=False):
     """Check every argument and build the three C structs. Returns (c_cfg, c_batch, c_tensors,
     keep): keep holds every array object (and consumed DLPack tensor), so their memory outlives
     the call; a DLPack tensor's deleter runs when keep is dropped."""
@@ -350,7 +378,8 @@ def _marshal(queue, cfg: Config, batch: Batch, arrays: dict):
         if field not in specs:
             raise TypeError(f"unknown array argument {field!r}")
         dtype, lead, inner = specs[field]
-        address, shape, got, hold = _view(obj, field, queue)
+        written = field in _WRITTEN and not (reads_conv_out and field == "conv_out")
+        address, shape, got, hold = _view(obj, field, queue, written)
         if field == "workspace":
             c_t.workspace_bytes = _math.prod(shape) * _NUMPY_DTYPES[got].itemsize
         else:
@@ -371,7 +400,7 @@ def _marshal(queue, cfg: Config, batch: Batch, arrays: dict):
 
 def _call(fn, queue, cfg: Config, batch: Batch, arrays: dict, wait: bool = True):
     queue = _as_queue(queue)
-    PreparedCall(fn, queue, _marshal(queue, cfg, batch, arrays)).run(wait)
+    PreparedCall(fn, queue, _marshal(queue, cfg, batch, arrays, fn is _lib.gdn_gated_delta_rule)).run(wait)
 
 
 def causal_conv1d(queue, cfg: Config, batch: Batch, *, mixed_qkv, conv_weight, conv_state, conv_out, conv_bias=None, wait=True):
@@ -449,12 +478,14 @@ def prepare(op, queue, cfg: Config, batch: Batch, **arrays) -> PreparedCall:
         raise TypeError(f"prepare({name}): {e}") from None
     given = {k: v for k, v in bound.arguments.items() if k not in ("queue", "cfg", "batch")}
     queue = _as_queue(queue)
-    return PreparedCall(getattr(_lib, _C_FUNCTIONS[op]), queue, _marshal(queue, cfg, batch, given), name)
+    return PreparedCall(getattr(_lib, _C_FUNCTIONS[op]), queue, _marshal(queue, cfg, batch, given, op is gated_delta_rule),
+                        name)
 
 
 def warmup(queue, cfg: Config) -> None:
     """Compile (or load from cache) every kernel cfg needs, so later calls start at once."""
-    _check(_lib.gdn_warmup(_ffi.cast("void *", _as_queue(queue).addressof_ref()), cfg._to_c()))
+    q = _as_queue(queue)  # held through the call: an int or capsule queue becomes a dpctl copy, freed with it
+    _check(_lib.gdn_warmup(_ffi.cast("void *", q.addressof_ref()), cfg._to_c()))
 
 
 def workspace_size(cfg: Config, batch: Batch) -> int:
@@ -468,7 +499,7 @@ def _counts_only(batch: Batch):
     c = _ffi.new("gdn_batch_t *")
     _lib.gdn_batch_init(c)
     for f in BATCH_COUNTS:
-        setattr(c, f, int(getattr(batch, f)))
+        setattr(c, f, _int32(getattr(batch, f), f"batch.{f}"))
     return c
 
 

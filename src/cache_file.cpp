@@ -11,6 +11,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -104,7 +106,8 @@ std::string parse(const std::string &file, const std::string &key, device_binary
 
 // Reads a whole file; "" in *err on success, ENOENT-style misses give "missing".
 bool read_file(const std::string &path, std::string *out, std::string *err) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO put at an entry's path must not block the call (a regular file reads as usual).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     // no entry, or no folder (a folder problem is reported when storing)
     *err = errno == ENOENT || errno == ENOTDIR ? "missing" : std::strerror(errno);
@@ -165,6 +168,22 @@ bool write_atomic(const std::string &path, const std::string &data, std::string 
   }
   if (!ok) ::unlink(tmp.c_str());
   return ok;
+}
+
+// Temporary files of write_atomic that a crash left behind: "<entry>.tmp.<pid>.<n>", older than
+// max_age_s (a younger one may be another process's write in progress).
+void remove_stale_temporaries(const std::string &dir, long max_age_s) {
+  DIR *d = ::opendir(dir.c_str());
+  if (!d) return;
+  const time_t now = ::time(nullptr);
+  while (const dirent *e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.find(".bin.tmp.") == std::string::npos) continue;
+    const std::string path = dir + "/" + name;
+    struct stat st;
+    if (::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && now - st.st_mtime > max_age_s) ::unlink(path.c_str());
+  }
+  ::closedir(d);
 }
 
 

@@ -19,5 +19,8 @@ std::string parse(const std::string &file, const std::string &key, device_binary
 bool read_file(const std::string &path, std::string *out, std::string *err);
 // Writes data to path atomically (a private temporary file in the same folder, then rename()).
 bool write_atomic(const std::string &path, const std::string &data, std::string *err);
+// Deletes the temporary files of writes that never finished (a crash between create and rename)
+// older than max_age_s. Best effort: errors are ignored.
+void remove_stale_temporaries(const std::string &dir, long max_age_s);
 
 }  // namespace gdn::disk_cache::cache_file

@@ -89,28 +89,42 @@ std::vector<std::string> split(const std::string &s, char sep) {
 
 class OpenClProgram : public Program {
  public:
-  OpenClProgram(cl_program p, sycl::context ctx, std::vector<std::pair<std::string, std::string>> names)
-      : program_(p), ctx_(std::move(ctx)), names_(std::move(names)) {}
+  // Takes p (released on failure too) and makes every kernel the image lists now: a binary that
+  // builds but cannot give its kernels is then a miss of disk_cache::load (a warning, a recompile
+  // and a replaced entry), not a failed call later, in this process and every next one.
+  OpenClProgram(cl_program p, const sycl::context &ctx, const std::vector<std::pair<std::string, std::string>> &names)
+      : program_(p) {
+    try {
+      const OpenCl &cl = api_or_throw();
+      if (names.empty()) throw std::runtime_error("no kernels listed");
+      for (const auto &n : names) {
+        cl_int err = CL_SUCCESS;
+        cl_kernel k = cl.CreateKernel(program_, n.second.c_str(), &err);
+        check(err, ("clCreateKernel(" + n.second + ")").c_str());
+        try {
+          kernels_.emplace_back(n.first, sycl::make_kernel<sycl::backend::opencl>(k, ctx));  // retains k
+        } catch (...) {
+          cl.ReleaseKernel(k);
+          throw;
+        }
+        cl.ReleaseKernel(k);
+      }
+    } catch (...) {
+      opencl().ReleaseProgram(program_);
+      throw;
+    }
+  }
   ~OpenClProgram() override { opencl().ReleaseProgram(program_); }
 
   sycl::kernel kernel(const std::string &name) override {
-    const OpenCl &cl = api_or_throw();
-    for (const auto &n : names_) {
-      if (n.first != name) continue;
-      cl_int err = CL_SUCCESS;
-      cl_kernel k = cl.CreateKernel(program_, n.second.c_str(), &err);
-      check(err, ("clCreateKernel(" + n.second + ")").c_str());
-      sycl::kernel out = sycl::make_kernel<sycl::backend::opencl>(k, ctx_);  // retains k
-      cl.ReleaseKernel(k);
-      return out;
-    }
+    for (const auto &k : kernels_)
+      if (k.first == name) return k.second;
     throw std::runtime_error("no kernel named '" + name + "' in the cached binary");
   }
 
  private:
   cl_program program_;
-  sycl::context ctx_;
-  std::vector<std::pair<std::string, std::string>> names_;
+  std::vector<std::pair<std::string, sycl::kernel>> kernels_;
 };
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
+#include <initializer_list>
 #include <link.h>
 #include <mutex>
 #include <set>
@@ -27,6 +28,9 @@ namespace {
 
 #define GDN_STR2(x) #x
 #define GDN_STR(x) GDN_STR2(x)
+
+// A temporary entry file this old was left by a crash (a write takes milliseconds): a store removes it.
+constexpr long kStaleTemporarySeconds = 3600;
 
 // One line on stderr per `what` per process.
 void warn_once(const std::string &what, const std::string &message) {
@@ -192,6 +196,11 @@ std::string key_text(const sycl::device &dev, const BuildInputs &inputs) {
                   "\nsycl headers " GDN_STR(__LIBSYCL_MAJOR_VERSION) "." GDN_STR(__LIBSYCL_MINOR_VERSION) "." GDN_STR(
                       __LIBSYCL_PATCH_VERSION) ", compiler " GDN_STR(__SYCL_COMPILER_VERSION) "\nruntime " +
                   runtime_identity() + "\n" + device_identity(dev);
+  // Build options the SYCL runtime takes from the environment and applies to every program it
+  // builds, ours included: a binary built under them is not the one a process without them builds.
+  for (const char *var : {"SYCL_PROGRAM_COMPILE_OPTIONS", "SYCL_PROGRAM_APPEND_COMPILE_OPTIONS",
+                          "SYCL_PROGRAM_LINK_OPTIONS", "SYCL_PROGRAM_APPEND_LINK_OPTIONS"})
+    if (const char *value = std::getenv(var)) k += "\n" + std::string(var) + "=" + value;
   for (const auto &p : inputs.parts) k += "\n" + p.first + " sha256 " + hex_sha256(p.second);
   return k;
 }
@@ -201,18 +210,18 @@ std::unique_ptr<device_binary::Program> load(const sycl::context &ctx, const syc
   const Location &loc = location();
   if (loc.dir.empty() || !device_binary::supported(dev)) return nullptr;
   *path = entry_path(loc.dir, key, label);
-  std::string file, err;
-  if (!cache_file::read_file(*path, &file, &err)) {
-    if (err != "missing")
-      warn_once(*path, "cannot read kernel cache entry " + *path + " (" + err + "); compiling again");
-    return nullptr;
-  }
-  device_binary::Image img;
-  if (std::string why = cache_file::parse(file, key, &img); !why.empty()) {
-    warn_once(*path, "ignoring kernel cache entry " + *path + " (" + why + "); compiling again and replacing it");
-    return nullptr;
-  }
-  try {
+  try {  // anything that goes wrong with an entry (std::bad_alloc of a huge file too) is a miss
+    std::string file, err;
+    if (!cache_file::read_file(*path, &file, &err)) {
+      if (err != "missing")
+        warn_once(*path, "cannot read kernel cache entry " + *path + " (" + err + "); compiling again");
+      return nullptr;
+    }
+    device_binary::Image img;
+    if (std::string why = cache_file::parse(file, key, &img); !why.empty()) {
+      warn_once(*path, "ignoring kernel cache entry " + *path + " (" + why + "); compiling again and replacing it");
+      return nullptr;
+    }
     return device_binary::load(ctx, dev, img);
   } catch (const std::exception &e) {
     warn_once(*path, "cannot load kernel cache entry " + *path + " (" + e.what() +
@@ -245,6 +254,7 @@ std::string store(const sycl::kernel_bundle<sycl::bundle_state::executable> &bun
                            "): compiled kernels are not kept on disk (GDN_XPU_CACHE_DIR chooses another)");
     return "";
   }
+  cache_file::remove_stale_temporaries(loc.dir, kStaleTemporarySeconds);
   return path;
 }
 

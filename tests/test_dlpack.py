@@ -7,6 +7,9 @@ Tiny f32 shapes (the kernels of test_prepared_call.py)."""
 import ctypes
 import gc
 import itertools
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -82,16 +85,18 @@ class DLPackOnly:
     """USM memory exported only through __dlpack__ / __dlpack_device__, like a torch XPU tensor.
     versioned: answers max_version=(1, 0) with a 'dltensor_versioned' capsule; else a producer
     from before DLPack 1.0 (no max_version argument, 'dltensor'). The data pointer is the
-    allocation's start and byte_offset says where the array begins (a pad of `offset` elements)."""
+    allocation's start and byte_offset says where the array begins (a pad of `offset` elements).
+    flags: the versioned capsule's flags (1 = DLPACK_FLAG_BITMASK_READ_ONLY)."""
 
-    def __init__(self, host, queue, versioned=True, offset=3, code=None, device_type=KDL_ONEAPI, strides=None):
+    def __init__(self, host, queue, versioned=True, offset=3, code=None, device_type=KDL_ONEAPI, strides=None,
+                 flags=0):
         host = np.ascontiguousarray(host)
         flat = np.concatenate([np.zeros(offset, host.dtype), host.reshape(-1)])
         self.base = pygdn.UsmArray.from_numpy(flat, queue)
         self.shape, self.dtype, self.offset, self.versioned = host.shape, host.dtype, offset, versioned
         self.code = code if code is not None else {"f": 2, "i": 0, "u": 1, "b": 6}[host.dtype.kind]
         self.device = (device_type, queue.sycl_device.get_device_id())
-        self.strides = strides
+        self.strides, self.flags = strides, flags
         self.capsules = []  # numbers of the capsules handed out
 
     def __dlpack_device__(self):
@@ -101,7 +106,7 @@ class DLPackOnly:
         if not self.versioned and max_version is not None:
             raise TypeError("__dlpack__() got an unexpected keyword argument 'max_version'")
         versioned = max_version is not None and max_version[0] >= 1
-        m = DLManagedTensorVersioned(major=1, minor=0) if versioned else DLManagedTensor()
+        m = DLManagedTensorVersioned(major=1, minor=0, flags=self.flags) if versioned else DLManagedTensor()
         shape = (ctypes.c_int64 * len(self.shape))(*self.shape)
         strides = None if self.strides is None else (ctypes.c_int64 * len(self.strides))(*self.strides)
         t = m.dl_tensor
@@ -191,6 +196,26 @@ def test_foreign_queue_forms(queue, form):
         assert np.array_equal(got[k], want[k]), k
 
 
+WARMUP_WITH_QUEUE_FORMS = """
+import sys
+import dpctl, pygdn
+from helpers import default_queue
+q = default_queue()
+cfg = pygdn.Config(num_k_heads=1, num_v_heads=2, head_k_dim=4, head_v_dim=4, num_slots=4, act_dtype="f32")
+for form in ("int", "capsule"):
+    pygdn.warmup(q.addressof_ref() if form == "int" else q._get_capsule(), cfg)
+print("warmed up")
+"""
+
+
+def test_warmup_with_foreign_queue_forms():
+    """pygdn.warmup() with the queue as an int or a capsule (up to 0.2.22 the dpctl copy made of it
+    was freed before the C call: a segmentation fault). In a child process, so a crash fails here."""
+    run = subprocess.run([sys.executable, "-c", WARMUP_WITH_QUEUE_FORMS], capture_output=True, text=True,
+                         timeout=900, cwd=os.path.dirname(os.path.abspath(__file__)), env=dict(os.environ))
+    assert run.returncode == 0 and "warmed up" in run.stdout, (run.returncode, run.stdout + run.stderr[-3000:])
+
+
 def test_prepared_call_with_dlpack_and_int_queue(queue):
     """prepare() consumes every capsule once; they are freed when the prepared call goes."""
     cfg, meta, arrays = make_call(3)
@@ -203,6 +228,42 @@ def test_prepared_call_with_dlpack_and_int_queue(queue):
         assert np.array_equal(dev[k].to_numpy(), want[k]), k
     del step
     assert_each_capsule_freed_once(dev.values())
+
+
+class ReadOnlySUAI:
+    """A USM array through an SUAI dict whose data[1] (read-only) is True."""
+
+    def __init__(self, base):
+        self.base = base
+
+    @property
+    def __sycl_usm_array_interface__(self):
+        d = dict(self.base.__sycl_usm_array_interface__)
+        d["data"] = (d["data"][0], True)
+        return d
+
+
+@pytest.mark.parametrize("producer", ["dlpack", "suai"])
+def test_read_only_memory_is_refused_where_the_call_writes(queue, producer):
+    """Memory its producer marks read-only (DLPack 1.x flags, SUAI data[1]) is refused, by name and
+    before anything runs, for an array the call writes; for an array it only reads it is used."""
+    cfg, meta, arrays = make_call(5)
+    want, _ = run(queue, queue, cfg, meta, arrays)
+    wrap = {"dlpack": lambda host: DLPackOnly(host, queue, flags=1),
+            "suai": lambda host: ReadOnlySUAI(usm(queue, host))}[producer]
+    dev = {k: usm(queue, v) for k, v in arrays.items()}
+    for field in ("ssm_state", "conv_state", "core_attn_out"):
+        ro = wrap(arrays[field])
+        with pytest.raises(ValueError, match=f"^{field}: read-only memory"):
+            pygdn.attention(queue, cfg, to_device(meta, queue), **dict(dev, **{field: ro}))
+        ro_array = ro.to_numpy() if producer == "dlpack" else ro.base.to_numpy()
+        assert np.array_equal(ro_array, arrays[field]), f"{field} changed"
+    for k in ("ssm_state", "conv_state", "core_attn_out"):
+        assert np.array_equal(dev[k].to_numpy(), arrays[k]), f"{k} changed by a refused call"
+    inputs = {k: wrap(arrays[k]) for k in ("mixed_qkv", "a", "conv_weight")}
+    pygdn.attention(queue, cfg, to_device(meta, queue), **dict(dev, **inputs))
+    for k in want:
+        assert np.array_equal(dev[k].to_numpy(), want[k]), k
 
 
 def test_host_tensor_is_refused_by_name(queue):

@@ -4,10 +4,12 @@ warning and a recompile (never a failed call or a wrong result), nothing is writ
 off, and loading the library leaves the process environment alone (a C++ host's own bf16 JIT
 kernel runs with the library linked in). Which path a process took is read from its
 GDN_XPU_VERBOSE lines, never from timings."""
+import hashlib
 import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import sysconfig
@@ -140,12 +142,44 @@ def test_queue_made_before_import_still_uses_the_disk_cache(filled, tmp_path):
     assert LOADED.findall(err) and not COMPILED.findall(err) and not warnings(err), err
 
 
+def with_kernel_list(data, edit):
+    """The entry file with its kernel list replaced by edit(list of (name, backend name)) and its
+    checksum made valid again: it passes every check of the format (src/cache_file.cpp) and its
+    binary builds, but the kernels it lists cannot be made."""
+    header = 8 + 4 + 4 + 8 + 32  # magic, format, 0, payload bytes, SHA-256 of the payload
+    payload, at = data[header:], 0
+
+    def u32():
+        nonlocal at
+        at += 4
+        return struct.unpack_from("<I", payload, at - 4)[0]
+
+    def string():
+        nonlocal at
+        n = u32()
+        at += n
+        return payload[at - n:at]
+
+    key = string()
+    kernels = edit([(string(), string()) for _ in range(u32())])
+    rest = payload[at:]  # binary size and binary
+    new = struct.pack("<I", len(key)) + key + struct.pack("<I", len(kernels))
+    for name, native in kernels:
+        new += struct.pack("<I", len(name)) + name + struct.pack("<I", len(native)) + native
+    new += rest
+    return data[:16] + struct.pack("<Q", len(new)) + hashlib.sha256(new).digest() + new
+
+
 DAMAGE = {
     "truncated": lambda b: b[: len(b) // 3],
     "random_bytes": lambda b: np.random.default_rng(1).integers(0, 256, len(b), dtype=np.uint8).tobytes(),
     "wrong_version": lambda b: b[:8] + bytes([b[8] + 1]) + b[9:],  # the format field after the magic
     "flipped_byte": lambda b: b[:-100] + bytes([b[-100] ^ 0xFF]) + b[-99:],
     "empty": lambda b: b"",
+    # well-formed entries whose kernels cannot be made (up to 0.2.22 every call then failed with
+    # GDN_ERROR_INTERNAL, in every process, and the entry was never replaced)
+    "kernel_not_in_binary": lambda b: with_kernel_list(b, lambda ks: [(n, native + b"_gone") for n, native in ks]),
+    "no_kernels_listed": lambda b: with_kernel_list(b, lambda ks: []),
 }
 
 
@@ -166,6 +200,18 @@ def test_damaged_entries_are_replaced(filled, tmp_path, damage):
     assert LOADED.findall(err) and not COMPILED.findall(err) and not warnings(err), err
 
 
+def test_runtime_build_options_from_the_environment_get_their_own_entry(filled, tmp_path):
+    # The SYCL runtime applies SYCL_PROGRAM_COMPILE_OPTIONS (and its APPEND / LINK twins) to the
+    # library's builds too: a binary built under them is another binary (up to 0.2.22 it was stored
+    # under, and loaded from, the same entry as the plain one).
+    cache = copy_cache(filled, tmp_path)
+    err = run(tmp_path, child_env(cache, SYCL_PROGRAM_COMPILE_OPTIONS="-cl-opt-disable"))
+    assert COMPILED.findall(err) and not LOADED.findall(err), err
+    assert len(entries(cache)) == 2, entries(cache)
+    err = run(tmp_path, child_env(cache), name="plain")  # without them: the first entry again
+    assert LOADED.findall(err) and not COMPILED.findall(err) and not warnings(err), err
+
+
 def test_unreadable_entry(filled, tmp_path):
     cache = copy_cache(filled, tmp_path)
     for f in entries(cache):
@@ -177,6 +223,40 @@ def test_unreadable_entry(filled, tmp_path):
     err = run(tmp_path, child_env(cache))
     assert COMPILED.findall(err), err
     assert any("cannot read kernel cache entry" in w for w in warnings(err)), err
+
+
+def test_fifo_in_place_of_an_entry(filled, tmp_path):
+    # Up to 0.2.22 opening it blocked the call for good; now a warning, a recompile, and the FIFO
+    # replaced by a good entry.
+    cache = copy_cache(filled, tmp_path)
+    names = []
+    for f in entries(cache):
+        names.append(f.name)
+        f.unlink()
+        os.mkfifo(f)
+    p, out = spawn(tmp_path, child_env(cache))
+    try:
+        err = finish(p, out)
+    finally:
+        p.kill()
+    assert COMPILED.findall(err), err
+    assert any("cannot read kernel cache entry" in w for w in warnings(err)), err
+    assert [f.name for f in entries(cache)] == names  # regular files again
+
+
+def test_stale_temporary_files_are_removed(tmp_path):
+    # A crash between creating an entry's temporary file and renaming it leaves the file behind;
+    # the next store removes such files once they are an hour old (younger ones may be in use).
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    stale, fresh = cache / "x-00.bin.tmp.123.0", cache / "x-00.bin.tmp.124.0"
+    for f in (stale, fresh):
+        f.write_bytes(b"partial")
+    old = os.stat(stale).st_mtime - 2 * 3600
+    os.utime(stale, (old, old))
+    err = run(tmp_path, child_env(cache))
+    assert COMPILED.findall(err) and not warnings(err), err
+    assert not stale.exists() and fresh.exists()
 
 
 def read_only_dir(tmp_path):

@@ -1,5 +1,7 @@
-"""The pygdn layer's own caches: they must never serve a stale value."""
+"""The pygdn layer's own caches (they must never serve a stale value) and its conversion of
+Config and Batch fields to the C structs."""
 import numpy as np
+import pytest
 
 import pygdn
 from pygdn import _usm
@@ -31,3 +33,23 @@ def test_typestr_memo_matches_numpy():
     assert _usm.dtype_name(">f4") is None and _usm.dtype_name("<f8") is None
     assert _usm.dtype_name("<f4") == "f32" and _usm.dtype_name("<u2") == "bf16"
     assert _usm.dtype_name("not a dtype") is None
+
+
+def test_numeric_fields_are_checked_by_name():
+    """A field that is not an int32 (or, for the float fields, a number) is an error naming it,
+    never truncated (3.7 is not 3) and never an unnamed cffi OverflowError."""
+    base = dict(num_k_heads=1, num_v_heads=2, head_k_dim=4, head_v_dim=4, num_slots=4)
+    cases = [(dict(num_k_heads=2**31), ValueError, r"^cfg\.num_k_heads=2147483648: does not fit int32"),
+             (dict(num_slots=3.7), TypeError, r"^cfg\.num_slots=3\.7: expected an integer"),
+             (dict(head_k_dim="x"), TypeError, r"^cfg\.head_k_dim='x': expected an integer"),
+             (dict(scale="x"), TypeError, r"^cfg\.scale='x': expected a number")]
+    for over, exc, match in cases:
+        with pytest.raises(exc, match=match):
+            pygdn.Config(**dict(base, **over))._to_c()
+    assert pygdn.Config(**dict(base, num_slots=np.int64(4)))._to_c().num_slots == 4  # int-like values pass
+    batch = pygdn.Batch(num_decodes=1, num_actual_tokens=2.5, non_spec_token_count=1)
+    with pytest.raises(TypeError, match=r"^batch\.num_actual_tokens=2\.5: expected an integer"):
+        pygdn.workspace_size(pygdn.Config(**base), batch)
+    batch = pygdn.Batch(num_decodes=1, num_actual_tokens=1, non_spec_token_count=1, pad_slot_id=2**33)
+    with pytest.raises(ValueError, match=r"^batch\.pad_slot_id=8589934592: does not fit int32"):
+        batch._counts_c()
