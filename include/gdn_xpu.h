@@ -9,8 +9,8 @@
  *  - `queue` is a `sycl::queue *` passed as `void *` (what dpctl calls a DPCTLSyclQueueRef:
  *    `dpctl.SyclQueue.addressof_ref()`). The library copies the handle; it never owns it.
  *  - Every array argument is a USM pointer (device, shared or host) of that queue's context,
- *    aligned to its element size (int32 metadata 4, f32 4, f16/bf16 2, bytes 1; workspace 4);
- *    else GDN_ERROR_BAD_POINTER naming the field. Nothing more: views into a larger allocation
+ *    device USM of the queue's own device, aligned to its element size (int32 metadata 4, f32 4,
+ *    f16/bf16 2, bytes 1; workspace 4); else GDN_ERROR_BAD_POINTER naming the field. Nothing more: views into a larger allocation
  *    (a slot range of a cache, a dpnp slice) are fine, the kernels' wider accesses fall back.
  *    Shapes below are outermost-first, C order; "rows" are token rows of the step.
  *  - Metadata arrays are int32 (`has_initial_state` is one byte per entry, 0 or 1).
@@ -85,7 +85,7 @@ typedef enum gdn_status {
   GDN_ERROR_BAD_ACCEPTED = 9,       /* num_accepted_tokens outside [1, 1 + num_spec]     */
   GDN_ERROR_BAD_TOKEN_INDEX = 10,   /* a token row out of range, or two owners of a row  */
   GDN_ERROR_BAD_STRUCT_SIZE = 11,   /* struct_size of no known version (older than v1)   */
-  GDN_ERROR_BAD_POINTER = 12,       /* not USM of the queue's context, or misaligned     */
+  GDN_ERROR_BAD_POINTER = 12,       /* not USM of the queue's context/device, misaligned */
   GDN_ERROR_BAD_QUEUE = 13,         /* NULL queue                                        */
   GDN_ERROR_UNSUPPORTED = 14,       /* valid request this build/device cannot run        */
   GDN_ERROR_COMPILE = 15,           /* run-time kernel compilation failed (log in message) */

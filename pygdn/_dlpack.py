@@ -71,7 +71,7 @@ class ManagedTensor:
     deleter, exactly once. `producer` is kept alive with it; `tensor` (the DLTensor) is valid
     until release()."""
 
-    __slots__ = ("_ptr", "producer", "tensor", "read_only")
+    __slots__ = ("_ptr", "producer", "tensor", "unwritable")
 
     def __init__(self, capsule, producer, name):
         self.producer, self._ptr = producer, None
@@ -89,8 +89,12 @@ class ManagedTensor:
             raise BufferError(f"{name}: DLPack version {self._ptr.version.major}.{self._ptr.version.minor} "
                               "(pygdn reads 1.x)")
         self.tensor = self._ptr.dl_tensor
-        # DLPack 1.x: flags bit 0 = DLPACK_FLAG_BITMASK_READ_ONLY (a legacy capsule cannot say)
-        self.read_only = ctype is _VERSIONED and bool(self._ptr.flags & 1)
+        # Why a call must not write it, or None. DLPack 1.x flags (a legacy capsule cannot say):
+        # bit 0 READ_ONLY, bit 1 IS_COPIED (the producer exported a copy: writes would be lost).
+        flags = self._ptr.flags if ctype is _VERSIONED else 0
+        self.unwritable = ("read-only memory (its producer says so)" if flags & 1 else
+                           "a copy its producer made (DLPack IS_COPIED): what the call writes would be lost"
+                           if flags & 2 else None)
 
     def release(self):
         ptr, self._ptr = self._ptr, None

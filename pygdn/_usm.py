@@ -118,12 +118,12 @@ def from_bf16_bits(bits):
 
 def usm_view(obj, name, queue):
     """What pygdn needs from an array argument, an SUAI object or a DLPack producer, as a tuple
-    (address, shape, dtype, contiguous, queue, hold, read_only): element-0 address, shape, dtype
+    (address, shape, dtype, contiguous, queue, hold, unwritable): element-0 address, shape, dtype
     name, C-contiguity, the producer's queue (SUAI; None for DLPack, whose device and context are
     checked on intake), hold, what must stay alive while a call may use the memory (the object;
-    for DLPack the consumed tensor, which holds the object), and whether the producer marked the
-    memory read-only (SUAI data[1], DLPack 1.x flags). Read afresh on every call: an object may
-    change what it describes. (A tuple, not an object: ~16 of them per call.)"""
+    for DLPack the consumed tensor, which holds the object), and why a call must not write the
+    memory, or None (read-only: SUAI data[1], DLPack 1.x flags; a DLPack copy). Read afresh on every
+    call: an object may change what it describes. (A tuple, not an object: ~16 of them per call.)"""
     if type(obj) is UsmArray:  # (exactly: a subclass may describe itself differently)
         # pygdn's own array: the fields its SUAI dict is made of, read as the dict would be,
         # without building it (~0.6 of ~1 us per array here; issue 17).
@@ -141,7 +141,7 @@ def usm_view(obj, name, queue):
                             f"dpctl.memory, pygdn.UsmArray) or a kDLOneAPI DLPack tensor (__dlpack__: torch "
                             f"XPU, JAX), got {type(obj).__name__}") from None
         hold, address, shape, strides, dtype = _dlpack.consume(obj, name, queue)
-        return address, shape, dtype, _c_contiguous(shape, strides), None, hold, hold.read_only
+        return address, shape, dtype, _c_contiguous(shape, strides), None, hold, hold.unwritable
     shape = tuple(s["shape"])
     typestr = s["typestr"]
     dtype, itemsize = _typestr_info(typestr)
@@ -149,7 +149,7 @@ def usm_view(obj, name, queue):
         raise TypeError(f"{name}: unsupported element type {typestr!r}")
     address = int(s["data"][0]) + int(s.get("offset", 0) or 0) * itemsize
     return (address, shape, dtype, _c_contiguous(shape, s.get("strides")), _queue_of(s.get("syclobj"), obj), obj,
-            bool(s["data"][1]))
+            "read-only memory (its producer says so)" if s["data"][1] else None)
 
 
 def _c_contiguous(shape, strides):

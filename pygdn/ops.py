@@ -322,12 +322,12 @@ def _arrays_cached(cfg: Config, queue, rows: int, arrays: dict, keep: list):
 
 def _view(obj, name, queue, written=False):
     """(address, shape, dtype name, hold) of an array argument, after the checks every array gets
-    (written: the call writes it, so memory its producer marked read-only is refused)."""
-    address, shape, dtype, contiguous, q, hold, read_only = _usm_view(obj, name, queue)
+    (written: the call writes it, so memory marked read-only, or a producer's copy, is refused)."""
+    address, shape, dtype, contiguous, q, hold, unwritable = _usm_view(obj, name, queue)
     if not contiguous:
         raise ValueError(f"{name}: must be C-contiguous")
-    if written and read_only:
-        raise ValueError(f"{name}: read-only memory (its producer says so), but the call writes it")
+    if written and unwritable:
+        raise ValueError(f"{name}: {unwritable}, but the call writes it")
     # The same queue object is the common case; comparing contexts builds dpctl objects (~µs each).
     # (A DLPack tensor has no queue: its device and context were checked when it was consumed.)
     if q is not None and q is not queue and q.sycl_context != queue.sycl_context:

@@ -8,6 +8,7 @@
 #include "cache_file.hpp"
 
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -170,21 +171,49 @@ bool write_atomic(const std::string &path, const std::string &data, std::string 
   return ok;
 }
 
-// Temporary files of write_atomic that a crash left behind: "<entry>.tmp.<pid>.<n>", older than
-// max_age_s (a younger one may be another process's write in progress).
-void remove_stale_temporaries(const std::string &dir, long max_age_s) {
+namespace {
+
+// Whether `name` is an entry file's name, "<label>-<64 hex digits>.bin" (disk_cache.cpp
+// entry_path), or, with a suffix after ".bin", one of its temporary files.
+bool entry_name(const std::string &name, bool temporary) {
+  const size_t bin = name.find(".bin");
+  if (bin == std::string::npos || bin < 64 || (bin + 4 == name.size()) == temporary) return false;
+  if (temporary && name.compare(bin + 4, 5, ".tmp.") != 0) return false;
+  for (size_t i = bin - 64; i < bin; ++i)
+    if (!std::isxdigit((unsigned char)name[i])) return false;
+  return bin == 64 || name[bin - 65] == '-';
+}
+
+// Whether the file starts as an entry does (a name alone could be someone else's file).
+bool has_magic(const std::string &path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return false;
+  char head[sizeof kMagic];
+  const bool ok = ::read(fd, head, sizeof head) == (ssize_t)sizeof head && std::memcmp(head, kMagic, sizeof head) == 0;
+  ::close(fd);
+  return ok;
+}
+
+}  // namespace
+
+void tidy(const std::string &dir, long temporary_age_s, long entry_age_s) {
   DIR *d = ::opendir(dir.c_str());
   if (!d) return;
   const time_t now = ::time(nullptr);
   while (const dirent *e = ::readdir(d)) {
     const std::string name = e->d_name;
-    if (name.find(".bin.tmp.") == std::string::npos) continue;
+    const bool temporary = entry_name(name, true);
+    if (!temporary && !entry_name(name, false)) continue;
     const std::string path = dir + "/" + name;
     struct stat st;
-    if (::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && now - st.st_mtime > max_age_s) ::unlink(path.c_str());
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    if (now - st.st_mtime > (temporary ? temporary_age_s : entry_age_s) && (temporary || has_magic(path)))
+      ::unlink(path.c_str());
   }
   ::closedir(d);
 }
+
+void touch(const std::string &path) { ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0); }
 
 
 }  // namespace gdn::disk_cache::cache_file

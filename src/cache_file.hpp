@@ -19,8 +19,12 @@ std::string parse(const std::string &file, const std::string &key, device_binary
 bool read_file(const std::string &path, std::string *out, std::string *err);
 // Writes data to path atomically (a private temporary file in the same folder, then rename()).
 bool write_atomic(const std::string &path, const std::string &data, std::string *err);
-// Deletes the temporary files of writes that never finished (a crash between create and rename)
-// older than max_age_s. Best effort: errors are ignored.
-void remove_stale_temporaries(const std::string &dir, long max_age_s);
+// Deletes, in dir, the temporary files of writes that never finished (a crash between create and
+// rename) older than temporary_age_s, and entries not written or used (touch) for entry_age_s:
+// those of other library versions, runtimes or devices. Only files named and starting as entries
+// are touched (dir may be shared with other files). Best effort: errors are ignored.
+void tidy(const std::string &dir, long temporary_age_s, long entry_age_s);
+// Marks an entry as used now (its modification time): tidy() keeps it. Best effort.
+void touch(const std::string &path);
 
 }  // namespace gdn::disk_cache::cache_file

@@ -29,8 +29,11 @@ namespace {
 #define GDN_STR2(x) #x
 #define GDN_STR(x) GDN_STR2(x)
 
-// A temporary entry file this old was left by a crash (a write takes milliseconds): a store removes it.
+// What a store removes (cache_file::tidy): a temporary entry file this old was left by a crash (a
+// write takes milliseconds); an entry no process wrote or loaded for this long belongs to a
+// library version, runtime or device no longer in use (a loaded entry is touched).
 constexpr long kStaleTemporarySeconds = 3600;
+constexpr long kUnusedEntrySeconds = 30L * 24 * 3600;
 
 // One line on stderr per `what` per process.
 void warn_once(const std::string &what, const std::string &message) {
@@ -99,6 +102,18 @@ Location resolve() {
     loc.dir = dir;
   }
   while (loc.dir.size() > 1 && loc.dir.back() == '/') loc.dir.pop_back();
+  // The binaries in the folder run in this process: a folder other users may write to (world-
+  // writable, or group-writable and someone else's) is not used. (A missing one is made private.)
+  struct stat st;
+  if (::stat(loc.dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
+      ((st.st_mode & S_IWOTH) || (st.st_uid != ::geteuid() && (st.st_mode & S_IWGRP)))) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%03o", (unsigned)(st.st_mode & 0777));
+    warn_once("location", "the kernel cache folder " + loc.dir + " is writable by other users (mode " + mode +
+                              "): compiled kernels are neither loaded from it nor kept there, since its files "
+                              "would run in this process (GDN_XPU_CACHE_DIR chooses another)");
+    loc.dir.clear();
+  }
   return loc;
 }
 
@@ -222,7 +237,9 @@ std::unique_ptr<device_binary::Program> load(const sycl::context &ctx, const syc
       warn_once(*path, "ignoring kernel cache entry " + *path + " (" + why + "); compiling again and replacing it");
       return nullptr;
     }
-    return device_binary::load(ctx, dev, img);
+    std::unique_ptr<device_binary::Program> program = device_binary::load(ctx, dev, img);
+    cache_file::touch(*path);  // in use: tidy() keeps it
+    return program;
   } catch (const std::exception &e) {
     warn_once(*path, "cannot load kernel cache entry " + *path + " (" + e.what() +
                          "); compiling again and replacing it");
@@ -254,7 +271,7 @@ std::string store(const sycl::kernel_bundle<sycl::bundle_state::executable> &bun
                            "): compiled kernels are not kept on disk (GDN_XPU_CACHE_DIR chooses another)");
     return "";
   }
-  cache_file::remove_stale_temporaries(loc.dir, kStaleTemporarySeconds);
+  cache_file::tidy(loc.dir, kStaleTemporarySeconds, kUnusedEntrySeconds);
   return path;
 }
 

@@ -6,7 +6,9 @@
 // $XDG_CACHE_HOME/libgdn_xpu, else $HOME/.cache/libgdn_xpu, else <tmp>/libgdn_xpu-<uid> (with a
 // warning). GDN_XPU_DISK_CACHE=0 turns it off. A failure to read, parse, check or load an entry
 // is a miss (one warning naming the file); the caller compiles and store() replaces the entry
-// atomically (temporary file + rename). A failure to write is a warning, never an error.
+// atomically (temporary file + rename). A failure to write is a warning, never an error. A store
+// also tidies the folder (cache_file::tidy: crashed writes' temporaries, entries unused for 30
+// days); a load marks its entry used.
 #pragma once
 #include <memory>
 #include <string>

@@ -76,10 +76,17 @@ void check_stride(int64_t &stride, int64_t dense, const char *field) {
   if (stride < dense) fail(GDN_ERROR_BAD_LAYOUT, std::string(field) + " = " + str(stride) + " < row width " + str(dense));
 }
 
-void check_usm(const sycl::context &ctx, const void *p, const char *field) {
+// USM of the queue's context; in a context of several devices (dpctl's default context holds all
+// GPUs of a platform) device USM must be the queue's device's own. (The device lookup is one more
+// runtime call per array: made only when the context has more than one device.)
+void check_usm(const sycl::queue &q, const sycl::context &ctx, bool several_devices, const void *p, const char *field) {
   if (!p) return;
-  if (sycl::get_pointer_type(p, ctx) == sycl::usm::alloc::unknown)
+  const sycl::usm::alloc kind = sycl::get_pointer_type(p, ctx);
+  if (kind == sycl::usm::alloc::unknown)
     fail(GDN_ERROR_BAD_POINTER, std::string(field) + " is not a USM allocation of the queue's context");
+  if (several_devices && kind == sycl::usm::alloc::device && sycl::get_pointer_device(p, ctx) != q.get_device())
+    fail(GDN_ERROR_BAD_POINTER, std::string(field) + " is device USM of another device than the queue's ('" +
+                                    sycl::get_pointer_device(p, ctx).get_info<sycl::info::device::name>() + "')");
 }
 
 // Every array is aligned to its element size: what element loads need on any device. Wider vector
@@ -140,8 +147,9 @@ void check_pointers(const Checked &c) {
       {t.norm_weight, "tensors->norm_weight", act, act_t},
       {t.workspace, "tensors->workspace", 4, "f32 and int32 scratch"}};
   const sycl::context ctx = q.get_context();  // once: each get_context() copies a shared_ptr
+  const bool several_devices = ctx.get_devices().size() > 1;
   for (const Array &a : arrays) {
-    check_usm(ctx, a.p, a.field);
+    check_usm(q, ctx, several_devices, a.p, a.field);
     check_aligned(a.p, a.align, a.what, a.field);
   }
 }

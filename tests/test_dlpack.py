@@ -86,7 +86,7 @@ class DLPackOnly:
     versioned: answers max_version=(1, 0) with a 'dltensor_versioned' capsule; else a producer
     from before DLPack 1.0 (no max_version argument, 'dltensor'). The data pointer is the
     allocation's start and byte_offset says where the array begins (a pad of `offset` elements).
-    flags: the versioned capsule's flags (1 = DLPACK_FLAG_BITMASK_READ_ONLY)."""
+    flags: the versioned capsule's flags (1 = READ_ONLY, 2 = IS_COPIED)."""
 
     def __init__(self, host, queue, versioned=True, offset=3, code=None, device_type=KDL_ONEAPI, strides=None,
                  flags=0):
@@ -243,20 +243,23 @@ class ReadOnlySUAI:
         return d
 
 
-@pytest.mark.parametrize("producer", ["dlpack", "suai"])
-def test_read_only_memory_is_refused_where_the_call_writes(queue, producer):
-    """Memory its producer marks read-only (DLPack 1.x flags, SUAI data[1]) is refused, by name and
-    before anything runs, for an array the call writes; for an array it only reads it is used."""
+@pytest.mark.parametrize("producer", ["dlpack", "dlpack_copy", "suai"])
+def test_unwritable_memory_is_refused_where_the_call_writes(queue, producer):
+    """Memory its producer marks read-only (DLPack 1.x flags, SUAI data[1]) or a copy (DLPack
+    IS_COPIED) is refused, by name and before anything runs, for an array the call writes; for an
+    array it only reads it is used."""
     cfg, meta, arrays = make_call(5)
     want, _ = run(queue, queue, cfg, meta, arrays)
     wrap = {"dlpack": lambda host: DLPackOnly(host, queue, flags=1),
+            "dlpack_copy": lambda host: DLPackOnly(host, queue, flags=2),
             "suai": lambda host: ReadOnlySUAI(usm(queue, host))}[producer]
+    why = "a copy its producer made" if producer == "dlpack_copy" else "read-only memory"
     dev = {k: usm(queue, v) for k, v in arrays.items()}
     for field in ("ssm_state", "conv_state", "core_attn_out"):
         ro = wrap(arrays[field])
-        with pytest.raises(ValueError, match=f"^{field}: read-only memory"):
+        with pytest.raises(ValueError, match=f"^{field}: {why}"):
             pygdn.attention(queue, cfg, to_device(meta, queue), **dict(dev, **{field: ro}))
-        ro_array = ro.to_numpy() if producer == "dlpack" else ro.base.to_numpy()
+        ro_array = ro.base.to_numpy() if producer == "suai" else ro.to_numpy()
         assert np.array_equal(ro_array, arrays[field]), f"{field} changed"
     for k in ("ssm_state", "conv_state", "core_attn_out"):
         assert np.array_equal(dev[k].to_numpy(), arrays[k]), f"{k} changed by a refused call"

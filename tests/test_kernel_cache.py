@@ -13,6 +13,7 @@ import struct
 import subprocess
 import sys
 import sysconfig
+import time
 
 import numpy as np
 import pytest
@@ -244,19 +245,52 @@ def test_fifo_in_place_of_an_entry(filled, tmp_path):
     assert [f.name for f in entries(cache)] == names  # regular files again
 
 
-def test_stale_temporary_files_are_removed(tmp_path):
-    # A crash between creating an entry's temporary file and renaming it leaves the file behind;
-    # the next store removes such files once they are an hour old (younger ones may be in use).
+def age(path, seconds):
+    t = time.time() - seconds
+    os.utime(path, (t, t))
+
+
+def test_a_store_removes_stale_temporaries_and_unused_entries(filled, tmp_path):
+    # A crash between creating an entry's temporary file and renaming it leaves the file behind:
+    # a store removes it once an hour old (a younger one may be a write in progress). An entry no
+    # process wrote or loaded for 30 days (another library version's, say) goes too; a file that
+    # is not an entry stays, whatever its name (the folder may be shared).
     cache = tmp_path / "cache"
     cache.mkdir()
-    stale, fresh = cache / "x-00.bin.tmp.123.0", cache / "x-00.bin.tmp.124.0"
+    unused = cache / ("other-" + "ab" * 32 + ".bin")
+    shutil.copy(entries(filled)[0], unused)
+    foreign = cache / ("cd" * 32 + ".bin")
+    foreign.write_bytes(b"somebody else's")
+    stale, fresh = cache / (unused.name + ".tmp.123.0"), cache / (unused.name + ".tmp.124.0")
     for f in (stale, fresh):
         f.write_bytes(b"partial")
-    old = os.stat(stale).st_mtime - 2 * 3600
-    os.utime(stale, (old, old))
+    for f, seconds in ((unused, 31 * 86400), (foreign, 31 * 86400), (stale, 2 * 3600)):
+        age(f, seconds)
     err = run(tmp_path, child_env(cache))
     assert COMPILED.findall(err) and not warnings(err), err
-    assert not stale.exists() and fresh.exists()
+    assert not unused.exists() and not stale.exists()
+    assert foreign.exists() and fresh.exists()
+
+
+def test_folder_writable_by_others_is_not_used(filled, tmp_path):
+    # Its files would run in this process: a world-writable folder is neither loaded from nor
+    # written to (a warning; the call compiles and succeeds).
+    cache = copy_cache(filled, tmp_path)
+    cache.chmod(0o777)
+    before = [(f.name, f.stat().st_mtime) for f in entries(cache)]
+    err = run(tmp_path, child_env(cache))
+    assert COMPILED.findall(err) and not LOADED.findall(err), err
+    assert any("is writable by other users (mode 777)" in w for w in warnings(err)), err
+    assert [(f.name, f.stat().st_mtime) for f in entries(cache)] == before
+
+
+def test_a_loaded_entry_counts_as_used(filled, tmp_path):
+    cache = copy_cache(filled, tmp_path)
+    for f in entries(cache):
+        age(f, 31 * 86400)
+    err = run(tmp_path, child_env(cache))
+    assert LOADED.findall(err) and not COMPILED.findall(err), err
+    assert all(time.time() - f.stat().st_mtime < 3600 for f in entries(cache))
 
 
 def read_only_dir(tmp_path):

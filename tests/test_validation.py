@@ -801,6 +801,24 @@ def test_counts_mode_still_checks_counts(s):
           lambda: s.attention(s.batch(validate="counts", num_actual_tokens=10)))
 
 
+def test_device_memory_of_another_device_of_the_context(queue):
+    """A context may span several devices (dpctl's default context: all GPUs of a platform): device
+    USM of one of them, given with a queue on another, is refused by name (validate.cpp check_usm).
+    Two sub-devices of the test device make such a context here."""
+    try:
+        subs = queue.sycl_device.create_sub_devices(partition=1)[:2]
+    except Exception as e:  # noqa: BLE001 - a device that cannot be partitioned
+        pytest.skip(f"the device cannot be partitioned: {e}")
+    if len(subs) < 2:
+        pytest.skip("fewer than two sub-devices")
+    ctx = dpctl.SyclContext(subs)
+    q0, q1 = (dpctl.SyclQueue(ctx, d, property="in_order") for d in subs)
+    s = Setup(q1)
+    other = pygdn.UsmArray.from_numpy(s.host["ssm_state"], q0, usm_type="device")
+    fails(s, "GDN_ERROR_BAD_POINTER", ["tensors->ssm_state is device USM of another device than the queue's"],
+          lambda: s.attention(ssm_state=other))
+
+
 # ----------------------------------------------------------------------------- metadata in any kind of USM
 def _batch_in(s, usm_type, **over):
     """s.batch(**over) with every metadata array in `usm_type` USM (validation reads host and shared
