@@ -8,9 +8,9 @@
  * -------------------------------------
  *  - `queue` is a `sycl::queue *` passed as `void *` (what dpctl calls a DPCTLSyclQueueRef:
  *    `dpctl.SyclQueue.addressof_ref()`). The library copies the handle; it never owns it.
- *  - Every array argument is a USM pointer (device, shared or host) of that queue's context,
- *    device USM of the queue's own device, aligned to its element size (int32 metadata 4, f32 4,
- *    f16/bf16 2, bytes 1; workspace 4); else GDN_ERROR_BAD_POINTER naming the field. Nothing more: views into a larger allocation
+ *  - Every array argument is a USM pointer (device, shared or host) of that queue's context
+ *    (device USM: of the queue's own device), aligned to its element size (int32 metadata 4,
+ *    f32 4, f16/bf16 2, bytes 1; workspace 4); else GDN_ERROR_BAD_POINTER naming the field. Nothing more: views into a larger allocation
  *    (a slot range of a cache, a dpnp slice) are fine, the kernels' wider accesses fall back.
  *    Shapes below are outermost-first, C order; "rows" are token rows of the step.
  *  - Metadata arrays are int32 (`has_initial_state` is one byte per entry, 0 or 1).

@@ -28,6 +28,9 @@ def dtype_name(typestr):
     return _typestr_info(typestr)[0]
 
 
+# dpctl's USM memory objects: their SUAI data[1] is always True (see usm_view).
+_MEMORY_TYPES = (_dpmem.MemoryUSMDevice, _dpmem.MemoryUSMShared, _dpmem.MemoryUSMHost)
+
 _TYPESTR_INFO = {}  # typestr -> (gdn dtype name or None, itemsize): np.dtype() costs ~1 µs a call
 
 
@@ -148,8 +151,12 @@ def usm_view(obj, name, queue):
     if dtype is None:
         raise TypeError(f"{name}: unsupported element type {typestr!r}")
     address = int(s["data"][0]) + int(s.get("offset", 0) or 0) * itemsize
+    # data[1] is the read-only flag (usm_ndarray, dpnp); dpctl.memory objects set it True always,
+    # meaning "writable" in their own docstring: not read there.
+    data = s["data"]
+    read_only = len(data) > 1 and bool(data[1]) and not isinstance(obj, _MEMORY_TYPES)
     return (address, shape, dtype, _c_contiguous(shape, s.get("strides")), _queue_of(s.get("syclobj"), obj), obj,
-            "read-only memory (its producer says so)" if s["data"][1] else None)
+            "read-only memory (its producer says so)" if read_only else None)
 
 
 def _c_contiguous(shape, strides):

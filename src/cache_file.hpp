@@ -21,8 +21,9 @@ bool read_file(const std::string &path, std::string *out, std::string *err);
 bool write_atomic(const std::string &path, const std::string &data, std::string *err);
 // Deletes, in dir, the temporary files of writes that never finished (a crash between create and
 // rename) older than temporary_age_s, and entries not written or used (touch) for entry_age_s:
-// those of other library versions, runtimes or devices. Only files named and starting as entries
-// are touched (dir may be shared with other files). Best effort: errors are ignored.
+// those of other library versions, runtimes or devices. Only files named as entries' temporaries,
+// and files named and starting as entries, are removed (dir may be shared with other files). Best
+// effort: errors are ignored.
 void tidy(const std::string &dir, long temporary_age_s, long entry_age_s);
 // Marks an entry as used now (its modification time): tidy() keeps it. Best effort.
 void touch(const std::string &path);

@@ -61,10 +61,10 @@ Scratch acquire_workspace(const sycl::queue &q, const gdn_tensors_t &t, size_t b
     start = static_cast<char *>(t.workspace);
   } else {
     std::shared_ptr<Workspace> w = workspace_for(q);
+    s.owner = w;  // first: if grow() throws, s unlocks before the workspace can go
     s.lock = std::unique_lock<std::mutex>(w->m);
     grow(*w, bytes);
     start = static_cast<char *>(w->ptr);
-    s.owner = std::move(w);
   }
   s.ptr = start + (-reinterpret_cast<uintptr_t>(start) & (GDN_SCRATCH_ALIGN - 1));  // within the slack
   return s;

@@ -263,8 +263,12 @@ def test_unwritable_memory_is_refused_where_the_call_writes(queue, producer):
         assert np.array_equal(ro_array, arrays[field]), f"{field} changed"
     for k in ("ssm_state", "conv_state", "core_attn_out"):
         assert np.array_equal(dev[k].to_numpy(), arrays[k]), f"{k} changed by a refused call"
+    # dpctl.memory objects always set SUAI data[1] (meaning "writable" to them): a workspace
+    batch = to_device(meta, queue)
+    workspace = dpctl.memory.MemoryUSMDevice(pygdn.workspace_size(cfg, batch), queue=queue)
+    assert workspace.__sycl_usm_array_interface__["data"][1] is True
     inputs = {k: wrap(arrays[k]) for k in ("mixed_qkv", "a", "conv_weight")}
-    pygdn.attention(queue, cfg, to_device(meta, queue), **dict(dev, **inputs))
+    pygdn.attention(queue, cfg, batch, workspace=workspace, **dict(dev, **inputs))
     for k in want:
         assert np.array_equal(dev[k].to_numpy(), want[k]), k
 

@@ -257,6 +257,7 @@ def test_a_store_removes_stale_temporaries_and_unused_entries(filled, tmp_path):
     # is not an entry stays, whatever its name (the folder may be shared).
     cache = tmp_path / "cache"
     cache.mkdir()
+    cache.chmod(0o700)  # whatever the umask: a folder others may write is not used at all
     unused = cache / ("other-" + "ab" * 32 + ".bin")
     shutil.copy(entries(filled)[0], unused)
     foreign = cache / ("cd" * 32 + ".bin")
