@@ -10,8 +10,9 @@
  *    `dpctl.SyclQueue.addressof_ref()`). The library copies the handle; it never owns it.
  *  - Every array argument is a USM pointer (device, shared or host) of that queue's context
  *    (device USM: of the queue's own device), aligned to its element size (int32 metadata 4,
- *    f32 4, f16/bf16 2, bytes 1; workspace 4); else GDN_ERROR_BAD_POINTER naming the field. Nothing more: views into a larger allocation
- *    (a slot range of a cache, a dpnp slice) are fine, the kernels' wider accesses fall back.
+ *    f32 4, f16/bf16 2, bytes 1; workspace 4); else GDN_ERROR_BAD_POINTER naming the field.
+ *    Nothing more: views into a larger allocation (a slot range of a cache, a dpnp slice) are
+ *    fine, the kernels' wider accesses fall back.
  *    Shapes below are outermost-first, C order; "rows" are token rows of the step.
  *  - Metadata arrays are int32 (`has_initial_state` is one byte per entry, 0 or 1).
  *  - Calls enqueue their kernels and return. On an in-order queue they return without waiting
@@ -330,8 +331,8 @@ GDN_API gdn_status_t gdn_causal_conv1d(void *queue, const gdn_config_t *cfg, con
  * Writes core_attn_out at each addressed row (zeros for padded sequences), ssm_state.
  * Per v-head with state S [K,V] f32:  S = exp(g) S;  u = beta (v - S^T k);  S += k u^T;  o = S^T q
  * with q,k l2-normalized (unless GDN_FLAG_NO_QK_L2NORM) and q scaled by cfg->scale (always; set
- * scale = 1 for none). Non-spec sequences of
- * length > 1 use the chunked (GDN_CHUNK_SIZE) form unless GDN_FLAG_FORCE_RECURRENT. Initial
+ * scale = 1 for none). Non-spec sequences of length > 1 use the chunked (GDN_CHUNK_SIZE) form
+ * unless GDN_FLAG_FORCE_RECURRENT. Initial
  * states come from the read slots, final states go to the write slots, spec sequence n writes
  * the state after token t to spec_state_indices[n][t], checkpoints as in "State caches".
  * Non-finite gates (README "Non-finite gates"): g = -exp(A_log)*softplus(a + dt_bias) is the value

@@ -64,8 +64,10 @@ def _int32(value, name):
 
 
 def _float(value, name):
-    """value for a float field of a C struct, or an error naming the field."""
+    """value for a float field of a C struct, or an error naming the field (a number, not text)."""
     try:
+        if isinstance(value, (str, bytes)):
+            raise TypeError
         return float(value)
     except (TypeError, ValueError):
         raise TypeError(f"{name}={value!r}: expected a number, got {type(value).__name__}") from None

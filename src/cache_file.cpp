@@ -215,5 +215,4 @@ void tidy(const std::string &dir, long temporary_age_s, long entry_age_s) {
 
 void touch(const std::string &path) { ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0); }
 
-
 }  // namespace gdn::disk_cache::cache_file

@@ -15,7 +15,6 @@
 namespace gdn {
 namespace {
 
-
 std::string ptr_str(const void *p) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%p", p);

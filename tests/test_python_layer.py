@@ -42,7 +42,8 @@ def test_numeric_fields_are_checked_by_name():
     cases = [(dict(num_k_heads=2**31), ValueError, r"^cfg\.num_k_heads=2147483648: does not fit int32"),
              (dict(num_slots=3.7), TypeError, r"^cfg\.num_slots=3\.7: expected an integer"),
              (dict(head_k_dim="x"), TypeError, r"^cfg\.head_k_dim='x': expected an integer"),
-             (dict(scale="x"), TypeError, r"^cfg\.scale='x': expected a number")]
+             (dict(scale="x"), TypeError, r"^cfg\.scale='x': expected a number"),
+             (dict(norm_eps="1e-6"), TypeError, r"^cfg\.norm_eps='1e-6': expected a number")]
     for over, exc, match in cases:
         with pytest.raises(exc, match=match):
             pygdn.Config(**dict(base, **over))._to_c()
