@@ -48,6 +48,20 @@ def usm(queue, array):
     return pygdn.UsmArray.from_numpy(np.ascontiguousarray(array), queue)
 
 
+class EditedSUAI:
+    """A USM array `base` seen through a copy of its __sycl_usm_array_interface__ dict that
+    edit(dict) changes on every read (other strides, a read-only flag, ...)."""
+
+    def __init__(self, base, edit):
+        self.base, self._edit = base, edit
+
+    @property
+    def __sycl_usm_array_interface__(self):
+        d = dict(self.base.__sycl_usm_array_interface__)
+        self._edit(d)
+        return d
+
+
 def conv_to_canonical(state, layout):
     """library conv_state -> reference [slots, C, state_len]."""
     return state if layout == "dim_major" else np.swapaxes(state, 1, 2)

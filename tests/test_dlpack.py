@@ -17,7 +17,7 @@ import pytest
 import dpctl
 import pygdn
 from pygdn.batch import make_batch, to_device
-from helpers import usm
+from helpers import EditedSUAI, usm
 
 H, HV, K, V, W, S, SLOTS = 1, 2, 16, 16, 4, 2, 16
 KDL_CPU, KDL_ONEAPI = 1, 14
@@ -230,19 +230,6 @@ def test_prepared_call_with_dlpack_and_int_queue(queue):
     assert_each_capsule_freed_once(dev.values())
 
 
-class ReadOnlySUAI:
-    """A USM array through an SUAI dict whose data[1] (read-only) is True."""
-
-    def __init__(self, base):
-        self.base = base
-
-    @property
-    def __sycl_usm_array_interface__(self):
-        d = dict(self.base.__sycl_usm_array_interface__)
-        d["data"] = (d["data"][0], True)
-        return d
-
-
 @pytest.mark.parametrize("producer", ["dlpack", "dlpack_copy", "suai"])
 def test_unwritable_memory_is_refused_where_the_call_writes(queue, producer):
     """Memory its producer marks read-only (DLPack 1.x flags, SUAI data[1]) or a copy (DLPack
@@ -250,9 +237,10 @@ def test_unwritable_memory_is_refused_where_the_call_writes(queue, producer):
     array it only reads it is used."""
     cfg, meta, arrays = make_call(5)
     want, _ = run(queue, queue, cfg, meta, arrays)
+    read_only = lambda d: d.update(data=(d["data"][0], True))  # noqa: E731 - SUAI data[1]
     wrap = {"dlpack": lambda host: DLPackOnly(host, queue, flags=1),
             "dlpack_copy": lambda host: DLPackOnly(host, queue, flags=2),
-            "suai": lambda host: ReadOnlySUAI(usm(queue, host))}[producer]
+            "suai": lambda host: EditedSUAI(usm(queue, host), read_only)}[producer]
     why = "a copy its producer made" if producer == "dlpack_copy" else "read-only memory"
     dev = {k: usm(queue, v) for k, v in arrays.items()}
     for field in ("ssm_state", "conv_state", "core_attn_out"):

@@ -21,7 +21,8 @@ from pygdn import ffi, lib
 from pygdn import reference as ref
 from pygdn._usm import NUMPY_DTYPES
 from pygdn.ops import BATCH_ARRAYS, BATCH_COUNTS
-from helpers import assert_close, conv_from_canonical, conv_to_canonical, ssm_from_canonical, ssm_to_canonical, usm
+from helpers import (EditedSUAI, assert_close, conv_from_canonical, conv_to_canonical, ssm_from_canonical,
+                     ssm_to_canonical, usm)
 
 H, HV, K, V, W = 1, 2, 4, 4, 4
 C = 2 * H * K + HV * V  # 16
@@ -720,22 +721,10 @@ def test_python_cached_calls_compute_what_fresh_calls_do(queue):
         assert np.array_equal(got[k], want[k]), k
 
 
-class _Strided:
-    """Every other row of a USM array, through SUAI strides."""
-
-    def __init__(self, base):
-        self.base = base
-
-    @property
-    def __sycl_usm_array_interface__(self):
-        d = dict(self.base.__sycl_usm_array_interface__)
-        n, c = self.base.shape
-        d["shape"], d["strides"] = (n // 2, c), (2 * c, 1)
-        return d
-
-
 def test_python_non_contiguous(s):
-    strided = _Strided(usm(s.q, np.zeros((20, C), np.float32)))
+    # every other row of a USM array, through SUAI strides
+    strided = EditedSUAI(usm(s.q, np.zeros((20, C), np.float32)),
+                         lambda d: d.update(shape=(10, C), strides=(2 * C, 1)))
     fails(s, None, ["mixed_qkv: must be C-contiguous"], lambda: s.attention(mixed_qkv=strided), exc=ValueError)
 
 
