@@ -356,14 +356,15 @@ _TENSORS_INIT = _ffi.new(_TENSORS_P)  # gdn_tensors_init's defaults, copied by e
 _lib.gdn_tensors_init(_TENSORS_INIT)
 
 
-# The arrays a call writes (gdn_gated_delta_rule reads conv_out: _marshal's reads_conv_out).
+# The arrays a call writes (but gdn_gated_delta_rule reads conv_out).
 _WRITTEN = frozenset(("conv_state", "conv_out", "ssm_state", "core_attn_out", "workspace"))
 
 
-def _marshal(queue, cfg: Config, batch: Batch, arrays: dict, reads_conv_out=False):
-    """Check every argument and build the three C structs. Returns (c_cfg, c_batch, c_tensors,
-    keep): keep holds every array object (and consumed DLPack tensor), so their memory outlives
-    the call; a DLPack tensor's deleter runs when keep is dropped."""
+def _marshal(fn, queue, cfg: Config, batch: Batch, arrays: dict):
+    """Check every argument of a call of C function fn and build the three C structs. Returns
+    (c_cfg, c_batch, c_tensors, keep): keep holds every array object (and consumed DLPack tensor),
+    so their memory outlives the call; a DLPack tensor's deleter runs when keep is dropped."""
+    reads_conv_out = fn is _lib.gdn_gated_delta_rule
     keep = []
     c_cfg = cfg._to_c()
     c_batch = batch._to_c(queue, keep)
@@ -402,7 +403,7 @@ def _marshal(queue, cfg: Config, batch: Batch, arrays: dict, reads_conv_out=Fals
 
 def _call(fn, queue, cfg: Config, batch: Batch, arrays: dict, wait: bool = True):
     queue = _as_queue(queue)
-    PreparedCall(fn, queue, _marshal(queue, cfg, batch, arrays, fn is _lib.gdn_gated_delta_rule)).run(wait)
+    PreparedCall(fn, queue, _marshal(fn, queue, cfg, batch, arrays)).run(wait)
 
 
 def causal_conv1d(queue, cfg: Config, batch: Batch, *, mixed_qkv, conv_weight, conv_state, conv_out, conv_bias=None, wait=True):
@@ -480,8 +481,8 @@ def prepare(op, queue, cfg: Config, batch: Batch, **arrays) -> PreparedCall:
         raise TypeError(f"prepare({name}): {e}") from None
     given = {k: v for k, v in bound.arguments.items() if k not in ("queue", "cfg", "batch")}
     queue = _as_queue(queue)
-    return PreparedCall(getattr(_lib, _C_FUNCTIONS[op]), queue, _marshal(queue, cfg, batch, given, op is gated_delta_rule),
-                        name)
+    fn = getattr(_lib, _C_FUNCTIONS[op])
+    return PreparedCall(fn, queue, _marshal(fn, queue, cfg, batch, given), name)
 
 
 def warmup(queue, cfg: Config) -> None:
