@@ -129,7 +129,7 @@ def usm_view(obj, name, queue):
     call: an object may change what it describes. (A tuple, not an object: ~16 of them per call.)"""
     if type(obj) is UsmArray:  # (exactly: a subclass may describe itself differently)
         # pygdn's own array: the fields its SUAI dict is made of, read as the dict would be,
-        # without building it (~0.6 of ~1 us per array here; issue 17).
+        # without building it (~0.6 of ~1 us per array).
         address, shape, typestr, syclobj = obj._usm_fields()
         dtype = _typestr_info(typestr)[0]
         if dtype is None:

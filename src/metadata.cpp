@@ -83,7 +83,7 @@ void check_slot(int32_t slot, const gdn_batch_t &b, int32_t num_slots, const Fie
 
 // One use of a state slot by one sequence of the call. The rules between uses (gdn_xpu.h "State
 // caches") are checked on these records sorted by slot, so the cost is O(uses log uses) whatever
-// num_slots is: a table indexed by slot cost O(num_slots) per call (issue 18: 1 s at 134M slots).
+// num_slots is: a table indexed by slot would cost O(num_slots) per call (about 1 s at 134M slots).
 enum class Use : uint8_t { Write, Read, Checkpoint };
 enum class Field : uint8_t { NonSpecWrite, SpecWrite, NonSpecRead, SpecRead, SpecDefaultRead, Checkpoint };
 struct SlotUse {

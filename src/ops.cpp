@@ -1,79 +1,14 @@
 // ops.cpp — the C entry points: validate, plan, then enqueue the plan's kernels in one dependency
 // chain (no host wait inside it).
-#include <chrono>
-#include <cstdio>
-#include <cstdlib>
-#include <utility>
-#include <vector>
-
 #include "errors.hpp"
-#include "kernel_cache.hpp"
 #include "kernels/params.hpp"
+#include "launch.hpp"
 #include "plan.hpp"
 #include "validate.hpp"
 #include "workspace.hpp"
 
 namespace gdn {
 namespace {
-
-// GDN_XPU_PROFILE=1: every kernel is waited for and its wall time printed (measurement only).
-bool profiling() {
-  static const bool on = [] {
-    const char *v = std::getenv("GDN_XPU_PROFILE");
-    return v && v[0] && v[0] != '0';
-  }();
-  return on;
-}
-
-// The kernels of a plan, compiled or looked up before anything is enqueued (a compile failure
-// must not leave a half-done call).
-struct Kernels {
-  std::vector<std::pair<const Launch *, sycl::kernel>> all;
-  Kernels(const sycl::queue &q, const std::vector<const Launch *> &launches) {
-    all.reserve(launches.size());
-    for (const Launch *l : launches) all.emplace_back(l, get_kernel(q, l->family, l->options, l->name));
-  }
-  const sycl::kernel &of(const Launch &l) const {
-    size_t i = 0;
-    while (all[i].first != &l) ++i;
-    return all[i].second;
-  }
-};
-
-// The kernels of one call, enqueued one after another. On an in-order queue the queue itself
-// orders them, so they are submitted without events: the runtime then creates, tracks and
-// releases no event per kernel (~1 us of host time each here, issue 17). On an out-of-order queue
-// each kernel depends on the previous one's event, and the last event is waited for.
-struct Chain {
-  sycl::queue &q;
-  const bool in_order;
-  sycl::event last;  // out-of-order queues (and GDN_XPU_PROFILE) only
-  explicit Chain(sycl::queue &queue) : q(queue), in_order(queue.is_in_order()) {}
-};
-
-// Submits the launch's kernel with params after the chain's previous kernel.
-template <class P>
-void launch(Chain &ch, const Kernels &ks, const Launch &l, const P &params) {
-  const sycl::kernel &k = ks.of(l);
-  const auto t0 = std::chrono::steady_clock::now();
-  if (profiling()) ch.last.wait();
-  auto submit = [&](sycl::handler &h) {
-    if (!ch.in_order) h.depends_on(ch.last);
-    h.set_args(params);
-    if (l.dims == 1) h.parallel_for(sycl::nd_range<1>{l.global[0], l.local[0]}, k);
-    else h.parallel_for(sycl::nd_range<2>{{l.global[0], l.global[1]}, {l.local[0], l.local[1]}}, k);
-  };
-  if (ch.in_order && !profiling()) {
-    sycl::ext::oneapi::experimental::submit(ch.q, submit);
-    return;
-  }
-  ch.last = ch.q.submit(submit);
-  if (profiling()) {
-    ch.last.wait();
-    std::fprintf(stderr, "libgdn_xpu: %-22s %9.3f ms\n", l.name,
-                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-}
 
 // Binds one token group of the batch (GdnConvParams and GdnDeltaParams carry the same fields).
 template <class P>

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "kernel_cache.hpp"
+#include "cache/kernel_cache.hpp"
 #include "validate.hpp"  // Op
 
 namespace gdn {

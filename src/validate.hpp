@@ -12,8 +12,8 @@
 namespace gdn {
 
 // A check with its failure message built only when it fails: these run on every call, and
-// building every message eagerly (std::to_string, "%g" formatting, heap strings) cost ~1 us a
-// call on the host path (issue 17).
+// building every message eagerly (std::to_string, "%g" formatting, heap strings) costs ~1 us a
+// call on the host path.
 #define GDN_REQUIRE(ok, status, message)            \
   do {                                              \
     if (!(ok)) ::gdn::fail((status), (message));    \

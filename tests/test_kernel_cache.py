@@ -1,4 +1,4 @@
-"""The library's own disk cache of compiled kernels (src/disk_cache.hpp), from fresh processes:
+"""The library's own disk cache of compiled kernels (src/cache/disk_cache.hpp), from fresh processes:
 a second process loads what the first compiled, damaged or unusable entries and folders cost a
 warning and a recompile (never a failed call or a wrong result), nothing is written when it is
 off, and loading the library leaves the process environment alone (a C++ host's own bf16 JIT
@@ -145,7 +145,7 @@ def test_queue_made_before_import_still_uses_the_disk_cache(filled, tmp_path):
 
 def with_kernel_list(data, edit):
     """The entry file with its kernel list replaced by edit(list of (name, backend name)) and its
-    checksum made valid again: it passes every check of the format (src/cache_file.cpp) and its
+    checksum made valid again: it passes every check of the format (src/cache/cache_file.cpp) and its
     binary builds, but the kernels it lists cannot be made."""
     header = 8 + 4 + 4 + 8 + 32  # magic, format, 0, payload bytes, SHA-256 of the payload
     payload, at = data[header:], 0
