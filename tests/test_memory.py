@@ -1,4 +1,4 @@
-"""Memory over many calls (issue 18): the process must not grow with the number of C-ABI calls.
+"""Memory over many calls: the process must not grow with the number of C-ABI calls.
 
 tests/c/endurance.c (built here against the installed library, like test_c_api.py) makes 20,000 calls of mixed batches — decode,
 prefill + decode + spec with permuted token rows, spec-only, two prefills; gdn_attention,
@@ -9,10 +9,10 @@ growth shows in RSS instead of hiding in the free space the warm-up left).
 
 Noise, measured on the 2-core CPU-device machine (19 runs, 9 of them under pytest): the fixed
 library moved RSS by -44..+120 kB and the heap by -6..+21 KB over the 20,000 calls; with a 2,000-call
-warm-up RSS still settled by up to +180 kB, hence 5,000. The library before the fix (metadata read
-back into per-call vectors, README "Memory over many calls") grew RSS by +312..+620 kB and the heap
-by +694..+780 KB over the same calls. RSS limit: ~2x the largest noise, under the smallest old
-growth; the heap limit is the sharper check (6x the noise, a fifth of the old growth).
+warm-up RSS still settled by up to +180 kB, hence 5,000. A library that reads metadata back into
+per-call vectors (docs/design.md "Memory over many calls") grows RSS by +312..+620 kB and the heap
+by +694..+780 KB over the same calls. RSS limit: ~2x the largest noise, under the smallest such
+growth; the heap limit is the sharper check (6x the noise, a fifth of that growth).
 """
 import os
 import subprocess

@@ -1,6 +1,6 @@
-"""Non-finite gates (issue 18, README "Non-finite gates"): a token whose decay is 0 -- g = -inf from
+"""Non-finite gates (docs/op.md "Non-finite gates"): a token whose decay is 0 -- g = -inf from
 a = +inf, a = 1e38 or an overflowing exp(A_log), or g = -inf given directly -- resets the state
-before its update, on every path: the chunked prefill (which used to compute e^(-inf - -inf) = NaN
+before its update, on every path: the chunked prefill (where a naive form computes e^(-inf - -inf) = NaN
 for the whole sequence), the forced-recurrent prefill, decode and spec decode. A_log = 100 with
 a = -200 is the 0 * inf of -exp(A_log) * softplus(a + dt_bias): defined as the true (tiny) product;
 a = -inf makes softplus exactly 0: g = 0, no decay.

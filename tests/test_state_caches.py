@@ -1,4 +1,4 @@
-"""Engine-native state caches (issue 15; include/gdn_xpu.h "State caches"): bf16/f16 SSM states,
+"""Engine-native state caches (include/gdn_xpu.h "State caches"): bf16/f16 SSM states,
 read slots apart from write slots, block checkpoints during a prefill -- against the float64
 reference (pygdn/reference.py), which rounds a stored state exactly where SPEC.md says.
 

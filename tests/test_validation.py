@@ -977,7 +977,7 @@ def test_checkpoint_fields_unread_without_interval(s):
 def test_full_validation_with_int32_max_slots(s):
     """num_slots only bounds the indices: with num_slots = 2**31 - 1 (caches of 16 slots, only those
     addressed) a fully validated call succeeds and writes only the addressed slots. A per-call table
-    indexed by slot would need 8 GB here (issue 18)."""
+    indexed by slot would need 8 GB here."""
     def mutate(c):
         c.num_slots = I32_MAX
     s.raw(mutate_cfg=mutate)

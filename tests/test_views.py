@@ -1,4 +1,4 @@
-"""Element-aligned views (issue 18 item 4): an array need only be aligned to its element size.
+"""Element-aligned views: an array need only be aligned to its element size.
 Views an engine hands over -- a slot range of a bigger cache, a dpnp slice -- start anywhere on
 an element boundary, not on the 64-byte boundary of an allocation; the kernels' wider accesses
 (16-wide vectors, the CPU device's streaming stores of spec states) must fall back, never refuse
