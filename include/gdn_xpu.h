@@ -114,7 +114,7 @@ typedef enum gdn_conv_layout {
   GDN_CONV_TIME_MAJOR = 1 /* [num_slots, state_len, conv_dim]: vllm-xpu-kernels           */
 } gdn_conv_layout_t;
 
-/* How speculative sequences keep their conv history (see README "Conv state in MTP").
+/* How speculative sequences keep their conv history (docs/op.md "Conv state in MTP").
  *  SNAPSHOT: the W-1 input window before token 0 is read from slot spec_state_indices[n][A-1]
  *            (or spec_read_state_indices[n]) and the window after token t is written to slot
  *            spec_state_indices[n][t] (vllm-xpu-kernels #368). Needs conv_state_len >= W-1.
@@ -204,7 +204,7 @@ typedef struct gdn_config {
   int32_t ssm_layout;       /* gdn_ssm_layout_t                                               */
   int32_t conv_layout;      /* gdn_conv_layout_t                                              */
   int32_t conv_spec_layout; /* gdn_conv_spec_layout_t                                         */
-  int32_t conv_state_len;   /* history columns per conv slot (>= W-1; ROLLED: >= W-1+num_spec) */
+  int32_t conv_state_len;   /* history columns per conv slot (W-1 .. 2^20; ROLLED: >= W-1+num_spec) */
   int32_t num_slots;        /* slots in conv_state and ssm_state                              */
   int64_t conv_slot_stride; /* elements between conv slots; 0 = conv_dim*conv_state_len       */
   int64_t ssm_slot_stride;  /* elements between ssm slots; 0 = HV*K*V                         */
@@ -221,7 +221,7 @@ typedef struct gdn_batch {
   int32_t num_prefills;         /* non-spec sequences are num_prefills + num_decodes, in any  */
   int32_t num_decodes;          /*   order; a sequence's length comes from its start_loc      */
   int32_t num_spec_decodes;     /* speculative sequences                                      */
-  int32_t num_spec;             /* draft tokens per spec sequence at most (S); a spec sequence has 1..1+S tokens */
+  int32_t num_spec;             /* draft tokens per spec sequence at most (S, 0..64); a spec sequence has 1..1+S tokens */
   int32_t num_actual_tokens;    /* rows of this step (outputs beyond it are never touched)    */
   int32_t non_spec_token_count; /* = non_spec_query_start_loc[num_prefills+num_decodes]       */
   int32_t spec_token_count;     /* = spec_query_start_loc[num_spec_decodes]                   */
@@ -331,11 +331,12 @@ GDN_API gdn_status_t gdn_causal_conv1d(void *queue, const gdn_config_t *cfg, con
  * Writes core_attn_out at each addressed row (zeros for padded sequences), ssm_state.
  * Per v-head with state S [K,V] f32:  S = exp(g) S;  u = beta (v - S^T k);  S += k u^T;  o = S^T q
  * with q,k l2-normalized (unless GDN_FLAG_NO_QK_L2NORM) and q scaled by cfg->scale (always; set
- * scale = 1 for none). Non-spec sequences of length > 1 use the chunked (GDN_CHUNK_SIZE) form
- * unless GDN_FLAG_FORCE_RECURRENT. Initial
+ * scale = 1 for none). Non-spec sequences of length > 1 use the chunked (GDN_CHUNK_SIZE) form,
+ * up to num_prefills of them (the first in sequence order; any others, and all of them with
+ * GDN_FLAG_FORCE_RECURRENT, run the token recurrence, which agrees to rounding). Initial
  * states come from the read slots, final states go to the write slots, spec sequence n writes
  * the state after token t to spec_state_indices[n][t], checkpoints as in "State caches".
- * Non-finite gates (README "Non-finite gates"): g = -exp(A_log)*softplus(a + dt_bias) is the value
+ * Non-finite gates (docs/op.md "Non-finite gates"): g = -exp(A_log)*softplus(a + dt_bias) is the value
  * of that product however large or small its factors (taken in log space when one is not a normal
  * f32 number): -inf when it overflows (a = +inf, a >= ~1e38, A_log >= ~89), 0 when a factor is
  * exactly 0 (A_log = -inf or a + dt_bias = -inf) -- never 0*inf. A token whose decay exp(g) is 0

@@ -8,7 +8,7 @@ Quick start::
     cfg = pygdn.Config(num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128, ...)
     pygdn.attention(q, cfg, batch, mixed_qkv=..., a=..., b=..., ...)
 
-See README.md for the layouts and the metadata of a mixed batch.
+See docs/usage.md for using it and docs/op.md for the layouts and the metadata of a mixed batch.
 """
 from __future__ import annotations
 

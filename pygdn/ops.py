@@ -2,7 +2,7 @@
 
 Each checks shapes, dtypes, contiguity and queues in Python (ValueError / TypeError naming the
 argument), then calls the C ABI, which validates the metadata contents and raises GdnError
-with the library's message on failure. Layouts: see include/gdn_xpu.h and README.md.
+with the library's message on failure. Layouts: see include/gdn_xpu.h and docs/op.md.
 
 The queue: a dpctl.SyclQueue, a sycl::queue* as an int (torch.xpu.current_stream().sycl_queue)
 or a "SyclQueueRef" capsule. Arrays: objects with __sycl_usm_array_interface__, or DLPack

@@ -1,5 +1,5 @@
 """Independent float64 NumPy reference of the Gated DeltaNet (GDN) attention op with
-speculative decoding (MTP), written from the specification (README "The op and its layouts") and include/gdn_xpu.h only.
+speculative decoding (MTP), written from the specification (docs/op.md) and include/gdn_xpu.h only.
 
 Canonical layouts used here (tests convert to/from the library's other layouts):
   conv_state [num_slots, C, state_len]  ("dim-major"): conv_state[s, c, j] = history column j
@@ -47,7 +47,7 @@ def gates(a, b, A_log, dt_bias):
     """a, b [rows, HV]; A_log, dt_bias [HV] -> (g, beta) [rows, HV].
     g = -exp(A_log) * softplus(a + dt_bias) is the LOG decay; beta = sigmoid(b).
 
-    Non-finite gates (README "Non-finite gates"): g is the value of that product however large or
+    Non-finite gates (docs/op.md "Non-finite gates"): g is the value of that product however large or
     small its factors are. Where both factors are normal numbers it is the product; elsewhere it
     is computed in log space, -exp(A_log + log softplus(x)), so that it is -inf only when the true
     value overflows (a = +inf, a >= ~1e38, A_log >= ~89 in f32: decay 0, the state is reset before
@@ -351,7 +351,7 @@ def recurrent_single(q, k, v, g, beta, S0):
 
 
 def _chunk_decays(g):
-    """Decays of one chunk with resets (README "Non-finite gates"). A token whose decay e^g is 0
+    """Decays of one chunk with resets (docs/op.md "Non-finite gates"). A token whose decay e^g is 0
     (g = -inf, or so negative that e^g underflows) resets the state: every product of decays across
     it is 0, and its g must not enter a cumulative sum (-inf - -inf = NaN; a huge finite g would
     absorb the gates after it). With P the cumulative g over the chunk's other tokens and R_i the

@@ -5,7 +5,7 @@
 # by counts; spec-only x4; two prefills 33 + 130) plus gdn_causal_conv1d and gdn_gated_delta_rule
 # calls, GDN_VALIDATE_FULL and GDN_VALIDATE_COUNTS. Reports RSS and malloc heap at start (after
 # 5,000 warm-up calls) and end, RSS at 10 points in between, calls/s and p50/p99/max latency of a
-# call until its results are ready (call + gdn_queue_wait). README "Memory over many calls" has a run.
+# call until its results are ready (call + gdn_queue_wait). docs/design.md "Memory over many calls" describes the check.
 #   tests/soak.sh [calls] [warmup] [samples]      (default 1000000 5000 10)
 # Uses the environment GDN_VENV (default .venv) that tests/setup_and_run.sh builds; run that first.
 set -euo pipefail

@@ -1,7 +1,7 @@
 // usm_memcpy_growth.cpp — the SYCL CPU device (OpenCL CPU runtime, intel-opencl-rt 2026.1.2) keeps
 // ~110 bytes for every distinct pointer value ever passed to a USM memcpy, source or destination,
 // host or USM, for the life of the process (freeing the USM allocation does not release them).
-// Without libgdn_xpu. Not part of CI; README "Memory over many calls" records the numbers.
+// Without libgdn_xpu. Not part of CI; docs/design.md "Memory over many calls" explains what it shows.
 //   build: P=<venv prefix>; g++ -std=c++17 -O2 -DSYCL_DISABLE_FSYCL_SYCLHPP_WARNING
 //            -Wno-deprecated-declarations -I$P/include usm_memcpy_growth.cpp -L$P/lib -lsycl -Wl,-rpath,$P/lib
 //          (one line)
