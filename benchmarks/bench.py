@@ -65,7 +65,7 @@ import peers as P
 from cases import H, HV, K, V, W, chunked_flops, make_case, run_case, traffic_bytes
 from machine import c_host_overhead, cpu_model, host_overhead, measure_bandwidth, measure_peak
 from prefill_sweep import CHECKPOINT_INTERVAL, checkpoint_line, run_checkpoint_case, run_sweep, sweep_line
-from report import HEADER, Log, beside_GBps, plain_call_us, c_abi_us, plot, prepared_call_us, row_line, targets, \
+from report import HEADER, Log, beside_GBps, c_abi_us, plain_call_us, plot, prepared_call_us, row_line, targets, \
     variants_lines
 from table import table_lines, table_rows
 from timing import FOREIGN_FLAG, CpuWatch, wait_quiet
@@ -228,17 +228,21 @@ def measure_machine(queue, torch_ok):
     bw["foreign_cpu_start"] = peak["foreign_cpu"] = w.foreign()
     log(f"  bandwidth {bw['reference_GBps']:.1f} GB/s (the largest below), matmul peak "
         f"{peak['numpy_matmul_GFLOPs']:.0f} GFLOP/s")
-    log.detail(f"  bandwidth: numpy copy of 256 MiB {bw['numpy_copy_GBps']:.2f} GB/s, USM device->device queue.memcpy "
-        + (f"{bw['usm_memcpy_GBps']:.2f} GB/s" if "usm_memcpy_GBps" in bw else f"failed ({bw.get('usm_memcpy_error')})")
-        + (f", in-place read+write kernel (all threads) {bw['kernel_rw_GBps']:.2f} GB/s" if "kernel_rw_GBps" in bw
-           else f", stream kernel not run ({bw.get('kernel_rw_error')})")
-        + f" (read+write bytes, best of 5); reference = the largest, {bw['reference_GBps']:.2f} GB/s"
-        + (f"; read-only pass {bw['kernel_read_GBps']:.2f} GB/s, write-only pass {bw['kernel_write_GBps']:.2f} GB/s "
-           f"(the read/write bound of decode/spec rows)" if "kernel_write_GBps" in bw else ""))
+    log.detail(f"  bandwidth: numpy copy of 256 MiB {bw['numpy_copy_GBps']:.2f} GB/s, USM device->device "
+               f"queue.memcpy "
+               + (f"{bw['usm_memcpy_GBps']:.2f} GB/s" if "usm_memcpy_GBps" in bw
+                  else f"failed ({bw.get('usm_memcpy_error')})")
+               + (f", in-place read+write kernel (all threads) {bw['kernel_rw_GBps']:.2f} GB/s"
+                  if "kernel_rw_GBps" in bw else f", stream kernel not run ({bw.get('kernel_rw_error')})")
+               + f" (read+write bytes, best of 5); reference = the largest, {bw['reference_GBps']:.2f} GB/s"
+               + (f"; read-only pass {bw['kernel_read_GBps']:.2f} GB/s, write-only pass "
+                  f"{bw['kernel_write_GBps']:.2f} GB/s (the read/write bound of decode/spec rows)"
+                  if "kernel_write_GBps" in bw else ""))
     log.detail(f"  peak: numpy float32 matmul 2048^3 {peak['numpy_matmul_GFLOPs']:.1f} GFLOP/s (best of 3)"
-        + (f"; torch matmul {peak['torch_matmul_GFLOPs']:.1f} GFLOP/s (info)" if "torch_matmul_GFLOPs" in peak else "")
-        + (f"; note OPENBLAS_CORETYPE={peak['OPENBLAS_CORETYPE']} is set in this environment"
-           if peak["OPENBLAS_CORETYPE"] else ""))
+               + (f"; torch matmul {peak['torch_matmul_GFLOPs']:.1f} GFLOP/s (info)"
+                  if "torch_matmul_GFLOPs" in peak else "")
+               + (f"; note OPENBLAS_CORETYPE={peak['OPENBLAS_CORETYPE']} is set in this environment"
+                  if peak["OPENBLAS_CORETYPE"] else ""))
     return bw, peak
 
 
@@ -292,13 +296,13 @@ def measure_host_overhead(queue, dtype, calls):
     watch = CpuWatch()
     ho = host_overhead(queue, dtype, calls)
     log.detail(f"  {ho['config']}: {ho['wait_full_us']:.0f} us/call (wait=True, validate=full), "
-        f"{ho['wait_counts_us']:.0f} us/call (wait=True, validate=counts), "
-        f"{ho['nowait_counts_us']:.0f} us/call (wait=False loop + one queue.wait, validate=counts); "
-        f"Python marshalling alone {ho['python_marshal_us']:.0f} us (the structs checked by the call before), "
-        f"{ho.get('python_marshal_uncached_us', float('nan')):.0f} us checking every array again.")
+               f"{ho['wait_counts_us']:.0f} us/call (wait=True, validate=counts), "
+               f"{ho['nowait_counts_us']:.0f} us/call (wait=False loop + one queue.wait, validate=counts); "
+               f"Python marshalling alone {ho['python_marshal_us']:.0f} us (the structs checked by the call before), "
+               f"{ho.get('python_marshal_uncached_us', float('nan')):.0f} us checking every array again.")
     log.detail(f"  prepared once (pygdn.prepare, the serving-loop form): {ho['prepared_wait_counts_us']:.0f} us/call "
-        f"(wait=True), {ho['prepared_nowait_counts_us']:.0f} us/call (wait=False), validate=counts; "
-        f"{ho['prepared_wait_full_us']:.0f} us/call with validate=full.")
+               f"(wait=True), {ho['prepared_nowait_counts_us']:.0f} us/call (wait=False), validate=counts; "
+               f"{ho['prepared_wait_full_us']:.0f} us/call with validate=full.")
     ho["c_abi"] = c_host_overhead(calls)
     for line in ho["c_abi"]:
         log.detail(f"  C ABI: {line}")
@@ -320,8 +324,8 @@ def remeasure_bandwidth(queue, bw):
     bw["end"]["foreign_cpu"] = w.foreign()
     if bw_end["reference_GBps"] > bw["reference_GBps"] * 1.05:
         log.detail(f"note: bandwidth measured again at the end is {bw_end['reference_GBps']:.2f} GB/s (start "
-            f"{bw['reference_GBps']:.2f}); the rows above used the start value; the "
-            f"tables and targets below use the larger.")
+                   f"{bw['reference_GBps']:.2f}); the rows above used the start value; the "
+                   f"tables and targets below use the larger.")
     bw["reference_GBps"] = max(bw["reference_GBps"], bw_end["reference_GBps"])
     for k in ("kernel_read_GBps", "kernel_write_GBps"):  # the read/write bound: the larger too
         if k in bw_end:

@@ -399,8 +399,9 @@ def _peer_targets(out, records, plan, torch_msg, ho, base):
     else:
         r = p2k[0]
         x = r["torch"]["ratio"]
-        _target(out, "prefill_vs_torch", name, x >= PREFILL_VS_TORCH, f"{x:.2f}x (ours {r['ours']['median_s'] * 1e3:.1f} "
-                f"ms, torch {r['torch']['median_s'] * 1e3:.1f} ms)", rows_foreign(p2k, base), x, r["label"])
+        _target(out, "prefill_vs_torch", name, x >= PREFILL_VS_TORCH, f"{x:.2f}x (ours "
+                f"{r['ours']['median_s'] * 1e3:.1f} ms, torch {r['torch']['median_s'] * 1e3:.1f} ms)",
+                rows_foreign(p2k, base), x, r["label"])
     if ho is not None:
         hf = max(base, ho.get("foreign_cpu", 0.0))
         c = c_abi_us(ho)
