@@ -13,7 +13,7 @@ One run measures, on Qwen3-Next TP=1 shapes (H=16, HV=32, K=V=128, W=4; bf16 act
     vectorized float32 numpy implementation and HF transformers' torch fallbacks; the ratio
     peer time / our time; an agreement check of every peer's outputs and states against ours;
   - decode / spec decode again with the ssm cache in the "kv" layout and, when the build has
-    Config(state_dtype=...), with a bf16 state cache in both layouts (issue 15);
+    Config(state_dtype=...), with a bf16 state cache in both layouts;
   - achieved bytes/s of state + activation traffic (cases.traffic_bytes, in the state dtype's
     bytes) against memory bandwidth measured in the same run (best of a numpy copy of 256 MiB,
     a USM device-to-device queue.memcpy and an in-place read+write kernel on all the device's
@@ -29,8 +29,12 @@ One run measures, on Qwen3-Next TP=1 shapes (H=16, HV=32, K=V=128, W=4; bf16 act
     has them);
   - host overhead: time per call of a tiny, fully padded batch (pygdn, and the C ABI through
     benchmarks/host_overhead.c);
-  - the targets of issues 6 and 17, PASS / FAIL / NOISY (met while other processes shared the
-    cores: never claimed) / n/a, with their numbers; the run says first whether it was quiet.
+  - the targets (report.py's bars), PASS / FAIL / NOISY (met while other processes shared the
+    cores: never claimed) / n/a, with their numbers.
+The run ends with one table (table.py): case, time, GB/s or GFLOP/s, % of the bound the row is
+limited by, the fastest peer's time against ours, and the verdict of each target of the row, under
+a line saying whether the run was quiet; --verbose also prints each row as it is measured, the
+cache-format, sweep and agreement tables and the targets' evidence.
 Writes a JSON record (--json) and a PNG plot (--plot, needs matplotlib). --quick: fewer sizes
 and repeats (~2 min on 2 cores); the full run takes ~10-16 min on the 2-core test host (its
 131072-token points need ~14 GiB of memory each, skipped with a message when it is not there).
@@ -40,7 +44,7 @@ not the checkout, goes on sys.path, so the installed pygdn is imported):
     python benchmarks/bench.py --quick      (or tests/setup_and_run.sh bench --quick)
 The other modules here: cases.py (the work, one case measured), prefill_sweep.py (the sweep and
 the checkpoint rows), peers.py, timing.py, machine.py (bandwidth, peak, host overhead),
-report.py (rows, cache-format table, targets, plot).
+report.py (detailed rows, cache-format table, targets, plot), table.py (the closing table).
 """
 from __future__ import annotations
 
@@ -61,7 +65,9 @@ import peers as P
 from cases import H, HV, K, V, W, chunked_flops, make_case, run_case, traffic_bytes
 from machine import c_host_overhead, cpu_model, host_overhead, measure_bandwidth, measure_peak
 from prefill_sweep import CHECKPOINT_INTERVAL, checkpoint_line, run_checkpoint_case, run_sweep, sweep_line
-from report import HEADER, beside_GBps, plot, row_line, targets, variants_lines
+from report import HEADER, Log, beside_GBps, c_abi_us, plain_call_us, plot, prepared_call_us, row_line, targets, \
+    variants_lines
+from table import table_lines, table_rows
 from timing import FOREIGN_FLAG, CpuWatch, wait_quiet
 
 # specs: (num_spec, batches) of the spec decode cases; sweep: the prefill sweep's points (pygdn
@@ -82,8 +88,7 @@ FULL_PLAN = dict(batches=(1, 8, 32), specs=tuple((s, (1, 8, 32)) for s in (1, 2,
                  sweep_rounds=2)
 
 
-def log(msg=""):
-    print(msg, flush=True)
+log = Log()
 
 
 def parse_args(argv):
@@ -94,6 +99,8 @@ def parse_args(argv):
     ap.add_argument("--plot", default=os.path.join("bench_results", "bench.png"), help="PNG plot path")
     ap.add_argument("--device", default=None, help="dpctl filter string (default: the default SYCL device)")
     ap.add_argument("--peers", default="numpy,torch", help="comma list of peers to run (numpy, torch, or none)")
+    ap.add_argument("--verbose", action="store_true", help="print each row's numbers as it is measured, the "
+                    "cache-format, sweep and agreement tables and the targets' evidence before the closing table")
     return ap.parse_args(argv)
 
 
@@ -200,13 +207,14 @@ def compile_kernels(queue, dtype):
             log(f"compiling kernels: {label}: skipped, {sd} state: not supported by this build (pygdn.Config has no "
                 f"state_dtype)")
             continue
-        log(f"compiling kernels: {label} ...")
+        log.detail(f"compiling kernels: {label} ...")
         try:
             pygdn.warmup(queue, cfg)
         except pygdn.GdnError as e:
-            log(f"  failed: {e} (the cases using it will say so)")
+            log(f"compiling kernels: {label}: failed: {e} (the cases using it will say so)")
             continue
-        log(f"  done in {time.perf_counter() - t1:.1f} s (run-time SYCL compile, or the on-disk cache)")
+        log.detail(f"  done in {time.perf_counter() - t1:.1f} s (run-time SYCL compile, or the on-disk cache)")
+    log(f"kernels compiled in {time.perf_counter() - t:.1f} s (run-time SYCL compile, or the on-disk cache)")
     return time.perf_counter() - t
 
 
@@ -218,17 +226,23 @@ def measure_machine(queue, torch_ok):
     bw = measure_bandwidth(queue)
     peak = measure_peak(torch_ok)
     bw["foreign_cpu_start"] = peak["foreign_cpu"] = w.foreign()
-    log(f"  bandwidth: numpy copy of 256 MiB {bw['numpy_copy_GBps']:.2f} GB/s, USM device->device queue.memcpy "
-        + (f"{bw['usm_memcpy_GBps']:.2f} GB/s" if "usm_memcpy_GBps" in bw else f"failed ({bw.get('usm_memcpy_error')})")
-        + (f", in-place read+write kernel (all threads) {bw['kernel_rw_GBps']:.2f} GB/s" if "kernel_rw_GBps" in bw
-           else f", stream kernel not run ({bw.get('kernel_rw_error')})")
-        + f" (read+write bytes, best of 5); reference = the largest, {bw['reference_GBps']:.2f} GB/s"
-        + (f"; read-only pass {bw['kernel_read_GBps']:.2f} GB/s, write-only pass {bw['kernel_write_GBps']:.2f} GB/s "
-           f"(the read/write bound of decode/spec rows)" if "kernel_write_GBps" in bw else ""))
-    log(f"  peak: numpy float32 matmul 2048^3 {peak['numpy_matmul_GFLOPs']:.1f} GFLOP/s (best of 3)"
-        + (f"; torch matmul {peak['torch_matmul_GFLOPs']:.1f} GFLOP/s (info)" if "torch_matmul_GFLOPs" in peak else "")
-        + (f"; note OPENBLAS_CORETYPE={peak['OPENBLAS_CORETYPE']} is set in this environment"
-           if peak["OPENBLAS_CORETYPE"] else ""))
+    log(f"  bandwidth {bw['reference_GBps']:.1f} GB/s (the largest below), matmul peak "
+        f"{peak['numpy_matmul_GFLOPs']:.0f} GFLOP/s")
+    log.detail(f"  bandwidth: numpy copy of 256 MiB {bw['numpy_copy_GBps']:.2f} GB/s, USM device->device "
+               f"queue.memcpy "
+               + (f"{bw['usm_memcpy_GBps']:.2f} GB/s" if "usm_memcpy_GBps" in bw
+                  else f"failed ({bw.get('usm_memcpy_error')})")
+               + (f", in-place read+write kernel (all threads) {bw['kernel_rw_GBps']:.2f} GB/s"
+                  if "kernel_rw_GBps" in bw else f", stream kernel not run ({bw.get('kernel_rw_error')})")
+               + f" (read+write bytes, best of 5); reference = the largest, {bw['reference_GBps']:.2f} GB/s"
+               + (f"; read-only pass {bw['kernel_read_GBps']:.2f} GB/s, write-only pass "
+                  f"{bw['kernel_write_GBps']:.2f} GB/s (the read/write bound of decode/spec rows)"
+                  if "kernel_write_GBps" in bw else ""))
+    log.detail(f"  peak: numpy float32 matmul 2048^3 {peak['numpy_matmul_GFLOPs']:.1f} GFLOP/s (best of 3)"
+               + (f"; torch matmul {peak['torch_matmul_GFLOPs']:.1f} GFLOP/s (info)"
+                  if "torch_matmul_GFLOPs" in peak else "")
+               + (f"; note OPENBLAS_CORETYPE={peak['OPENBLAS_CORETYPE']} is set in this environment"
+                  if peak["OPENBLAS_CORETYPE"] else ""))
     return bw, peak
 
 
@@ -248,8 +262,8 @@ def make_plan(quick, bw, peak, t_start):
 def run_checkpoints(queue, plan, dtype):
     if not plan["checkpoints"]:
         return []
-    log("")
-    log(f"block checkpoints every {CHECKPOINT_INTERVAL} tokens during a prefill, against none (pygdn alone):")
+    log.detail("")
+    log(f"block checkpoints every {CHECKPOINT_INTERVAL} tokens during a prefill, against none (pygdn alone) ...")
     out = []
     for lens in plan["checkpoints"]:
         out.append(run_checkpoint_case(queue, lens, dtype, plan, log))
@@ -259,10 +273,11 @@ def run_checkpoints(queue, plan, dtype):
 
 
 def run_cases(queue, specs, dtype, peers, plan, missing):
-    log("")
-    log(f"per step, median of repeats; ratio = peer time / our time ('!' = peer disagrees with ours beyond "
-        f"{'5e-2' if dtype == 'bf16' else '2e-3'} relative)")
-    log(HEADER)
+    log.detail("")
+    log(f"timing {len(specs)} cases (ours in four cache formats beside bare state passes, and the peers) ...")
+    log.detail(f"per step, median of repeats; ratio = peer time / our time ('!' = peer disagrees with ours beyond "
+               f"{'5e-2' if dtype == 'bf16' else '2e-3'} relative)")
+    log.detail(HEADER)
     records = []
     for i, (kind, b, s, lens) in enumerate(specs):
         case = make_case(kind, dtype, batch=b, num_spec=s, lens=lens, seed=100 + i)
@@ -276,21 +291,24 @@ def run_cases(queue, specs, dtype, peers, plan, missing):
 
 
 def measure_host_overhead(queue, dtype, calls):
-    log("")
-    log("host overhead: a tiny, fully padded batch through pygdn (Python), kernels cached ...")
+    log.detail("")
+    log("host overhead: a tiny, fully padded batch through pygdn (Python) and the C ABI, kernels cached ...")
     watch = CpuWatch()
     ho = host_overhead(queue, dtype, calls)
-    log(f"  {ho['config']}: {ho['wait_full_us']:.0f} us/call (wait=True, validate=full), "
-        f"{ho['wait_counts_us']:.0f} us/call (wait=True, validate=counts), "
-        f"{ho['nowait_counts_us']:.0f} us/call (wait=False loop + one queue.wait, validate=counts); "
-        f"Python marshalling alone {ho['python_marshal_us']:.0f} us (the structs checked by the call before), "
-        f"{ho.get('python_marshal_uncached_us', float('nan')):.0f} us checking every array again.")
-    log(f"  prepared once (pygdn.prepare, the serving-loop form): {ho['prepared_wait_counts_us']:.0f} us/call "
-        f"(wait=True), {ho['prepared_nowait_counts_us']:.0f} us/call (wait=False), validate=counts; "
-        f"{ho['prepared_wait_full_us']:.0f} us/call with validate=full.")
+    log.detail(f"  {ho['config']}: {ho['wait_full_us']:.0f} us/call (wait=True, validate=full), "
+               f"{ho['wait_counts_us']:.0f} us/call (wait=True, validate=counts), "
+               f"{ho['nowait_counts_us']:.0f} us/call (wait=False loop + one queue.wait, validate=counts); "
+               f"Python marshalling alone {ho['python_marshal_us']:.0f} us (the structs checked by the call before), "
+               f"{ho.get('python_marshal_uncached_us', float('nan')):.0f} us checking every array again.")
+    log.detail(f"  prepared once (pygdn.prepare, the serving-loop form): {ho['prepared_wait_counts_us']:.0f} us/call "
+               f"(wait=True), {ho['prepared_nowait_counts_us']:.0f} us/call (wait=False), validate=counts; "
+               f"{ho['prepared_wait_full_us']:.0f} us/call with validate=full.")
     ho["c_abi"] = c_host_overhead(calls)
     for line in ho["c_abi"]:
-        log(f"  C ABI: {line}")
+        log.detail(f"  C ABI: {line}")
+    c = c_abi_us(ho)
+    log(f"  plain call {plain_call_us(ho):.1f} us, prepared call {prepared_call_us(ho):.1f} us, C ABI "
+        + (f"{c:.1f} us" if c is not None else "not measured: " + "; ".join(ho["c_abi"])))
     ho["foreign_cpu"] = watch.foreign()
     if ho["foreign_cpu"] > FOREIGN_FLAG:
         log(f"  [other processes used {100 * ho['foreign_cpu']:.0f}% of the CPU while these were measured]")
@@ -305,9 +323,9 @@ def remeasure_bandwidth(queue, bw):
     bw["end"] = {k: v for k, v in bw_end.items() if k.endswith("GBps")}
     bw["end"]["foreign_cpu"] = w.foreign()
     if bw_end["reference_GBps"] > bw["reference_GBps"] * 1.05:
-        log(f"note: bandwidth measured again at the end is {bw_end['reference_GBps']:.2f} GB/s (start "
-            f"{bw['reference_GBps']:.2f}); the rows above used the start value; the "
-            f"tables and targets below use the larger.")
+        log.detail(f"note: bandwidth measured again at the end is {bw_end['reference_GBps']:.2f} GB/s (start "
+                   f"{bw['reference_GBps']:.2f}); the rows above used the start value; the "
+                   f"tables and targets below use the larger.")
     bw["reference_GBps"] = max(bw["reference_GBps"], bw_end["reference_GBps"])
     for k in ("kernel_read_GBps", "kernel_write_GBps"):  # the read/write bound: the larger too
         if k in bw_end:
@@ -318,9 +336,9 @@ def quiet_line(foreign):
     """The run's verdict on its own conditions (the first thing a reader of the results needs)."""
     if foreign > FOREIGN_FLAG:
         return (f"RUN NOT QUIET: other processes used {100 * foreign:.0f}% of this machine's CPU time during the run "
-                f"(quiet: < {100 * FOREIGN_FLAG:.0f}%); every timing shares the {os.cpu_count()} cores with them, rows "
-                f"are marked [other processes ..], and no target is claimed from this run (NOISY = met on these numbers, "
-                f"not claimed). Rerun on an idle machine for the record.")
+                f"(quiet: < {100 * FOREIGN_FLAG:.0f}%); every timing shares the {os.cpu_count()} cores with them, and "
+                f"no target is claimed from this run (NOISY = met on these numbers, not claimed). Rerun on an idle "
+                f"machine for the record.")
     return f"run quiet: other processes used {100 * foreign:.1f}% of the CPU during the run (< {100 * FOREIGN_FLAG:.0f}%)."
 
 
@@ -364,12 +382,12 @@ def log_results(title, records, plan, sweep, checkpoints, foreign):
         log(line)
     if sweep:
         log("")
-        log(f"prefill sweep (pygdn alone; us/token = median time / tokens; 'vs first' = against the first point):")
+        log("prefill sweep (pygdn alone; us/token = median time / tokens; 'vs first' = against the first point):")
         for r in sweep:
             log(sweep_line(r, sweep, plan) if "ours" in r else f"{r['label']:<18s} SKIPPED: {r.get('skipped')}")
     if checkpoints:
         log("")
-        log("block checkpoints during a prefill (issue 15):")
+        log("block checkpoints during a prefill, against none:")
         for r in checkpoints:
             log(checkpoint_line(r))
     log("")
@@ -388,7 +406,22 @@ def log_targets(tg, foreign):
     log("")
     log("targets" + ("" if foreign <= FOREIGN_FLAG else " (run not quiet: nothing below is claimed as met)") + ":")
     for t in tg:
-        log(f"  {t['verdict']:<5s} [issue {t['issue']}] {t['target']}: {t['detail']}")
+        log(f"  {t['verdict']:<5s} {t['target']}: {t['detail']}")
+
+
+def log_table(title, plan, foreign, rows):
+    """The closing table (table.py) under what it was measured on and against."""
+    bw, peak = plan["bw"], plan["peak"]
+    log("")
+    log("=" * 118)
+    log(title)
+    log(quiet_line(foreign))
+    log(f"bound: a decode / spec row's is the bandwidth (BW) of a stream kernel timed beside it (the run's reference "
+        f"{bw['reference_GBps']:.1f} GB/s);")
+    log(f"  a prefill's the numpy f32 matmul peak, {peak['numpy_matmul_GFLOPs']:.0f} GFLOP/s. vs peer: the fastest "
+        f"peer's time / ours ('!': it disagreed with ours)")
+    for line in table_lines(rows):
+        log(line)
 
 
 def write_json(path, result):
@@ -401,6 +434,7 @@ def write_json(path, result):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    log.verbose = args.verbose
     t_start = time.perf_counter()
     watch_all = CpuWatch()
     queue = dpctl.SyclQueue(args.device, property="in_order") if args.device else dpctl.SyclQueue(property="in_order")
@@ -422,14 +456,12 @@ def main(argv=None) -> int:
     dev = facts["device"]
     on = dev["name"] + (" (the SYCL CPU device)" if dev["is_sycl_cpu_device"] else "")
     foreign = watch_all.foreign()
-    log_results(f"{on}, {args.dtype} activations", records, plan, sweep, checkpoints, foreign)
-    if not facts["build"].get("matches_checkout"):
-        log(build_line)
     ok_records = [r for r in records if "ours" in r]
     tg = targets(ok_records, plan, torch_msg, ho, sweep, foreign)
-    log_targets(tg, foreign)
-    log("")
-    log(quiet_line(foreign))
+    rows = table_rows(records, plan, tg, foreign)
+    if args.verbose:
+        log_results(f"{on}, {args.dtype} activations", records, plan, sweep, checkpoints, foreign)
+        log_targets(tg, foreign)
 
     total = time.perf_counter() - t_start
     write_json(args.json, {
@@ -439,7 +471,7 @@ def main(argv=None) -> int:
                    "state_dtype": "f32 (ours), bf16 (ours_bf16_state*)"},
         **facts, "compile_s": compile_s, "bandwidth": bw, "peak": peak, "cases": records, "host_overhead": ho,
         "sweep": sweep, "checkpoints": checkpoints, "unsupported": plan["unsupported"],
-        "targets": tg, "total_s": total, "foreign_cpu_share": foreign, "quiet": foreign <= FOREIGN_FLAG,
+        "targets": tg, "table": rows, "total_s": total, "foreign_cpu_share": foreign, "quiet": foreign <= FOREIGN_FLAG,
         "notes": {"time": "median of repeats of one step with wait=True (synchronous), warm caches",
                   "bytes": traffic_bytes.__doc__.strip(), "flops": chunked_flops.__doc__.strip(),
                   "ratio": "peer median time / our median time"}})
@@ -447,8 +479,12 @@ def main(argv=None) -> int:
                + (" (SYCL CPU device)" if dev["is_sycl_cpu_device"] else "") + f", Qwen3-Next TP=1, {args.dtype}",
                max([bw["reference_GBps"]] + beside_GBps(ok_records)), sweep)
     log("")
-    log(f"wrote {args.json}" + (f" and {args.plot}" if msg is None else f"; {msg}"))
-    log(f"total run time {total:.0f} s")
+    log(f"wrote {args.json}" + (f" and {args.plot}" if msg is None else f"; {msg}") + f"; total run time {total:.0f} s")
+    if not facts["build"].get("matches_checkout"):
+        log(build_line)
+    cpu = "" if facts["host"]["cpu"] == dev["name"] else f", {facts['host']['cpu']}"
+    log_table(f"pygdn {pygdn.__version__} on {on}{cpu}, {facts['host']['cores']} cores; Qwen3-Next TP=1 shapes, "
+              f"{args.dtype} activations, {'--quick' if args.quick else 'full run'}", plan, foreign, rows)
     return 0
 
 

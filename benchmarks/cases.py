@@ -13,7 +13,7 @@ from pygdn.batch import make_batch, to_device
 
 from machine import StatePass, reference_passes
 from peers import CHUNK
-from report import REFERENCE_PASSES, STATE_PASSES, row_line
+from report import REFERENCE_PASSES, STATE_PASSES, progress_line, row_line
 from timing import LATE_BUDGET_S, RETRY_SHARE, first_call_s, timed_blocks, wait_quiet
 
 H, HV, K, V, W = 16, 32, 128, 128, 4          # Qwen3-Next-80B-A3B linear attention, TP=1
@@ -164,7 +164,7 @@ def _batch_fields():
 
 
 def checkpoint_meta(meta, interval, first_slot):
-    """meta with block checkpoints every `interval` tokens (gdn_batch_t version 2, issue 15):
+    """meta with block checkpoints every `interval` tokens (gdn_batch_t version 2):
     every non-spec sequence starts at position 0 and stores each boundary's state to its own
     slot, first_slot, first_slot + 1, ... Returns (meta, slots used)."""
     lens = np.diff(np.asarray(meta["non_spec_query_start_loc"], np.int64))
@@ -181,7 +181,7 @@ def checkpoint_meta(meta, interval, first_slot):
 class Ours:
     """pygdn.attention on USM shared arrays of the queue, caches kept between steps.
 
-    state_dtype "bf16" (issue 15: the ssm cache in bf16) and checkpoint_interval > 0 (block
+    state_dtype "bf16" (the ssm cache in bf16) and checkpoint_interval > 0 (block
     checkpoints during a prefill) need a build that has them; Unsupported says why not.
     own_workspace: the call gets a workspace array of its own (freed with this object) instead
     of the library's per-queue one, which only grows: the long prefills of the sweep."""
@@ -193,7 +193,7 @@ class Ours:
         meta, extra = case.meta, 0
         if checkpoint_interval:
             if "checkpoint_interval" not in _batch_fields():
-                raise Unsupported("pygdn.Batch has no checkpoint_interval (block checkpoints: issue 15)")
+                raise Unsupported("pygdn.Batch has no checkpoint_interval (block checkpoints)")
             meta, extra = checkpoint_meta(meta, checkpoint_interval, case.num_slots)
         slots = case.num_slots + extra
         dtype_kw = {} if state_dtype == "f32" else {"state_dtype": state_dtype}  # older builds: no such field
@@ -203,7 +203,7 @@ class Ours:
                                     conv_layout="time_major", conv_spec_layout="rolled", conv_state_len=case.state_len,
                                     **dtype_kw)
         except TypeError as e:
-            raise Unsupported(f"pygdn.Config has no state_dtype" if "state_dtype" in str(e) else str(e)) from None
+            raise Unsupported("pygdn.Config has no state_dtype" if "state_dtype" in str(e) else str(e)) from None
         enc = pygdn.to_bf16_bits if case.act == "bf16" else (lambda v: np.ascontiguousarray(v, np.float32))
         x = case.x if case.x.dtype == np.uint16 else enc(case.x)  # lean cases come encoded
         U = lambda v: pygdn.UsmArray.from_numpy(v, queue)  # noqa: E731
@@ -466,5 +466,6 @@ def run_case(queue, case, peers, plan, log, missing=()):
             rec[name]["GBps"] = plan["reference_passes"][kind][1] / rec[name]["min_s"] / 1e9
     if "flops" in rec:
         rec["ours"]["GFLOPs"] = rec["flops"] / t_ours / 1e9
-    log(row_line(rec, plan))
+    log.detail(row_line(rec, plan))
+    log.brief(progress_line(rec, plan))
     return rec

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
-import sys
 import tempfile
 import time
 
@@ -66,9 +65,9 @@ def measure_bandwidth(queue):
 # An OpenCL C program built by the device's runtime through dpctl: measurement only, it exists
 # where the queue's backend is OpenCL (the SYCL CPU device); elsewhere the other references stand.
 # Beside it, a read-only and a write-only pass: a spec step writes its state L times for one read,
-# and on the 2-core test host reads and writes each stream at about half the read+write rate
-# while overlapping each other (README "Performance"), so the read/write bound of a row is
-# max(read bytes / read rate, written bytes / write rate), reported beside the issue's metric.
+# and on the 2-core test hosts reads and writes each stream at about half the read+write rate
+# while overlapping each other (docs/performance.md), so the read/write bound of a row is
+# max(read bytes / read rate, written bytes / write rate), reported beside its share of bandwidth.
 # Every kernel works on chunk g (n16 float16s) from float16 `at` of p, chunk g per work-group.
 _STREAM_SRC = r"""
 __kernel void gdn_bench_rw(__global float16 *p, long at, int n16, float d) {
@@ -175,13 +174,13 @@ class StatePass:
 
 # The reference's stream kernels, timed beside every decode / spec row in the row's rounds: the
 # row's % is of what the memory moved then (report.row_reference), its read/write bound of the
-# read-only and write-only rates then (report.rw_bound_share). This host's memory moves about 63 or
-# about 120 GB/s for minutes at a time (stops 33-37): against a reference taken at the run's start
-# and end, rows timed in fast minutes read up to 190% (run 36b, decode B=32's own bare pass: the
-# same kernel) and, against a fast start, rows timed in slow minutes half what they moved (run
-# 37a). measure_bandwidth's kernels as StatePass runs them, 64 KB a work-group, its 256 MiB a step
-# (two such regions of one pool in turn, shared by the three); one set per run, made when the first
-# row needs it.
+# read-only and write-only rates then (report.rw_bound_share). A shared VM's memory can move about
+# half or about twice its usual rate for minutes at a time: against a reference taken only at the
+# run's start and end, a row timed in fast minutes can read up to ~190% (a decode row's own bare
+# pass, the same kernel) and, against a fast start, a row timed in slow minutes half what it moved.
+# measure_bandwidth's kernels as StatePass runs them, 64 KB a work-group, its 256 MiB a step (two
+# such regions of one pool in turn, shared by the three); one set per run, made when the first row
+# needs it.
 REFERENCE_PASS_BYTES, REFERENCE_PASS_CHUNK = 256 << 20, 64 << 10
 
 

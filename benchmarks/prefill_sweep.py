@@ -1,13 +1,13 @@
 """Prefill rows measured for pygdn alone (no peers): the per-token cost sweep from 512 to 131072
-tokens (issue 17: flat within 1.2x), and the cost of block checkpoints during a prefill
-(issue 15: every 256 tokens against none)."""
+tokens (the flatness target: within 1.2x), and the cost of block checkpoints during a prefill
+(every 256 tokens against none)."""
 from __future__ import annotations
 
 import numpy as np
 
 import pygdn
 
-from cases import H, HV, K, V, W, Ours, Unsupported, chunked_flops, make_case, rel_err
+from cases import H, HV, K, V, Ours, Unsupported, chunked_flops, make_case, rel_err
 from timing import FOREIGN_FLAG, CpuWatch, call_times, first_call_s, timed_blocks, wait_quiet
 
 CHECKPOINT_INTERVAL = 256
@@ -87,10 +87,11 @@ def run_sweep(queue, points, act, plan, log):
     single measurement by tens of percent, and a flatness verdict compares points measured minutes
     apart."""
     rounds = plan.get("sweep_rounds", 1)
-    log("")
-    log(f"prefill sweep: pygdn alone, per-token cost (median of >= 2 calls after a warm-up call, the faster of "
-        f"{rounds} round{'s' if rounds > 1 else ''}; {act} activations, f32 state, one sequence unless NxL)")
-    log(f"{'case':<18s} {'tokens':>7s} {'ms/call':>10s} {'us/token':>9s} {'GFLOP/s':>8s} {'% peak':>7s}  vs first  "
+    log.detail("")
+    log(f"prefill sweep: pygdn alone, per-token cost of {', '.join(sweep_label(p) for p in points)} tokens "
+        f"(median of >= 2 calls after a warm-up call, the faster of {rounds} round{'s' if rounds > 1 else ''}; "
+        f"{act} activations, f32 state, one sequence unless NxL) ...")
+    log.detail(f"{'case':<18s} {'tokens':>7s} {'ms/call':>10s} {'us/token':>9s} {'GFLOP/s':>8s} {'% peak':>7s}  vs first  "
         f"cpu-us/token (vs first)")
     best = {}
     for r in range(rounds):
@@ -108,7 +109,7 @@ def run_sweep(queue, points, act, plan, log):
     out = [best[lens] for lens in points]
     for rec in out:
         if "ours" in rec:
-            log(sweep_line(rec, out, plan) + (f"  rounds: {', '.join(f'{x:.1f}' for x in rec['rounds_us_per_token'])}"
+            log.detail(sweep_line(rec, out, plan) + (f"  rounds: {', '.join(f'{x:.1f}' for x in rec['rounds_us_per_token'])}"
                                               if rounds > 1 else ""))
     return out
 
@@ -126,7 +127,7 @@ def sweep_line(rec, recs, plan):
 
 
 def run_checkpoint_case(queue, lens, act, plan, log, interval=CHECKPOINT_INTERVAL):
-    """The same prefill with block checkpoints every `interval` tokens and without (issue 15):
+    """The same prefill with block checkpoints every `interval` tokens and without:
     their times, the cost, and a check that checkpoints leave outputs and final state as they were.
     Model of the cost: the checkpoint states written (one ssm state per boundary) at the measured
     bandwidth."""
@@ -160,7 +161,8 @@ def run_checkpoint_case(queue, lens, act, plan, log, interval=CHECKPOINT_INTERVA
     rec["foreign_cpu"] = foreign
     rec["cost"] = stats["ours_checkpoints"]["median_s"] / stats["ours"]["median_s"] - 1.0
     rec["model_cost_s"] = rec["checkpoint_bytes"] / (plan["bw"]["reference_GBps"] * 1e9)
-    log(checkpoint_line(rec))
+    log.detail(checkpoint_line(rec))
+    log.brief(f"  {rec['label']}: {100 * rec['cost']:+.1f}% against none")
     return rec
 
 

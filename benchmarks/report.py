@@ -1,4 +1,5 @@
-"""The benchmark's report: one line per case, the targets of the issues with their verdicts, the plot."""
+"""The benchmark's report: the detailed line of each case, the targets with their verdicts, the plot.
+The table a run ends with is table.py's."""
 from __future__ import annotations
 
 import os
@@ -7,6 +8,41 @@ import re
 import numpy as np
 
 from timing import FOREIGN_FLAG
+
+
+class Log:
+    """The run's output: progress and the closing table always; the detailed lines (each row's
+    numbers as it is measured, the cache-format and sweep tables, the targets' evidence) with
+    --verbose only. The JSON record keeps all of them."""
+
+    def __init__(self, verbose=False):
+        self.verbose = verbose
+
+    def __call__(self, msg=""):
+        print(msg, flush=True)
+
+    def detail(self, msg=""):
+        if self.verbose:
+            print(msg, flush=True)
+
+    def brief(self, msg=""):
+        """A progress line that a detailed one replaces under --verbose."""
+        if not self.verbose:
+            print(msg, flush=True)
+
+# The targets, each bar once: targets() judges the run by them, table.py each row.
+BW_B8 = 0.80           # decode & spec at B >= 8: share of the bandwidth beside the row (f32 and bf16 state)
+BW_B1 = 0.50           # decode & spec at B = 1: the same share
+SPEC_BW_B8 = 0.50      # spec decode at B >= 8, the first bandwidth bar (f32 state)
+SPEC_VS_TORCH = 5.0    # spec decode at B >= 8: torch fallback time / ours
+PREFILL_PEAK = 0.70    # chunked prefill of 2048 tokens: share of the matmul peak
+PREFILL_VS_TORCH = 3.0  # chunked prefill of 2048 tokens: torch fallback time / ours
+KV_VS_VK = 1.2         # kv ssm layout's time / vk's, every decode / spec row
+FLAT = 1.2             # prefill per-token cost, largest / smallest
+PLAIN_CALL_US = 40.0   # plain pygdn.attention() per call, tiny padded batch
+PREPARED_CALL_US = 60.0  # prepared pygdn call
+C_ABI_US = 12.0        # C ABI per call with GDN_VALIDATE_COUNTS
+C_ABI_FIRST_US = 20.0  # ... the first bar
 
 
 def _fmt_ms(s):
@@ -58,7 +94,7 @@ def beside_GBps(records):
 
 
 def state_pass_share(rec, name, plan):
-    """Of a decode / spec row: its state pass `name` (STATE_PASSES) in the issue's metric -- the
+    """Of a decode / spec row: its state pass `name` (STATE_PASSES) as the row is read -- the
     traffic model's bytes over the pass's time, as a share of the row's reference: what the row
     would read if its step took no longer than moving its state alone."""
     v = rec.get(name, {})
@@ -85,6 +121,16 @@ def row_line(rec, plan):
     extra += f"  [{'/'.join(single)}: one call only]" if single else ""
     return (f"{rec['label']:<18s} {rec['tokens']:6d} {_fmt_ms(o['median_s'])} "
             f"{_peer_cell(rec, 'numpy')}{_peer_cell(rec, 'torch')}{extra}")
+
+
+def progress_line(rec, plan):
+    """A row as it finishes, in brief: our time and its share of the row's bound."""
+    o = rec["ours"]
+    if "GFLOPs" in o:
+        share = f"{100 * o['GFLOPs'] / plan['peak']['numpy_matmul_GFLOPs']:.0f}% of the matmul peak"
+    else:
+        share = f"{100 * o['GBps'] / row_reference(rec, plan):.0f}% of {row_reference(rec, plan):.0f} GB/s"
+    return f"  {rec['label']:<18s} {o['median_s'] * 1e3:9.3f} ms  {share}"
 
 
 HEADER = (f"{'case':<18s} {'tokens':>6s} {'ours ms':>9s} {'numpy ms':>9s} {'ratio':>7s}  {'torch ms':>9s} "
@@ -137,7 +183,7 @@ def variants_lines(records, plan):
 
 
 # ----------------------------------------------------------------------------- targets
-def _verdict(ok, foreign):
+def verdict(ok, foreign):
     """PASS only from a quiet measurement: a target met while other processes shared the cores
     reads NOISY (the shared bandwidth / peak reference can flatter a ratio as much as the
     contention hurts it)."""
@@ -156,40 +202,48 @@ def _noise_note(verdict, foreign):
     return f" [noisy: other processes used up to {100 * foreign:.0f}% of the CPU]"
 
 
-def _target(out, issue, name, ok, detail, foreign):
-    v = _verdict(ok, foreign)
-    out.append({"issue": issue, "target": name, "verdict": v, "detail": detail + _noise_note(v, foreign),
-                "foreign_cpu": foreign})
+def _target(out, key, name, ok, detail, foreign, value=None, at=None):
+    """One target's verdict; key names it for table.py, value (and the row it is `at`) is the
+    number judged."""
+    v = verdict(ok, foreign)
+    out.append({"key": key, "target": name, "verdict": v, "detail": detail + _noise_note(v, foreign),
+                "foreign_cpu": foreign, "value": value, "at": at})
 
 
-def _rows_foreign(recs, base):
+def rows_foreign(recs, base):
     return max([base] + [r.get("foreign_cpu", 0.0) for r in recs])
 
 
-def targets(records, plan, torch_msg, ho=None, sweep=(), run_foreign=0.0):
-    """The targets of issues 6 and 17 with their verdicts. Each verdict's noise share is the
-    largest of: the rows it uses, the reference measurements it depends on (the bandwidth
-    measurement that became the reference, the peak) and the whole run."""
-    bw, peak = plan["bw"]["reference_GBps"], plan["peak"]["numpy_matmul_GFLOPs"]
+def base_foreign(plan, run_foreign):
+    """The noise share every verdict carries: the largest of the whole run's and of the reference
+    measurements' (the bandwidth measurement that became the reference, the peak)."""
     end = plan["bw"].get("end", {})
-    end_used = end.get("reference_GBps", 0.0) >= bw  # the end measurement became the reference
-    base = max(run_foreign, plan["bw"].get("foreign_cpu_start", 0.0), end.get("foreign_cpu", 0.0) if end_used else 0.0,
+    end_used = end.get("reference_GBps", 0.0) >= plan["bw"]["reference_GBps"]  # the end measurement became it
+    return max(run_foreign, plan["bw"].get("foreign_cpu_start", 0.0), end.get("foreign_cpu", 0.0) if end_used else 0.0,
                plan["peak"].get("foreign_cpu", 0.0))
+
+
+def targets(records, plan, torch_msg, ho=None, sweep=(), run_foreign=0.0):
+    """The targets with their verdicts (table.py shows each beside its rows; --verbose and the JSON
+    record list them with their evidence). Each verdict's noise share is the larger of
+    base_foreign's and that of the rows it uses."""
+    bw, peak = plan["bw"]["reference_GBps"], plan["peak"]["numpy_matmul_GFLOPs"]
+    base = base_foreign(plan, run_foreign)
     out = []
-    _targets17(out, records, plan, ho, sweep, base, bw, peak)
-    _targets6(out, records, plan, torch_msg, ho, base)
+    _limit_targets(out, records, plan, ho, sweep, base, bw, peak)
+    _peer_targets(out, records, plan, torch_msg, ho, base)
     return out
 
 
-def _bw_target(out, records, plan, name, key, sd, pick, share, base, bw, need_specs):
+def _bw_target(out, tkey, records, plan, name, key, sd, pick, share, base, bw, need_specs):
     unsupported = plan.get("unsupported", {}).get(key)
     rows = [r for r in records if r["kind"] in ("decode", "spec") and pick(r)]
     if unsupported:
-        return _target(out, 17, name, None, f"{sd} state: not supported by this build ({unsupported})", base)
+        return _target(out, tkey, name, None, f"{sd} state: not supported by this build ({unsupported})", base)
     vals = [(r[key]["GBps"] / row_reference(r, plan), r["label"], row_reference(r, plan)) for r in rows
             if "GBps" in r.get(key, {})]
     if not vals:
-        return _target(out, 17, name, None, "no such case ran", base)
+        return _target(out, tkey, name, None, "no such case ran", base)
     worst = min(vals)
     ran = {(r["kind"], r["num_spec"]) for r in rows}
     missing = [f"spec S={s}" if s else "decode" for s in need_specs
@@ -207,16 +261,12 @@ def _bw_target(out, records, plan, name, key, sd, pick, share, base, bw, need_sp
               + ("; info, the same metric for each row's bare state pass (its state bytes moved by a stream "
                  "kernel, nothing else): " + ", ".join(f"{lab} {100 * f:.0f}%" for f, lab in passes)
                  if passes and all(f is not None for f, _ in passes) else ""))
-    _target(out, 17, name, None if missing and worst[0] >= share else ok, detail, _rows_foreign(rows, base))
+    _target(out, tkey, name, None if missing and worst[0] >= share else ok, detail, rows_foreign(rows, base),
+            worst[0], worst[1])
 
 
-def _targets17(out, records, plan, ho, sweep, base, bw, peak):
-    need = (0, 1, 2, 3, 7)
-    for key, sd in (("ours", "f32"), ("ours_bf16_state", "bf16")):
-        _bw_target(out, records, plan, f"decode & spec S=1,2,3,7 at B>=8 >= 80% of measured bandwidth, {sd} state",
-                   key, sd, lambda r: r["batch"] >= 8 and r["num_spec"] in need, 0.8, base, bw, need)
-        _bw_target(out, records, plan, f"decode & spec at B=1 >= 50% of measured bandwidth, {sd} state",
-                   key, sd, lambda r: r["batch"] == 1, 0.5, base, bw, ())
+def kv_ratios(records):
+    """(kv layout time / vk time, row) of every decode / spec row, in each state dtype that ran."""
     ratios = []
     for r in records:
         if r["kind"] not in ("decode", "spec"):
@@ -225,117 +275,143 @@ def _targets17(out, records, plan, ho, sweep, base, bw, peak):
             ratios.append((r["ours_kv_layout"]["vs_ours"], f"{r['label']} f32"))
         if "median_s" in r.get("ours_bf16_state_kv", {}) and "median_s" in r.get("ours_bf16_state", {}):
             ratios.append((r["ours_bf16_state_kv"]["median_s"] / r["ours_bf16_state"]["median_s"], f"{r['label']} bf16"))
+    return ratios
+
+
+def plain_call_us(ho):
+    """The plain call's host overhead: the better of its wait=True and wait=False loops."""
+    return min(ho["wait_counts_us"], ho["nowait_counts_us"])
+
+
+def prepared_call_us(ho):
+    return min(ho["prepared_wait_counts_us"], ho["prepared_nowait_counts_us"])
+
+
+def _limit_targets(out, records, plan, ho, sweep, base, bw, peak):
+    """The targets against the machine's limits: bandwidth, matmul peak, flat prefill, host overhead."""
+    need = (0, 1, 2, 3, 7)
+    for key, sd in (("ours", "f32"), ("ours_bf16_state", "bf16")):
+        _bw_target(out, f"bw_b8_{sd}", records, plan,
+                   f"decode & spec S=1,2,3,7 at B>=8 >= {BW_B8:.0%} of measured bandwidth, {sd} state",
+                   key, sd, lambda r: r["batch"] >= 8 and r["num_spec"] in need, BW_B8, base, bw, need)
+        _bw_target(out, f"bw_b1_{sd}", records, plan, f"decode & spec at B=1 >= {BW_B1:.0%} of measured bandwidth, "
+                   f"{sd} state", key, sd, lambda r: r["batch"] == 1, BW_B1, base, bw, ())
+    ratios = kv_ratios(records)
     rows = [r for r in records if r["kind"] in ("decode", "spec")]
+    name = f"kv ssm layout within {KV_VS_VK}x of vk on every decode/spec row"
     if ratios:
         worst = max(ratios)
-        _target(out, 17, "kv ssm layout within 1.2x of vk on every decode/spec row", worst[0] <= 1.2,
+        _target(out, "kv", name, worst[0] <= KV_VS_VK,
                 f"worst {worst[0]:.2f}x ({worst[1]}); all: " + ", ".join(f"{lab} {x:.2f}x" for x, lab in ratios),
-                _rows_foreign(rows, base))
+                rows_foreign(rows, base), worst[0], worst[1])
     else:
-        _target(out, 17, "kv ssm layout within 1.2x of vk on every decode/spec row", None, "no kv-layout row ran", base)
+        _target(out, "kv", name, None, "no kv-layout row ran", base)
     p2k = [r for r in records if r["kind"] == "prefill" and r["tokens"] == 2048 and r["batch"] == 1]
-    name = "chunked prefill 2048 tokens >= 70% of measured matmul peak"
+    name = f"chunked prefill 2048 tokens >= {PREFILL_PEAK:.0%} of measured matmul peak"
     if p2k:
         f = p2k[0]["ours"]["GFLOPs"] / peak
-        _target(out, 17, name, f >= 0.7, f"{100 * f:.1f}% ({p2k[0]['ours']['GFLOPs']:.1f} of {peak:.1f} GFLOP/s; "
-                f"chunked-form FLOPs / median time)", _rows_foreign(p2k, base))
+        _target(out, "prefill_peak", name, f >= PREFILL_PEAK, f"{100 * f:.1f}% ({p2k[0]['ours']['GFLOPs']:.1f} of "
+                f"{peak:.1f} GFLOP/s; chunked-form FLOPs / median time)", rows_foreign(p2k, base), f, p2k[0]["label"])
     else:
-        _target(out, 17, name, None, "no 2048-token prefill ran", base)
+        _target(out, "prefill_peak", name, None, "no 2048-token prefill ran", base)
     _flat_targets(out, sweep, base)
     if ho is not None:
         hf = max(base, ho.get("foreign_cpu", 0.0))
-        plain = min(ho["wait_counts_us"], ho["nowait_counts_us"])
-        _target(out, 17, "plain pygdn.attention() host overhead <= 40 us/call", plain <= 40,
-                f"{plain:.1f} us (best of wait=True {ho['wait_counts_us']:.1f} / wait=False {ho['nowait_counts_us']:.1f}, "
-                f"validate=counts; tiny padded batch)", hf)
-        c = _c_abi_us(ho)
+        plain = plain_call_us(ho)
+        _target(out, "plain_call", f"plain pygdn.attention() host overhead <= {PLAIN_CALL_US:.0f} us/call",
+                plain <= PLAIN_CALL_US, f"{plain:.1f} us (best of wait=True {ho['wait_counts_us']:.1f} / wait=False "
+                f"{ho['nowait_counts_us']:.1f}, validate=counts; tiny padded batch)", hf, plain)
+        c = c_abi_us(ho)
+        name = f"C ABI host overhead <= {C_ABI_US:.0f} us/call (GDN_VALIDATE_COUNTS)"
         if c is None:
-            _target(out, 17, "C ABI host overhead <= 12 us/call (GDN_VALIDATE_COUNTS)", None,
-                    "; ".join(ho.get("c_abi", [])) or "not measured", hf)
+            _target(out, "c_abi", name, None, "; ".join(ho.get("c_abi", [])) or "not measured", hf)
         else:
-            _target(out, 17, "C ABI host overhead <= 12 us/call (GDN_VALIDATE_COUNTS)", c <= 12, f"{c:.1f} us", hf)
+            _target(out, "c_abi", name, c <= C_ABI_US, f"{c:.1f} us", hf, c)
 
 
 def _flat_targets(out, sweep, base):
     pts = [r for r in sweep if "ours" in r]
     single = sorted((r for r in pts if len(r["lens"]) == 1), key=lambda r: r["tokens"])
     skipped = [r["label"] + ": " + r["skipped"] for r in sweep if "skipped" in r]
-    name = "prefill per-token cost flat within 1.2x, 512 .. 131072 tokens (one sequence)"
+    name = f"prefill per-token cost flat within {FLAT}x, 512 .. 131072 tokens (one sequence)"
     have = {r["tokens"] for r in single}
+    x = (max(r["ours"]["us_per_token"] for r in single) / min(r["ours"]["us_per_token"] for r in single)
+         if len(single) >= 2 else None)
+    at = f"{single[0]['tokens']}..{single[-1]['tokens']}" if single else None
     if not {512, 131072} <= have:
-        part = ""
-        if len(single) >= 2:
-            part = (f"; measured {single[0]['tokens']}..{single[-1]['tokens']}: "
-                    f"{max(r['ours']['us_per_token'] for r in single) / min(r['ours']['us_per_token'] for r in single):.2f}x")
-        _target(out, 17, name, None, "needs the full run's sweep (512 and 131072 tokens)" + part
-                + (f"; skipped: {'; '.join(skipped)}" if skipped else ""), base)
+        part = f"; measured {at}: {x:.2f}x" if x is not None else ""
+        _target(out, "flat", name, None, "needs the full run's sweep (512 and 131072 tokens)" + part
+                + (f"; skipped: {'; '.join(skipped)}" if skipped else ""), base, x, at)
     else:
-        us = [r["ours"]["us_per_token"] for r in single]
-        x = max(us) / min(us)
         cpu = [r["ours"].get("cpu_us_per_token") for r in single]
         cpu_note = (f"; in CPU time per token (not charged for preemption) {max(cpu) / min(cpu):.2f}x"
                     if all(cpu) else "")
-        _target(out, 17, name, x <= 1.2, f"max/min {x:.2f}x; " + ", ".join(
+        _target(out, "flat", name, x <= FLAT, f"max/min {x:.2f}x; " + ", ".join(
             f"{r['tokens']}: {r['ours']['us_per_token']:.1f}" for r in single) + " us/token" + cpu_note,
-            _rows_foreign(single, base))
-    name = "prefill per-token cost flat within 1.2x: 16 x 8192 against 512 tokens"
+            rows_foreign(single, base), x, at)
+    name = f"prefill per-token cost flat within {FLAT}x: 16 x 8192 against 512 tokens"
     many = [r for r in pts if len(r["lens"]) == 16 and r["lens"][0] == 8192]
     one = [r for r in single if r["tokens"] == 512]
     if many and one:
         x = many[0]["ours"]["us_per_token"] / one[0]["ours"]["us_per_token"]
-        _target(out, 17, name, max(x, 1 / x) <= 1.2, f"{x:.2f}x ({many[0]['ours']['us_per_token']:.1f} vs "
-                f"{one[0]['ours']['us_per_token']:.1f} us/token)", _rows_foreign(many + one, base))
+        _target(out, "flat_16x8192", name, max(x, 1 / x) <= FLAT, f"{x:.2f}x ({many[0]['ours']['us_per_token']:.1f} "
+                f"vs {one[0]['ours']['us_per_token']:.1f} us/token)", rows_foreign(many + one, base), x)
     else:
-        _target(out, 17, name, None, "needs the full run's sweep (16 x 8192 and 512 tokens)"
+        _target(out, "flat_16x8192", name, None, "needs the full run's sweep (16 x 8192 and 512 tokens)"
                 + (f"; skipped: {'; '.join(skipped)}" if skipped else ""), base)
 
 
-def _c_abi_us(ho):
+def c_abi_us(ho):
+    """The C ABI's host overhead with GDN_VALIDATE_COUNTS (benchmarks/host_overhead.c), or None."""
     c = [float(m.group(1)) for line in ho.get("c_abi", []) if "COUNTS" in line
          for m in [re.search(r"([0-9.]+) us per call", line)] if m]
     return c[0] if c else None
 
 
-def _targets6(out, records, plan, torch_msg, ho, base):
-    """The earlier issue's targets (kept: the README reports them)."""
+def _peer_targets(out, records, plan, torch_msg, ho, base):
+    """The first targets: against the torch fallback, spec decode's first bandwidth bar, and the
+    first host-overhead bars."""
     spec8 = [r for r in records if r["kind"] == "spec" and r["batch"] >= 8]
-    name_x, name_bw = "spec decode >= 5x torch fallback at batch >= 8", "spec decode >= 50% of measured bandwidth at batch >= 8"
+    name_x = f"spec decode >= {SPEC_VS_TORCH:.0f}x torch fallback at batch >= 8"
+    name_bw = f"spec decode >= {SPEC_BW_B8:.0%} of measured bandwidth at batch >= 8"
     if not spec8:
-        _target(out, 6, name_x, None, "no spec case with batch >= 8 ran", base)
-        _target(out, 6, name_bw, None, "no spec case with batch >= 8 ran", base)
+        _target(out, "spec_vs_torch", name_x, None, "no spec case with batch >= 8 ran", base)
+        _target(out, "spec_bw_b8", name_bw, None, "no spec case with batch >= 8 ran", base)
     else:
-        f8 = _rows_foreign(spec8, base)
+        f8 = rows_foreign(spec8, base)
         ratios = [(r["torch"]["ratio"], r["label"]) for r in spec8 if "ratio" in r.get("torch", {})]
         if ratios:
             worst = min(ratios)
-            _target(out, 6, name_x, worst[0] >= 5.0, f"min {worst[0]:.2f}x ({worst[1]}); all: "
-                    + ", ".join(f"{lab} {x:.2f}x" for x, lab in ratios), f8)
+            _target(out, "spec_vs_torch", name_x, worst[0] >= SPEC_VS_TORCH, f"min {worst[0]:.2f}x ({worst[1]}); all: "
+                    + ", ".join(f"{lab} {x:.2f}x" for x, lab in ratios), f8, worst[0], worst[1])
         else:
-            _target(out, 6, name_x, None, f"torch peer did not run: {torch_msg}", base)
+            _target(out, "spec_vs_torch", name_x, None, f"torch peer did not run: {torch_msg}", base)
         fr = [(r["ours"]["GBps"] / row_reference(r, plan), r["label"]) for r in spec8]
         worst = min(fr)
-        _target(out, 6, name_bw, worst[0] >= 0.5, f"min {100 * worst[0]:.1f}% ({worst[1]}); all: "
-                + ", ".join(f"{lab} {100 * f:.1f}%" for f, lab in fr), f8)
+        _target(out, "spec_bw_b8", name_bw, worst[0] >= SPEC_BW_B8, f"min {100 * worst[0]:.1f}% ({worst[1]}); all: "
+                + ", ".join(f"{lab} {100 * f:.1f}%" for f, lab in fr), f8, worst[0], worst[1])
     p2k = [r for r in records if r["kind"] == "prefill" and r["tokens"] == 2048 and r["batch"] == 1]
-    name = "chunked prefill >= 3x torch fallback at 2048 tokens"
+    name = f"chunked prefill >= {PREFILL_VS_TORCH:.0f}x torch fallback at 2048 tokens"
     if not p2k:
-        _target(out, 6, name, None, "no 2048-token prefill ran", base)
+        _target(out, "prefill_vs_torch", name, None, "no 2048-token prefill ran", base)
     elif "ratio" not in p2k[0].get("torch", {}):
-        _target(out, 6, name, None, f"torch peer did not run: {torch_msg}", base)
+        _target(out, "prefill_vs_torch", name, None, f"torch peer did not run: {torch_msg}", base)
     else:
         r = p2k[0]
         x = r["torch"]["ratio"]
-        _target(out, 6, name, x >= 3, f"{x:.2f}x (ours {r['ours']['median_s'] * 1e3:.1f} ms, torch "
-                f"{r['torch']['median_s'] * 1e3:.1f} ms)", _rows_foreign(p2k, base))
+        _target(out, "prefill_vs_torch", name, x >= PREFILL_VS_TORCH, f"{x:.2f}x (ours "
+                f"{r['ours']['median_s'] * 1e3:.1f} ms, torch {r['torch']['median_s'] * 1e3:.1f} ms)",
+                rows_foreign(p2k, base), x, r["label"])
     if ho is not None:
         hf = max(base, ho.get("foreign_cpu", 0.0))
-        c = _c_abi_us(ho)
-        _target(out, 6, "C ABI host overhead < 20 us/call", None if c is None else c < 20,
-                "not measured" if c is None else f"{c:.1f} us (GDN_VALIDATE_COUNTS, tiny padded batch)", hf)
-        best = min(ho["prepared_wait_counts_us"], ho["prepared_nowait_counts_us"])
-        _target(out, 6, "pygdn host overhead < 60 us/call (prepared call)", best < 60,
-                f"prepared call {ho['prepared_nowait_counts_us']:.1f} us (wait=False) / "
-                f"{ho['prepared_wait_counts_us']:.1f} us (wait=True)", hf)
+        c = c_abi_us(ho)
+        _target(out, "c_abi_first", f"C ABI host overhead < {C_ABI_FIRST_US:.0f} us/call",
+                None if c is None else c < C_ABI_FIRST_US,
+                "not measured" if c is None else f"{c:.1f} us (GDN_VALIDATE_COUNTS, tiny padded batch)", hf, c)
+        best = prepared_call_us(ho)
+        _target(out, "prepared_call", f"pygdn host overhead < {PREPARED_CALL_US:.0f} us/call (prepared call)",
+                best < PREPARED_CALL_US, f"prepared call {ho['prepared_nowait_counts_us']:.1f} us (wait=False) / "
+                f"{ho['prepared_wait_counts_us']:.1f} us (wait=True)", hf, best)
 
 
 def plot(records, path, title, bw_GBps=None, sweep=()):
@@ -379,7 +455,7 @@ def plot(records, path, title, bw_GBps=None, sweep=()):
         ax.plot([r["tokens"] for r in pts], [r["ours"]["us_per_token"] for r in pts], marker="o", color=colors["ours"],
                 label="ours, one sequence")
         lo = min(r["ours"]["us_per_token"] for r in pts)
-        ax.axhline(1.2 * lo, color="gray", ls=":", label="1.2x the lowest (issue 17)")
+        ax.axhline(FLAT * lo, color="gray", ls=":", label=f"{FLAT}x the lowest (the flatness target)")
     for r in sweep:
         if "ours" in r and len(r["lens"]) > 1:
             ax.plot([r["tokens"]], [r["ours"]["us_per_token"]], marker="s", color="tab:green", ls="none",

@@ -72,7 +72,7 @@ def timed_blocks(impls, budget_s, together=(), rounds=5):
     OpenBLAS's spin up to ~0.1 s after a threaded call), untimed steps for WARM_S, at least one
     (they wake its own threads and caches: on this 2-core VM, steps right after the pause and one
     untimed step ran up to 2-3x slower for tens of ms -- decode B=1 0.45-0.51 ms against 0.15-0.16
-    back to back; README, stop 26), then its repeats back to back, as a serving loop would run it.
+    back to back), then its repeats back to back, as a serving loop would run it.
     impls: name -> (fn, reps, first_s); each gets at most budget_s of repeats. The names in
     `together` (variants whose times are compared as ratios: our ssm layouts and state dtypes)
     split their repeats over `rounds` interleaved rounds, in alternating order, so this host's

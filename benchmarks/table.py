@@ -1,0 +1,137 @@
+"""The table a `python benchmarks/bench.py` run ends with, for a person to read: one line per row --
+case, time, rate, share of the bound the row is limited by, the fastest peer's time against ours,
+and each target that applies to the row with its verdict. The detailed lines (every row's
+formats, state passes, rounds, the targets' evidence) are report.py's, printed with --verbose and
+kept in the JSON record."""
+from __future__ import annotations
+
+from report import (BW_B1, BW_B8, C_ABI_US, FLAT, KV_VS_VK, PLAIN_CALL_US, PREFILL_PEAK, PREFILL_VS_TORCH,
+                    PREPARED_CALL_US, SPEC_BW_B8, SPEC_VS_TORCH, STATE_PASSES, base_foreign, row_reference,
+                    rows_foreign, state_pass_share, verdict)
+
+COLUMNS = ("case", "time", "rate", "% of bound", "vs peer", "verdict")
+_WIDTHS = (24, 10, 14, 20, 12)
+# A decode / spec row per state dtype: (record key, case suffix, its bare state pass).
+_STATES = (("ours", "", STATE_PASSES[0][0]), ("ours_bf16_state", " bf16 state", STATE_PASSES[1][0]))
+_PEERS = ("numpy", "torch")
+
+
+def _time(s):
+    """Seconds with three significant digits, in ms (µs under 0.1 ms)."""
+    if s < 1e-4:
+        return f"{s * 1e6:.1f} us"
+    ms = s * 1e3
+    return f"{ms:.3f} ms" if ms < 1 else f"{ms:.2f} ms" if ms < 10 else f"{ms:.1f} ms" if ms < 100 else f"{ms:.0f} ms"
+
+
+def _peer(rec, key):
+    """The fastest peer against ours ("numpy 4.1x": its time / ours; "!" when it disagreed with
+    ours): what a user would otherwise run."""
+    ran = [(rec[n]["median_s"], n) for n in _PEERS if "median_s" in rec.get(n, {})]
+    if key != "ours" or not ran:
+        return "-"
+    _, name = min(ran)
+    p = rec[name]
+    return f"{name} {p['ratio']:.1f}x" + ("" if p["agreement_vs_ours"]["ok"] else "!")
+
+
+def _verdicts(checks, foreign):
+    """checks: (ok or None, bar, note) -> "PASS >= 80% BW; FAIL ..." ('-' when none applies)."""
+    out = [f"{verdict(ok, foreign)} {bar}" + (f" {note}" if note else "") for ok, bar, note in checks]
+    return "; ".join(out) or "-"
+
+
+def _row(case, time="", rate="", bound="", peer="", verdicts="-", span=None):
+    """One table row; span: text over the time .. vs peer columns (the rows of a ratio)."""
+    return {"case": case, "time": time, "rate": rate, "bound": bound, "peer": peer, "verdict": verdicts, "span": span}
+
+
+def _state_rows(r, plan, base):
+    ref, f = row_reference(r, plan), rows_foreign([r], base)
+    out = []
+    for key, suffix, pass_name in _STATES:
+        v = r.get(key, {})
+        if "GBps" not in v:
+            continue
+        share = v["GBps"] / ref
+        checks = []
+        bar = BW_B8 if r["batch"] >= 8 else BW_B1 if r["batch"] == 1 else None
+        if bar is not None:
+            sp = state_pass_share(r, pass_name, plan)
+            note = f"(bare state pass {100 * sp:.0f}%)" if share < bar and sp is not None else ""
+            checks.append((share >= bar, f">= {bar:.0%} BW", note))
+        if key == "ours" and r["kind"] == "spec" and r["batch"] >= 8:
+            checks.append((share >= SPEC_BW_B8, f">= {SPEC_BW_B8:.0%} BW", ""))
+            if "ratio" in r.get("torch", {}):
+                checks.append((r["torch"]["ratio"] >= SPEC_VS_TORCH, f">= {SPEC_VS_TORCH:.0f}x torch",
+                               f"({r['torch']['ratio']:.1f}x)" if _peer(r, key).split()[0] != "torch" else ""))
+        out.append(_row(r["label"] + suffix, _time(v["median_s"]), f"{v['GBps']:.1f} GB/s",
+                        f"{100 * share:.0f}% of {ref:.0f} GB/s", _peer(r, key), _verdicts(checks, f)))
+    return out
+
+
+def _prefill_row(r, plan, base):
+    o, peak = r["ours"], plan["peak"]["numpy_matmul_GFLOPs"]
+    share, checks = o["GFLOPs"] / peak, []
+    if r["tokens"] == 2048 and r["batch"] == 1:
+        checks.append((share >= PREFILL_PEAK, f">= {PREFILL_PEAK:.0%} peak", ""))
+        if "ratio" in r.get("torch", {}):
+            checks.append((r["torch"]["ratio"] >= PREFILL_VS_TORCH, f">= {PREFILL_VS_TORCH:.0f}x torch",
+                           f"({r['torch']['ratio']:.1f}x)" if _peer(r, "ours").split()[0] != "torch" else ""))
+    return _row(r["label"], _time(o["median_s"]), f"{o['GFLOPs']:.0f} GFLOP/s", f"{100 * share:.0f}% of {peak:.0f} "
+                f"GFLOP/s", _peer(r, "ours"), _verdicts(checks, rows_foreign([r], base)))
+
+
+def _target_rows(tg):
+    """The rows of the targets that span rows or stand alone (layouts, flatness, host overhead)."""
+    by = {t["key"]: t for t in tg}
+    out = []
+
+    def add(key, case, bar, time="", span=None, note=""):
+        v = by[key]["verdict"]
+        out.append(_row(case, time=time, span=span, verdicts=f"n/a ({bar}{note})" if v == "n/a" else f"{v} {bar}"))
+
+    def value(key):
+        return by.get(key, {}).get("value")
+
+    if value("kv") is not None:
+        add("kv", "kv / vk layout", f"<= {KV_VS_VK}x", span=f"worst {value('kv'):.2f}x ({by['kv']['at']})")
+    if value("flat") is not None:
+        add("flat", f"prefill flat {by['flat']['at']}", f"<= {FLAT}x", span=f"max/min {value('flat'):.2f}x per token",
+            note=" over 512..131072 tokens: full run only")
+    if value("flat_16x8192") is not None:
+        add("flat_16x8192", "prefill 16x8192 vs 512", f"<= {FLAT}x", span=f"{value('flat_16x8192'):.2f}x per token")
+    for key, case, bar in (("plain_call", "plain call (pygdn)", f"<= {PLAIN_CALL_US:.0f} us"),
+                           ("prepared_call", "prepared call (pygdn)", f"< {PREPARED_CALL_US:.0f} us"),
+                           ("c_abi", "C ABI call", f"<= {C_ABI_US:.0f} us")):
+        if value(key) is not None:
+            add(key, case, bar, time=f"{value(key):.1f} us")
+    return out
+
+
+def table_rows(records, plan, tg, run_foreign):
+    """The closing table's rows (dicts of COLUMNS' cells), in the order the run measured them."""
+    base = base_foreign(plan, run_foreign)
+    rows = []
+    for r in records:
+        if "ours" not in r:
+            rows.append(_row(r["label"], verdicts="FAILED: " + r.get("error", "")))
+        elif r["kind"] in ("decode", "spec"):
+            rows += _state_rows(r, plan, base)
+        else:
+            rows.append(_prefill_row(r, plan, base))
+    return rows + _target_rows(tg)
+
+
+def table_lines(rows):
+    def line(cells, span=None):
+        head = f"{cells[0]:<{_WIDTHS[0]}s}"
+        if span is not None:
+            mid = f" {span:<{sum(_WIDTHS[1:]) + len(_WIDTHS) - 2}s}"
+        else:
+            mid = "".join(f" {c:>{w}s}" for c, w in zip(cells[1:5], _WIDTHS[1:]))
+        return f"{head}{mid}  {cells[5]}"
+    out = [line(COLUMNS), "-" * (sum(_WIDTHS) + len(_WIDTHS) + 8)]
+    for r in rows:
+        out.append(line((r["case"], r["time"], r["rate"], r["bound"], r["peer"], r["verdict"]), r["span"]))
+    return out
