@@ -21,7 +21,7 @@ import dpctl
 from .ops import Config, warmup
 
 # Model shapes per tensor-parallel rank (H k-heads, HV v-heads, K, V, conv width). Kernel builds
-# depend on the dtype, K and the layouts (README "Kernel design"), so TP degrees mostly share them.
+# depend on the dtype, K and the layouts (docs/design.md), so TP degrees mostly share them.
 PRESETS = {
     "qwen3-next-tp1": (16, 32, 128, 128, 4),  # Qwen3-Next-80B-A3B
     "qwen3-next-tp2": (8, 16, 128, 128, 4),

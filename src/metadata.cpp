@@ -17,8 +17,8 @@ namespace {
 // queue into a per-thread staging buffer of that array kind, kept from call to call, never into
 // a fresh vector: the OpenCL CPU runtime (intel-opencl-rt 2026.1) keeps ~106 bytes for every
 // distinct pointer value a USM memcpy ever touched, for the life of the process, so reading into
-// per-call vectors grew the process by ~14 bytes per call (README "Memory over many calls",
-// tests/repro/usm_memcpy_growth.cpp).
+// per-call vectors grew the process by ~14 bytes per call (docs/design.md, "Memory over many
+// calls"; tests/repro/usm_memcpy_growth.cpp).
 class MetaReader {
  public:
   explicit MetaReader(sycl::queue &q) : q_(q) {}
