@@ -30,7 +30,7 @@ struct HostMeta {
 
 struct Checked {
   // Made from the caller's queue: a default-constructed sycl::queue would be a new queue on the
-  // default device (an OpenCL command queue created and destroyed per call, ~3 us here).
+  // default device (an OpenCL command queue created and destroyed per call, ~3 us on the CPU device).
   explicit Checked(const sycl::queue &queue) : q(queue) {}
   sycl::queue q;
   gdn_config_t cfg;   // the caller's structs, copied and normalized (struct_size handled,
