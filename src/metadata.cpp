@@ -17,7 +17,7 @@ namespace {
 // queue into a per-thread staging buffer of that array kind, kept from call to call, never into
 // a fresh vector: the OpenCL CPU runtime (intel-opencl-rt 2026.1) keeps ~106 bytes for every
 // distinct pointer value a USM memcpy ever touched, for the life of the process, so reading into
-// per-call vectors grew the process by ~14 bytes per call (docs/design.md "Memory over many calls",
+// per-call vectors would grow the process by ~14 bytes per call (docs/design.md "Memory over many calls",
 // tests/repro/usm_memcpy_growth.cpp).
 class MetaReader {
  public:

@@ -227,7 +227,7 @@ Plan make_plan(const gdn_config_t &cfg, const gdn_batch_t &b, const PlanInputs &
   // prefill's conv would run in one work-item). Its conv takes a k-head's q, k and v channels in
   // 16-channel blocks: each range a whole number of them (q, k: K % 16 == 0 with prep_inline); conv
   // width 4.
-  // Decode whole steps here: B=1 0.257 -> 0.194 ms, B=8 1.04 -> 0.96 (alternated).
+  // Decode whole steps, alternated in one process: B=1 0.257 -> 0.194 ms, B=8 1.04 -> 0.96 (0.2.5).
   const bool v_blocks = (int64_t)cfg.num_v_heads / cfg.num_k_heads * cfg.head_v_dim % GDN_CPU_LANES == 0;
   const bool width4 = cfg.conv_width == 4;  // the fused conv's one compiled width (delta_recurrent_cpu.cpp)
   auto fuse = [&](Launch &fused, Launch &conv, Launch &rec, int64_t seqs) {
@@ -241,7 +241,7 @@ Plan make_plan(const gdn_config_t &cfg, const gdn_batch_t &b, const PlanInputs &
   if (b.num_prefills == 0) fuse(p.fused_non_spec, p.conv_non_spec, p.recurrent_non_spec, b.num_decodes);
   fuse(p.fused_spec, p.conv_spec, p.recurrent_spec, b.num_spec_decodes);
   // Every CPU-variant build may round bf16 by AVX512-BF16's instructions (common.hpp, to_bf16x32,
-  // store_bf16x16) and prefetch by x86 instructions (delta_recurrent_cpu.cpp, prefetch_states).
+  // store_bf16x16) and prefetch by x86 instructions (common.hpp, prefetch_bytes).
   for (Launch *l : all_launches(p))
     if (l->on && cpu_family(l->family)) {
       if (t.bf16_instructions) l->options += " -DGDN_CPU_BF16_INSN";

@@ -22,8 +22,8 @@ struct Target {
   // (common.hpp, to_bf16x32, store_bf16x16) when the host CPU (the CPU device) has it, unless
   // GDN_XPU_SOFT_BF16=1 asks for the bit operations (tests use it to check those on such a host too).
   bool bf16_instructions = false;
-  // The CPU variants issue x86 prefetch instructions inline (delta_recurrent_cpu.cpp,
-  // prefetch_states) when the host CPU (the CPU device) is x86-64, as the Intel CPU runtime's is.
+  // The CPU variants issue x86 prefetch instructions inline (common.hpp, prefetch_bytes) when the
+  // host CPU (the CPU device) is x86-64, as the Intel CPU runtime's is.
   bool x86 = false;
 };
 Target target_of(const sycl::queue &q);

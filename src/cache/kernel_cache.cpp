@@ -106,7 +106,7 @@ void compile(Entry &e) {
   }
   // Let the compiler fuse a * b + c into one FMA (rounded once: no less accurate). The SYCL
   // front end does not contract by default, and the CPU device then issues a multiply and an
-  // add for every state update (recurrent ~8%, chunked prefill ~6% slower here).
+  // add for every state update (recurrent ~8%, chunked prefill ~6% slower).
   opts.push_back("-ffp-contract=fast");
   for (size_t pos = 0; pos < e.options.size();) {  // options: space-separated -D flags
     size_t end = e.options.find(' ', pos);

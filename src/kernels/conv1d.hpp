@@ -281,7 +281,7 @@ static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int3
 // the checkpoint after the token, the new state), in pairs of blocks, each block's weights and
 // window loaded just before its token. gdn_fused_cpu's decode conv: through the tile with its
 // eight blocks' weights loaded up front, cache-resident bf16 decode B=8 steps took ~0.21 ms
-// against ~0.19 here (stop 34's section).
+// against ~0.19 (0.2.17).
 static inline void conv_decode_blocks(const GdnConvParams &p, int32_t seq, int32_t c, int32_t c_end) {
   typedef Lanes<16> L;
   typedef L::T T;
@@ -319,7 +319,7 @@ static inline void conv_decode_blocks(const GdnConvParams &p, int32_t seq, int32
 // (conv_decode_blocks) or a speculative sequence (conv_spec_channels, spec true); nothing for
 // other sequences (the tile), pad slots or pad reads. In the time-major layout a window is W-1
 // runs of a few lines each, conv_dim values apart, and the conv's first load of each run waited
-// for DRAM (a profile of stop 35).
+// for DRAM (seen in a profile).
 static inline void conv_prefetch(const GdnConvParams &p, int32_t seq, int32_t c, int32_t c_end, bool spec) {
   const int32_t j0 = p.query_start_loc[seq], len = p.query_start_loc[seq + 1] - j0, w1 = p.width - 1;
   if (len == 0 || (!spec && len != 1)) return;

@@ -4,11 +4,12 @@
 // variant (constant strides: a work-item's column is contiguous across the work-group, and the CPU
 // device vectorizes it).
 //
-// The algorithm forms (README "Kernel design"; the same decomposition on the CPU device and GPUs):
+// The algorithm forms (docs/design.md; the same decomposition on the CPU device and GPUs):
 //   delta_prep.cpp       gdn_prep: l2norm q/k, scale q, gates, per (row, k-head);
 //                        gdn_chunk_plan: the chunk tables of the prefills, on the device
 //   delta_recurrent.cpp  the token recurrence (decode, spec decode, FORCE_RECURRENT prefill);
-//                        delta_recurrent_cpu.cpp: its CPU-device variants
+//                        delta_recurrent_cpu.cpp: its CPU-device variants and the fused step
+//                        (walks in delta_recurrent_{vk,kv}_cpu.hpp)
 //   delta_chunk.cpp      the chunked WY/UT prefill form; delta_chunk_cpu.cpp: CPU-device variants
 #pragma once
 #include "common.hpp"

@@ -9,7 +9,7 @@
 // Chunks come from the device-built plan (gdn_chunk_plan, delta_prep.cpp); the workspace holds
 // row i of chunk c of v-head hv at (hv * chunk_capacity + c) * GDN_CHUNK_SIZE + i.
 //
-// Decays and resets (README "Non-finite gates"). Without resets D[i][j] = e^(G_i - G_j) and
+// Decays and resets (docs/op.md, non-finite gates). Without resets D[i][j] = e^(G_i - G_j) and
 // d_i = e^(G_i), G the cumulative g: every exponent <= 0, so nothing overflows. A token whose
 // decay e^g is 0 -- g = -inf (a = +inf, an overflowing exp(A_log)), or g so negative that e^g
 // underflows -- is a RESET: the recurrence's S = e^g S zeroes the state there. Its g must not
@@ -55,7 +55,7 @@ static inline void store_state_columns(const GdnDeltaParams &p, int32_t slot, in
 // up and qs are scratch of GDN_CHUNK_SIZE rows per block. Every product is blocked so that
 // CB x RB (rows) or CB x KB (state rows) independent accumulators are in flight: one
 // accumulator per dot product left the CPU device waiting on the FMA latency, and each load
-// (a state or u vector, a broadcast of W, q, Aqk or k) now feeds several FMAs.
+// (a state or u vector, a broadcast of W, q, Aqk or k) feeds several FMAs.
 template <int NL, int CB, int RB, int KB>
 static inline void chunk_scan_columns(const GdnDeltaParams &p, int64_t pos, int32_t jfirst, int32_t len,
                                       const int64_t *qk_off, int32_t hv, const int32_t *v, int32_t cb,
@@ -139,8 +139,7 @@ static inline void chunk_scan_columns(const GdnDeltaParams &p, int64_t pos, int3
 // (NL = 16) kernels carry the same algorithm. The blocks are walked INSIDE the chunk loop: a
 // chunk's W, q, k and Aqk (~112 KiB per v-head at K = 128) are read from memory once and reused
 // from the cache by every block. A work-item per block each walking the whole sequence alone
-// re-read them per block, from DRAM once a sequence's chunk data outgrew the caches (README
-// "Where the time goes").
+// re-read them per block, from DRAM once a sequence's chunk data outgrew the caches.
 template <int NL, int NB, int CB, int RB, int KB>
 static inline void chunk_scan_body(const GdnDeltaParams &p, int32_t e, int32_t hv, int32_t v0) {
   typedef Lanes<NL> L;

@@ -5,7 +5,7 @@
 #include "delta.hpp"
 
 // The log-decay g = -exp(A_log) * softplus(x), x = a + dt_bias, as the value of that product
-// however large or small its factors (README "Non-finite gates"). Where both factors are normal
+// however large or small its factors (docs/op.md, non-finite gates). Where both factors are normal
 // f32 numbers it is their product (rounded once, as it always was): -inf when it overflows
 // (decay 0, a reset), 0 when it underflows. Elsewhere -- exp(A_log) overflowing (A_log >~ 88.7) or
 // underflowing, softplus(x) = 0 (x <~ -87) or +inf -- the product is taken in log space,

@@ -1,0 +1,85 @@
+// delta_recurrent_cpu.hpp — what the CPU device's recurrent walks of both ssm layouts share: a
+// walk's tokens (prepared by the prep kernel or here), where its states go, and how they are
+// stored and asked for. The walks are in delta_recurrent_kv_cpu.hpp and delta_recurrent_vk_cpu.hpp,
+// the kernels in delta_recurrent_cpu.cpp (one run-time build, which includes one layout's walks).
+#pragma once
+#include "delta_prep.hpp"
+
+// A work-item's walk (recurrent_item, one per layout) is ONE function both kernels of this build
+// call (gdn_recurrent_*_cpu and gdn_fused_cpu), not an inlined copy in each: an inlined copy
+// doubled the build's back-end time (cold compile at K = 128: ~3 -> ~7 s, 0.2.5).
+#define GDN_NOINLINE static __attribute__((noinline))
+
+// Whether a store of this walk's state to slot `to` streams: not when it is in place, to the slot
+// the walk read its initial state from, whose lines are still in this core's caches
+// (vstore_states: plain stores there).
+static inline bool streaming_to(const RecurrentSeq &rs, int32_t to) { return !(rs.init && to == rs.read_slot); }
+
+// Asks for the n states from p to be brought into this core's caches, without waiting for them
+// (prefetch_bytes, common.hpp: prefetcht0 inline on an x86-64 host).
+static inline void prefetch_states(const state_t *p, size_t n) { prefetch_bytes(p, n * sizeof(state_t)); }
+
+// Token t of the walk, for k-head h and v-head hv: returns its global row; kn, qn point to its
+// l2-normalized k and q (KD floats each), decay = e^g, beta. They are the prep kernel's outputs,
+// or, when the call launched no gdn_prep (p.prep_inline: no chunk kernels in it, K % 16 == 0),
+// prepared here from the conv output into kb, qb with the prep kernel's own arithmetic
+// (delta_prep.hpp). Every walk takes its tokens through this. Out-parameters, not a returned
+// struct: the struct form ran 1.5x slower.
+static inline int64_t token_in(const GdnDeltaParams &p, const RecurrentSeq &rs, int32_t t, int32_t h, int32_t hv,
+                               float *kb, float *qb, const float *&kn, const float *&qn, float &decay, float &beta) {
+  const int64_t row = global_row(p.token_indx, rs.j0 + t);
+  float g;
+  if (KD % 16 == 0 && p.prep_inline) {
+    vf16 k[KD / 16 + (KD % 16 != 0)], q[KD / 16 + (KD % 16 != 0)];
+    prep_qk16(p.prep, row, h, q, k);
+    for (int c = 0; c < KD / 16; ++c) {
+      vstore(kb + 16 * c, k[c]);
+      vstore(qb + 16 * c, q[c]);
+    }
+    kn = kb, qn = qb;
+    gates(p.prep, row, hv, &g, &beta);
+  } else {
+    kn = p.kn + (row * p.H + h) * KD, qn = p.qn + (row * p.H + h) * KD;
+    g = p.g[row * p.HV + hv], beta = p.beta[row * p.HV + hv];
+  }
+  decay = sycl::exp(g);
+  return row;
+}
+
+// The state of (slot, hv) from column / row v (state_column), nullptr for pad_slot_id: where a
+// walk stores a state.
+static inline state_t *slot_state(const GdnDeltaParams &p, int32_t slot, int32_t hv, int32_t v) {
+  return slot != p.pad_slot_id ? state_column(p, slot, hv, v) : nullptr;
+}
+
+// a . b over KD floats (l2-normalized k and q: |a . b| <= 1).
+static inline float dot_kd(const float *a, const float *b) {
+  if (KD % 16 == 0) {
+    vf16 x(0.0f);
+    for (int c = 0; c < KD / 16; ++c) x += vload(a + 16 * c) * vload(b + 16 * c);
+    return hsum(x);
+  }
+  float x = 0.0f;
+  for (int k = 0; k < KD; ++k) x += a[k] * b[k];
+  return x;
+}
+
+// A walk's tokens prepared once (token_in), at most GDN_WALK_TOKENS of them: for a vk work-item's
+// several passes over them (GDN_VK_ITEM_ROWS / GDN_VK_ROWS; n = 0: none, each pass prepares its
+// own), and for the kv walk in WY form, which needs every token's k and q at once. With
+// prep_inline each preparation normalizes k and q and computes the gates (several exp/log calls):
+// done once instead of once per pass.
+struct PreparedTokens {
+  int32_t n;
+  int64_t row[GDN_WALK_TOKENS];
+  const float *kn[GDN_WALK_TOKENS], *qn[GDN_WALK_TOKENS];
+  float decay[GDN_WALK_TOKENS], beta[GDN_WALK_TOKENS];
+  float kb[GDN_WALK_TOKENS][KD], qb[GDN_WALK_TOKENS][KD];
+  void prepare(const GdnDeltaParams &p, const RecurrentSeq &rs, int32_t h, int32_t hv) {
+    for (n = 0; n < rs.len; ++n) row[n] = token_in(p, rs, n, h, hv, kb[n], qb[n], kn[n], qn[n], decay[n], beta[n]);
+  }
+  int64_t get(int32_t t, const float *&k, const float *&q, float &d, float &b) const {
+    k = kn[t], q = qn[t], d = decay[t], b = beta[t];
+    return row[t];
+  }
+};

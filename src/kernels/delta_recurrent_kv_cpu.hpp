@@ -1,0 +1,197 @@
+// delta_recurrent_kv_cpu.hpp — the CPU device's recurrent walks in the kv layout [.., K, V]
+// (gdn_recurrent_kv_cpu and gdn_fused_cpu, delta_recurrent_cpu.cpp). A work-item owns 16 NV
+// consecutive state columns, NV = gdn_kv_cpu_vecs(V) (params.hpp): whole rows when V = 128,
+// s[k][j] = S[k, v+16j ..]. With d = e^g: u = beta (v - d S^T k), S' = d S + k u^T,
+// o = d S^T q + u (k.q). A column's u needs every row of the state, so a kv walk cannot go row by
+// row as the vk f32 walk does: walks of up to GDN_WALK_TOKENS tokens (decode, spec decoding,
+// short recurrent prefills) take the WY form, walk_columns_kv_wy; longer ones hold the block,
+// walk_columns_kv.
+// Why NV vectors, whole rows: a walk reads and writes NV*64 contiguous bytes of each of the K
+// state rows, and the NV column vectors are NV independent FMA chains. With one vector (64 bytes
+// a row) the kv layout took ~1.6x the vk layout's time at spec S=3, bound by that access pattern,
+// not by instructions (0.2.0). Half rows cost too, alternated in one process: two work-items on
+// alternate 256-byte halves of every 512-byte row, decode B=8 1.64 ms against 1.07 (0.2.1); one
+// work-item walking the two halves in turn, spec B=8 f32 S=3 4.47 ms against 4.02 (0.2.3).
+#pragma once
+#include "delta_recurrent_cpu.hpp"
+
+// 2-byte states: a walk's last pass (the WY write pass, the held block's last update) reads no
+// memory but this core's caches, so each of its rows asks for the same row and columns of the
+// next head (the next walk of this work-item in gdn_fused_cpu, else likely of the next
+// work-item), as the vk walks do for the rows ahead: bf16 decode B=8 0.708 -> 0.624 ms, spec S=3
+// B=8 2.79 -> 2.53 (0.2.8's kv walks, alternated in one process). Not for f32 states (a head is
+// 64 KB, the whole L1 twice over): decode B=8 3-8% slower.
+static inline bool ask_next_head(const GdnDeltaParams &p, const RecurrentSeq &rs, int32_t hv) {
+  return sizeof(state_t) == 2 && rs.init && hv + 1 < p.HV;
+}
+static inline const state_t *next_head(const GdnDeltaParams &p, const state_t *S) { return S + (int64_t)KD * p.V; }
+
+// The held walk of the 16 NV columns from v over a sequence's tokens, for walks longer than
+// GDN_WALK_TOKENS (forced-recurrent prefills): the K x 16 NV block stays in registers (on the
+// stack) across the tokens, and token t's read pass applies token t-1's update and stores the
+// updated row as it goes: one pass over the block per token, not three (products, update, store;
+// measured on spec walks, B=8 f32 S=3 whole steps 3.92 -> 3.51-3.67 ms, 0.2.4). Token 0's read
+// pass loads the block, without a copy pass before it (spec B=8 f32 S=1 1.665 -> 1.592 ms,
+// 0.2.11; the vk 16-row walk gains nothing that way and keeps its load loop).
+template <int NV>
+static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int32_t hv, int32_t v, int32_t h) {
+  const state_t *S = state_column(p, rs.read_slot, hv, v);  // read only when rs.init
+  vf16 s[KD][NV];
+  // The update of the token before (S' = d S + k u^T) and where its state goes (A: none).
+  float kp[KD], dp = 1.0f;
+  vf16 up[NV];
+  state_t *Ap = nullptr;
+  bool stream_p = false;
+  for (int32_t t = 0; t < rs.len; ++t) {
+    float kb[KD], qb[KD], decay, beta;
+    const float *kn, *qn;
+    const int64_t row = token_in(p, rs, t, h, hv, kb, qb, kn, qn, decay, beta);
+    const int64_t vrow = row * p.qkv_stride + p.v_offset + (int64_t)hv * p.V + v;
+    const int64_t orow = row * p.out_stride + (int64_t)hv * p.V + v;
+    const float kdotq = dot_kd(kn, qn);
+    vf16 ak[NV], aq[NV], u[NV];
+    for (int j = 0; j < NV; ++j) ak[j] = aq[j] = vf16(0.0f);
+    for (int k = 0; k < KD; ++k) {
+      for (int j = 0; j < NV; ++j) {  // row k of the block before the token
+        if (t == 0) s[k][j] = rs.init ? vload_state(S + k * p.V + 16 * j) : vf16(0.0f);
+        else s[k][j] = s[k][j] * dp + up[j] * kp[k];
+        ak[j] += s[k][j] * kn[k];
+        aq[j] += s[k][j] * qn[k];
+      }
+      if (Ap) vstore_states(Ap + k * p.V, s[k], NV, stream_p);
+    }
+    for (int j = 0; j < NV; ++j) {
+      u[j] = beta * (load_act16(p.qkv, vrow + 16 * j) - decay * ak[j]);
+      store_act16(p.out, orow + 16 * j, decay * aq[j] + u[j] * kdotq);
+    }
+    // Applied by the next token's read pass, or after the walk; the state after the token goes
+    // to its store slot (a spec write-back or a checkpoint). Nothing in this call reads the
+    // stored states again: streaming stores unless in place.
+    const int32_t to = token_store_slot(rs, t);
+    for (int k = 0; k < KD; ++k) kp[k] = kn[k];
+    for (int j = 0; j < NV; ++j) up[j] = u[j];
+    dp = decay, Ap = slot_state(p, to, hv, v), stream_p = streaming_to(rs, to);
+  }
+  // The last token's update, also to a non-spec sequence's slot.
+  state_t *const B = rs.spec ? nullptr : state_column(p, rs.cols[0], hv, v);
+  const bool ahead = ask_next_head(p, rs, hv);
+  for (int k = 0; k < KD; ++k) {
+    if (ahead) prefetch_states(next_head(p, S) + k * p.V, 16 * NV);
+    for (int j = 0; j < NV; ++j) s[k][j] = s[k][j] * dp + up[j] * kp[k];
+    if (Ap) vstore_states(Ap + k * p.V, s[k], NV, stream_p);
+    if (B) vstore_states(B + k * p.V, s[k], NV, streaming_to(rs, rs.cols[0]));
+  }
+}
+
+// The kv walk of up to GDN_WALK_TOKENS tokens (decode, spec decoding, short recurrent prefills) in
+// WY form. With S the state before the walk, d_j token j's decay, D(t, i) the product of the
+// decays of tokens i+1 .. t (1 when i = t) and P(t) that of tokens 0 .. t, the recurrence
+// unrolls to
+//   u_t = beta_t (v_t - P(t) S^T k_t - sum_{i<t} D(t, i) (k_i.k_t) u_i)
+//   o_t = P(t) S^T q_t + sum_{i<=t} D(t, i) (k_i.q_t) u_i,
+// so the walk reads S for the products S^T k_t and S^T q_t of every token (one pass per token,
+// loads only: S stays in this core's caches after the first), solves those small triangular
+// systems for the u_t (a lane is a column), and writes the L states in ONE pass over S, each
+// element walking the tokens in a register (S_t = d_t S_{t-1} + k_t u_t^T, the held walk's update
+// expression), where the held walk passes over its block once per token, storing it back each
+// time. Products of decays only, never ratios: a decay of 0 (g = -inf, docs/op.md, non-finite
+// gates) zeroes every term across it, as the token-by-token walk does. The u and o differ from the
+// held walk's by the summation order: rounding only, the coefficients being bounded (|k_i.k_t| <= 1
+// for l2-normalized k and q, decays in [0, 1]). Against the held walk, alternated in one process,
+// spec B=8: f32 S=3 2.460 -> 2.069 ms, bf16 S=3 2.072 -> 1.903 (0.2.12). One token (a decode)
+// reads the block twice, for its products and then from this core's caches for the write pass
+// (holding the block spilled it through the stack). A decode walk of its own took the same time
+// (decode B=8 f32 0.879 ms either way, 0.2.13), and the build compiles ~1.6 s faster from cold
+// without one.
+template <int NV>
+static inline void walk_columns_kv_wy(const GdnDeltaParams &p, RecurrentSeq &rs, const PreparedTokens &pt, int32_t hv,
+                                      int32_t v) {
+  const state_t *S = state_column(p, rs.read_slot, hv, v);  // read only when rs.init
+  const int32_t L = pt.n;
+  // ck[t][i] = D(t, i) k_i.k_t (i < t), cq[t][i] = D(t, i) k_i.q_t (i <= t), P[t] = P(t).
+  float ck[GDN_WALK_TOKENS][GDN_WALK_TOKENS], cq[GDN_WALK_TOKENS][GDN_WALK_TOKENS], P[GDN_WALK_TOKENS];
+  for (int32_t t = 0; t < L; ++t) {
+    P[t] = t ? P[t - 1] * pt.decay[t] : pt.decay[t];
+    float D = 1.0f;
+    for (int32_t i = t; i >= 0; --i) {
+      if (i < t) ck[t][i] = D * dot_kd(pt.kn[i], pt.kn[t]);
+      cq[t][i] = D * dot_kd(pt.kn[i], pt.qn[t]);
+      D *= pt.decay[i];
+    }
+  }
+  vf16 u[GDN_WALK_TOKENS][NV];
+  for (int32_t t = 0; t < L; ++t) {
+    vf16 a[NV], b[NV];  // S^T k_t, S^T q_t
+    for (int j = 0; j < NV; ++j) a[j] = b[j] = vf16(0.0f);
+    if (rs.init)
+      for (int k = 0; k < KD; ++k)
+        for (int j = 0; j < NV; ++j) {
+          const vf16 x = vload_state(S + k * p.V + 16 * j);
+          a[j] += x * pt.kn[t][k];
+          b[j] += x * pt.qn[t][k];
+        }
+    const int64_t vrow = pt.row[t] * p.qkv_stride + p.v_offset + (int64_t)hv * p.V + v;
+    const int64_t orow = pt.row[t] * p.out_stride + (int64_t)hv * p.V + v;
+    for (int j = 0; j < NV; ++j) {
+      vf16 w = load_act16(p.qkv, vrow + 16 * j) - P[t] * a[j];
+      for (int32_t i = 0; i < t; ++i) w -= ck[t][i] * u[i][j];
+      u[t][j] = pt.beta[t] * w;
+      vf16 o = P[t] * b[j];
+      for (int32_t i = 0; i <= t; ++i) o += cq[t][i] * u[i][j];
+      store_act16(p.out, orow + 16 * j, o);
+    }
+  }
+  // Where each state goes (a spec write-back or a checkpoint; a non-spec sequence's last state
+  // also to its slot). Nothing in this call reads them again: streaming stores unless in place.
+  state_t *A[GDN_WALK_TOKENS];
+  bool stream_a[GDN_WALK_TOKENS];
+  for (int32_t t = 0; t < L; ++t) {
+    const int32_t to = token_store_slot(rs, t);
+    A[t] = slot_state(p, to, hv, v);
+    stream_a[t] = streaming_to(rs, to);
+  }
+  state_t *const B = rs.spec ? nullptr : state_column(p, rs.cols[0], hv, v);
+  const bool stream_b = !rs.spec && streaming_to(rs, rs.cols[0]);
+  const bool ahead = ask_next_head(p, rs, hv);
+  for (int k = 0; k < KD; ++k) {
+    if (ahead) prefetch_states(next_head(p, S) + k * p.V, 16 * NV);
+    vf16 s[NV];
+    for (int j = 0; j < NV; ++j) s[j] = rs.init ? vload_state(S + k * p.V + 16 * j) : vf16(0.0f);
+    for (int32_t t = 0; t < L; ++t) {
+      const float d = pt.decay[t], kk = pt.kn[t][k];
+      for (int j = 0; j < NV; ++j) s[j] = s[j] * d + u[t][j] * kk;
+      if (A[t]) vstore_states(A[t] + k * p.V, s, NV, stream_a[t]);
+    }
+    if (B) vstore_states(B + k * p.V, s, NV, stream_b);
+  }
+}
+
+// The 16 NV columns from v of (seq, hv): up to GDN_WALK_TOKENS tokens in WY form; longer walks
+// held, all NV vectors at once while that block is at most 64 KB (K <= 128), else GDN_KV_VECS
+// vectors at a time (rs copied: each walk advances its own checkpoints).
+template <int NV>
+static inline void recurrent_columns_kv(const GdnDeltaParams &p, int32_t seq, int32_t hv, int32_t v) {
+  RecurrentSeq rs;
+  if (!recurrent_seq(p, seq, &rs)) return;
+  if (rs.skip) {
+    for (int32_t l = 0; l < 16 * NV; ++l) zero_outputs(p, rs.j0, rs.len, hv, v + l);
+    return;
+  }
+  const int32_t h = hv / (p.HV / p.H);
+  if (rs.len <= GDN_WALK_TOKENS) {
+    PreparedTokens pt;
+    pt.prepare(p, rs, h, hv);
+    return walk_columns_kv_wy<NV>(p, rs, pt, hv, v);
+  }
+  constexpr int NW = KD <= 128 || NV < GDN_KV_VECS ? NV : GDN_KV_VECS;
+  for (int j = 0; j < NV; j += NW) walk_columns_kv<NW>(p, rs, hv, v + 16 * j, h);
+}
+
+// The state columns of a work-item: 16 gdn_kv_cpu_vecs(V) from v of (seq, hv).
+static inline int32_t item_span(const GdnDeltaParams &p) { return 16 * gdn_kv_cpu_vecs(p.V); }
+GDN_NOINLINE void recurrent_item(const GdnDeltaParams &p, int32_t seq, int32_t hv, int32_t v) {
+  const int32_t nv = gdn_kv_cpu_vecs(p.V);
+  if (nv == GDN_KV_ROW_VECS) recurrent_columns_kv<GDN_KV_ROW_VECS>(p, seq, hv, v);
+  else if (nv == GDN_KV_VECS) recurrent_columns_kv<GDN_KV_VECS>(p, seq, hv, v);
+  else recurrent_columns_kv<1>(p, seq, hv, v);
+}
