@@ -1,7 +1,8 @@
 // validate.hpp — every check of a call, in one place, before anything is launched.
 // A call that passes has consistent counts, non-null arrays where the counts need them, USM
 // pointers of the queue's context each inside its allocation for the bytes the call may touch,
-// and (GDN_VALIDATE_FULL) metadata whose contents are in range and free of write conflicts. README "Errors and validation" lists each rule and its status.
+// and (GDN_VALIDATE_FULL) metadata whose contents are in range and free of write conflicts.
+// README "Errors and validation" lists each rule and its status.
 #pragma once
 #include <cstdint>
 #include <string>
