@@ -113,6 +113,7 @@ Lookup::Lookup(const sycl::context &ctx) {
     found = &entries.back();
   }
   query_ = found->query, native_ = found->native, fn_ = found->fn;
+  proves_usm_ = query_ == query_opencl;
   // (The caller's queue keeps the context, hence native_, alive for the call after a release().)
 }
 

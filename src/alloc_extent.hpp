@@ -31,11 +31,17 @@ class Lookup {
   explicit Lookup(const sycl::context &ctx);
   // The allocation holding p (interior pointers included), or an unknown Extent.
   Extent of(const void *p) const;
+  // Whether a known Extent also proves p USM of this context. OpenCL: the extent queries ask the
+  // context's own table of USM allocations, the one sycl::get_pointer_type asks for the pointer's
+  // kind (a pointer of another context, host malloc or freed memory has no base there). Level Zero:
+  // not relied upon (the driver's tables may span contexts).
+  bool proves_usm() const { return proves_usm_; }
 
  private:
   int (*query_)(void *native, void *fn, const void *p, Extent &out) = nullptr;  // nullptr: unknown backend
   void *native_ = nullptr;  // cl_context / ze_context_handle_t
   void *fn_ = nullptr;      // the backend entry point
+  bool proves_usm_ = false;
 };
 
 // Drops the per-context entries (gdn_release_caches).
