@@ -11,9 +11,23 @@
  *  - Every array argument is a USM pointer (device, shared or host) of that queue's context
  *    (device USM: of the queue's own device), aligned to its element size (int32 metadata 4,
  *    f32 4, f16/bf16 2, bytes 1; workspace 4); else GDN_ERROR_BAD_POINTER naming the field.
- *    Nothing more: views into a larger allocation (a slot range of a cache, a dpnp slice) are
- *    fine, the kernels' wider accesses fall back.
+ *    Views into a larger allocation (a slot range of a cache, a dpnp slice) are fine, the
+ *    kernels' wider accesses fall back.
  *    Shapes below are outermost-first, C order; "rows" are token rows of the step.
+ *  - Every array a call reads or writes lies inside its USM allocation: from the array's pointer
+ *    to the end of the allocation holding it there are at least the bytes its shape gives, else
+ *    GDN_ERROR_BAD_POINTER naming the field, the bytes it needs and the bytes its allocation has
+ *    from that pointer on (GDN_VALIDATE_FULL and GDN_VALIDATE_COUNTS alike). The bytes: row
+ *    arrays, num_actual_tokens rows at their row stride ((rows-1)*stride + the row's elements);
+ *    caches, every slot, addressed or not ((num_slots-1)*slot stride + one slot's elements);
+ *    metadata arrays, the lengths the counts give (none for a group without sequences); weights,
+ *    their shapes; workspace, workspace_bytes. Arrays the entry point does not read or write
+ *    (each lists its own) are not measured. The extent is the runtime's: clGetMemAllocInfoINTEL
+ *    on OpenCL, zeMemGetAddressRange on Level Zero, asked on every call (an allocation freed and
+ *    another made at its address is measured afresh). A backend that cannot report extents
+ *    (another backend, the entry point absent) gets no extent check: the caller's sizes are
+ *    trusted there, as they are for memory without a runtime allocation (host memory of a system
+ *    allocator, should a device accept it; pygdn's shape checks are the guard then).
  *  - Metadata arrays are int32 (`has_initial_state` is one byte per entry, 0 or 1).
  *  - Calls enqueue their kernels and return. On an in-order queue they return without waiting
  *    for the device; on an out-of-order queue they wait, so the results are visible when the
@@ -86,7 +100,8 @@ typedef enum gdn_status {
   GDN_ERROR_BAD_ACCEPTED = 9,       /* num_accepted_tokens outside [1, 1 + num_spec]     */
   GDN_ERROR_BAD_TOKEN_INDEX = 10,   /* a token row out of range, or two owners of a row  */
   GDN_ERROR_BAD_STRUCT_SIZE = 11,   /* struct_size of no known version (older than v1)   */
-  GDN_ERROR_BAD_POINTER = 12,       /* not USM of the queue's context/device, misaligned */
+  GDN_ERROR_BAD_POINTER = 12,       /* not USM of the queue's context/device, misaligned,
+                                       or past the end of its allocation                 */
   GDN_ERROR_BAD_QUEUE = 13,         /* NULL queue                                        */
   GDN_ERROR_UNSUPPORTED = 14,       /* valid request this build/device cannot run        */
   GDN_ERROR_COMPILE = 15,           /* run-time kernel compilation failed (log in message) */

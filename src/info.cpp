@@ -34,7 +34,7 @@ GDN_API const char *gdn_status_string(gdn_status_t status) {
     case GDN_ERROR_BAD_ACCEPTED: return "num_accepted_tokens outside [1, 1 + num_spec]";
     case GDN_ERROR_BAD_TOKEN_INDEX: return "token index out of range or rows overlapping";
     case GDN_ERROR_BAD_STRUCT_SIZE: return "struct_size of an older, unsupported caller";
-    case GDN_ERROR_BAD_POINTER: return "not USM of the queue's context or device, or misaligned";
+    case GDN_ERROR_BAD_POINTER: return "not USM of the queue's context or device, misaligned, or past the end of its allocation";
     case GDN_ERROR_BAD_QUEUE: return "NULL queue";
     case GDN_ERROR_UNSUPPORTED: return "not supported by this build or device";
     case GDN_ERROR_COMPILE: return "run-time kernel compilation failed";

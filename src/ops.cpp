@@ -1,5 +1,6 @@
 // ops.cpp — the C entry points: validate, plan, then enqueue the plan's kernels in one dependency
 // chain (no host wait inside it).
+#include "alloc_extent.hpp"
 #include "errors.hpp"
 #include "kernels/params.hpp"
 #include "launch.hpp"
@@ -210,6 +211,7 @@ GDN_API gdn_status_t gdn_warmup(void *queue, const gdn_config_t *cfg) {
 GDN_API void gdn_release_caches(void) {
   gdn::release_workspaces();
   gdn::release_kernel_cache();
+  gdn::alloc_extent::release();
 }
 
 }  // extern "C"

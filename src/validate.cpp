@@ -15,12 +15,6 @@
 namespace gdn {
 namespace {
 
-std::string ptr_str(const void *p) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%p", p);
-  return buf;
-}
-
 std::string fstr(float v) {  // shortest round-trip-ish text: -0.5, 0, 1e-06
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g", (double)v);
@@ -75,82 +69,8 @@ void check_stride(int64_t &stride, int64_t dense, const char *field) {
   if (stride < dense) fail(GDN_ERROR_BAD_LAYOUT, std::string(field) + " = " + str(stride) + " < row width " + str(dense));
 }
 
-// USM of the queue's context; in a context of several devices (dpctl's default context holds all
-// GPUs of a platform) device USM must be the queue's device's own. (The device lookup is one more
-// runtime call per array: made only when the context has more than one device.)
-void check_usm(const sycl::queue &q, const sycl::context &ctx, bool several_devices, const void *p, const char *field) {
-  if (!p) return;
-  const sycl::usm::alloc kind = sycl::get_pointer_type(p, ctx);
-  if (kind == sycl::usm::alloc::unknown)
-    fail(GDN_ERROR_BAD_POINTER, std::string(field) + " is not a USM allocation of the queue's context");
-  if (several_devices && kind == sycl::usm::alloc::device && sycl::get_pointer_device(p, ctx) != q.get_device())
-    fail(GDN_ERROR_BAD_POINTER, std::string(field) + " is device USM of another device than the queue's ('" +
-                                    sycl::get_pointer_device(p, ctx).get_info<sycl::info::device::name>() + "')");
-}
-
-// Every array is aligned to its element size: what element loads need on any device. Wider vector
-// accesses are the kernels' own business and never a reason to refuse a view: they check and fall
-// back (common.hpp vstore_states_stream), or load through memcpy (load_act16).
-void check_aligned(const void *p, size_t align, const char *what, const char *field) {
-  const size_t off = (size_t)((uintptr_t)p % align);
-  if (p && off)
-    fail(GDN_ERROR_BAD_POINTER, std::string(field) + " = " + ptr_str(p) + " is not aligned to its element size (" +
-                                    str((int64_t)align) + " bytes, " + what + "): " + str((int64_t)off) +
-                                    " byte(s) past a boundary");
-}
-
 void need(const void *p, const char *field, const char *why) {
   if (!p) fail(GDN_ERROR_NULL_POINTER, std::string(field) + " is NULL but " + why);
-}
-
-// Every array given is USM of the queue's context and aligned to its element size.
-void check_pointers(const Checked &c) {
-  const gdn_batch_t &b = c.batch;
-  const gdn_tensors_t &t = c.t;
-  const sycl::queue &q = c.q;
-  struct Array {
-    const void *p;
-    const char *field;
-    size_t align;      // the element size
-    const char *what;  // the element type, for the message
-  };
-  const size_t act = c.act_bytes, state = dtype_bytes(c.cfg.state_dtype);
-  const char *act_t = c.cfg.act_dtype == GDN_DTYPE_F32 ? "f32 act_dtype" : c.cfg.act_dtype == GDN_DTYPE_F16 ? "f16 act_dtype" : "bf16 act_dtype";
-  const Array arrays[] = {
-      {b.non_spec_query_start_loc, "batch->non_spec_query_start_loc", 4, "int32"},
-      {b.non_spec_state_indices, "batch->non_spec_state_indices", 4, "int32"},
-      {b.has_initial_state, "batch->has_initial_state", 1, "uint8"},
-      {b.non_spec_token_indx, "batch->non_spec_token_indx", 4, "int32"},
-      {b.spec_query_start_loc, "batch->spec_query_start_loc", 4, "int32"},
-      {b.spec_state_indices, "batch->spec_state_indices", 4, "int32"},
-      {b.num_accepted_tokens, "batch->num_accepted_tokens", 4, "int32"},
-      {b.spec_token_indx, "batch->spec_token_indx", 4, "int32"},
-      {b.non_spec_read_state_indices, "batch->non_spec_read_state_indices", 4, "int32"},
-      {b.spec_read_state_indices, "batch->spec_read_state_indices", 4, "int32"},
-      {b.non_spec_start_pos, "batch->non_spec_start_pos", 4, "int32"},
-      {checkpoints(c) ? b.checkpoint_state_indices : nullptr, "batch->checkpoint_state_indices", 4, "int32"},
-      {t.mixed_qkv, "tensors->mixed_qkv", act, act_t},
-      {t.conv_weight, "tensors->conv_weight", act, act_t},
-      {t.conv_bias, "tensors->conv_bias", act, act_t},
-      {t.conv_state, "tensors->conv_state", act, act_t},
-      {t.conv_out, "tensors->conv_out", act, act_t},
-      {t.a, "tensors->a", act, act_t},
-      {t.b, "tensors->b", act, act_t},
-      {t.A_log, "tensors->A_log", 4, "f32"},
-      {t.dt_bias, "tensors->dt_bias", 4, "f32"},
-      {t.g, "tensors->g", 4, "f32"},
-      {t.beta, "tensors->beta", 4, "f32"},
-      {t.ssm_state, "tensors->ssm_state", state, "state_dtype"},
-      {t.core_attn_out, "tensors->core_attn_out", act, act_t},
-      {t.z, "tensors->z", act, act_t},
-      {t.norm_weight, "tensors->norm_weight", act, act_t},
-      {t.workspace, "tensors->workspace", 4, "f32 and int32 scratch"}};
-  const sycl::context ctx = q.get_context();  // once: each get_context() copies a shared_ptr
-  const bool several_devices = ctx.get_devices().size() > 1;
-  for (const Array &a : arrays) {
-    check_usm(q, ctx, several_devices, a.p, a.field);
-    check_aligned(a.p, a.align, a.what, a.field);
-  }
 }
 
 }  // namespace
@@ -279,7 +199,7 @@ Checked validate_call(void *queue, const gdn_config_t *cfg_in, const gdn_batch_t
   }
   if (!work) return c;
 
-  check_pointers(c);
+  check_pointers(c, op);
 
   // GDN_VALIDATE_FULL: read the metadata back and check its contents. GDN_VALIDATE_COUNTS trusts
   // the contents, except the start locations of a batch with prefills, in every op: the chunk

@@ -1,7 +1,8 @@
 // validate.hpp — every check of a call, in one place, before anything is launched.
 // A call that passes has consistent counts, non-null arrays where the counts need them, USM
-// pointers of the queue's context, and (GDN_VALIDATE_FULL) metadata whose contents are in
-// range and free of write conflicts. docs/op.md "Errors and validation" lists each rule and its status.
+// pointers of the queue's context each inside its allocation for the bytes the call may touch,
+// and (GDN_VALIDATE_FULL) metadata whose contents are in range and free of write conflicts.
+// docs/op.md "Errors and validation" lists each rule and its status.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -61,6 +62,11 @@ inline std::string str(int64_t v) { return std::to_string(v); }
 
 // The batch stores block checkpoints (its checkpoint fields are read only then).
 inline bool checkpoints(const Checked &c) { return c.batch.checkpoint_interval > 0 && c.num_non_spec_seqs > 0; }
+
+// pointers.cpp: every array given is USM of the queue's context, aligned to its element size, and
+// (where the backend reports allocation extents, alloc_extent.hpp) holds the bytes `op` may touch
+// from its pointer to the end of its allocation.
+void check_pointers(const Checked &c, Op op);
 
 // metadata.cpp: the metadata arrays' contents, read to the host and checked (GDN_VALIDATE_FULL);
 // under GDN_VALIDATE_COUNTS only the start locations of a batch with prefills.

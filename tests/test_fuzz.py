@@ -5,7 +5,9 @@ every acceptance count, zero-length and PAD_SLOT_ID padding, graph-padded arrays
 interleaving), optionally corrupted in one or two places (slots out of range or duplicated,
 acceptance out of range, token rows out of range / duplicated / both index arrays NULL, start
 locations perturbed, counts off by one, required arrays missing or too short, rolled conv state
-too short). `predict()` decides -- independently of the library, from the rules of
+too short), and in some cases one array's allocation one element short of what the call touches
+while its __sycl_usm_array_interface__ claims the full shape (pygdn cannot tell; the library's
+extent check must). `predict()` decides -- independently of the library, from the rules of
 include/gdn_xpu.h -- whether the call is valid and, if not, which statuses may report it. Then:
 
   * predicted valid   -> the call succeeds; core_attn_out / conv_out rows match the float64
@@ -42,7 +44,8 @@ from hypothesis import strategies as st
 import pygdn
 from pygdn import reference as ref
 from pygdn.ops import BATCH_ARRAYS, BATCH_COUNTS
-from helpers import assert_close, conv_from_canonical, conv_to_canonical, ssm_from_canonical, ssm_to_canonical, usm
+from helpers import (EditedSUAI, assert_close, conv_from_canonical, conv_to_canonical, ssm_from_canonical,
+                     ssm_to_canonical, usm)
 
 H, HV, K, V, W = 1, 2, 4, 4, 4
 C = 2 * H * K + HV * V
@@ -58,6 +61,39 @@ REQUIRED = ("non_spec_query_start_loc", "non_spec_state_indices", "spec_query_st
 
 def required_len(c, key):
     return BATCH_ARRAYS[key].length(c)
+
+
+# Arrays a case may give an allocation one element short of what the call touches.
+UNDERSIZABLE = BATCH_KEYS + ("mixed_qkv", "a", "b", "conv_weight", "conv_bias", "A_log", "dt_bias", "conv_state",
+                             "ssm_state", "core_attn_out", "z", "norm_weight", "conv_out")
+SPEC_GROUP = ("spec_query_start_loc", "spec_state_indices", "num_accepted_tokens", "spec_token_indx",
+              "spec_read_state_indices")
+
+
+def extent_need(c, name):
+    """Elements of array `name` gdn_attention may touch, by include/gdn_xpu.h (row arrays:
+    num_actual_tokens rows; caches: every slot; weights: their shapes; metadata: the lengths the
+    counts give, none for a group without sequences); 0 for an array the call does not use."""
+    if name in BATCH_ARRAYS:
+        group = c["num_spec_decodes"] if name in SPEC_GROUP else c["num_prefills"] + c["num_decodes"]
+        unused = c["arrays"][name] is None or group <= 0 or name == "checkpoint_state_indices" and not c["checkpoint_interval"]
+        return 0 if unused else required_len(c, name)
+    if not {"conv_bias": c["bias"], "z": c["z"], "norm_weight": c["z"], "conv_out": c["conv_out"]}.get(name, True):
+        return 0
+    T, state_len = c["num_actual_tokens"], c["conv_state_len"] or c["conv_width"] - 1
+    return {"mixed_qkv": T * C, "a": T * HV, "b": T * HV, "core_attn_out": T * HV * V, "z": T * HV * V,
+            "conv_out": T * C, "conv_weight": C * c["conv_width"], "conv_bias": C, "A_log": HV, "dt_bias": HV,
+            "conv_state": c["num_slots"] * C * state_len, "ssm_state": c["num_slots"] * HV * K * V, "norm_weight": V}[name]
+
+
+def undersized(c):
+    """(array, elements its allocation holds) when the case's undersized array is one the call
+    touches and can be made short (a UsmArray holds at least one byte), else None."""
+    name = c.get("undersized")
+    n = extent_need(c, name) if name else 0
+    if n <= 0 or n == 1 and name == "has_initial_state":
+        return None
+    return name, n - 1
 
 
 # ----------------------------------------------------------------------------- generation
@@ -156,6 +192,9 @@ def cases(draw):
                 tail = rng.integers(-3, num_slots + 3, size=draw(st.integers(1, 3))).astype(a.dtype)
                 c["arrays"][k] = np.concatenate([a, tail])
         c["corruptions"].append("graph_padded_tail")
+    c["undersized"] = draw(st.sampled_from(UNDERSIZABLE)) if draw(st.integers(0, 7)) == 0 else None
+    if c["undersized"]:
+        c["corruptions"].append("undersized")
     return c
 
 
@@ -294,6 +333,9 @@ def predict(c):
             any(c["arrays"][k] is None for k in REQUIRED[2:]) and nsd > 0 or \
             nns > 0 and I > 0 and ck_cols > 0 and c["arrays"]["checkpoint_state_indices"] is None:
         return "gdn", {"GDN_ERROR_NULL_POINTER"}
+    # Extents: an array the call touches runs past its allocation.
+    if undersized(c):
+        return "gdn", {"GDN_ERROR_BAD_POINTER"}
     # Contents.
     ns_qsl, s_qsl = prefix(c, "non_spec_query_start_loc"), prefix(c, "spec_query_start_loc")
     if nns > 0 and not start_loc_ok(ns_qsl, t_ns) or nsd > 0 and not start_loc_ok(s_qsl, t_s):
@@ -475,13 +517,22 @@ def build(queue, c):
     if c["conv_out"]:
         dev["conv_out"] = usm(queue, np.full((R, C), CONV_OUT_CANARY, np.float32))
     arrays = {k: None if v is None else usm(queue, v) for k, v in c["arrays"].items()}  # may be empty
+    short = undersized(c)
+    if short:  # its allocation one element short; its interface still claims the whole shape
+        name, n = short
+        whole = arrays if name in arrays else dev
+        shape = whole[name].shape
+        flat = whole[name].to_numpy().reshape(-1)[:n]
+        whole[name] = EditedSUAI(pygdn.UsmArray.from_numpy(flat, queue), lambda d, shape=shape: d.update(shape=shape))
     batch = pygdn.Batch(validate="counts" if c["counts_mode"] else "full", pad_slot_id=c["pad_slot_id"],
                         **{k: c[k] for k in COUNT_KEYS}, **arrays)
     return cfg, batch, host, dev
 
 
 def snapshot(dev):
-    return {k: dev[k].to_numpy() for k in ("conv_state", "ssm_state", "core_attn_out", "conv_out") if k in dev}
+    """The written arrays' contents (an undersized one's: what its allocation holds)."""
+    return {k: getattr(dev[k], "base", dev[k]).to_numpy() for k in ("conv_state", "ssm_state", "core_attn_out", "conv_out")
+            if k in dev}
 
 
 def check_success(c, host, dev, before):
@@ -542,6 +593,7 @@ def run_case(queue, c):
     a = c["arrays"]
     event("state caches: " + (", ".join(k for k in ("non_spec_read_state_indices", "spec_read_state_indices",
                                                     "checkpoint_state_indices") if a[k] is not None) or "none"))
+    event(f"undersized allocation: {'yes' if undersized(c) else 'no'}")
     cfg, batch, host, dev = build(queue, c)
     before = snapshot(dev)
     if verdict == "ok" and not c["conv_out"] and c["num_actual_tokens"] > 0 and c["seed"] % 2 == 0:
@@ -580,7 +632,8 @@ def _case(**kw):
     c = dict(seed=1, num_slots=8, pad_slot_id=-1, num_prefills=0, num_decodes=0, num_spec_decodes=0, num_spec=0,
              num_actual_tokens=0, non_spec_token_count=0, spec_token_count=0, ssm_layout="kv", conv_layout="dim_major",
              conv_spec_layout="snapshot", force_recurrent=False, z=False, bias=True, conv_out=True, counts_mode=False,
-             corruptions=[], conv_width=W, conv_state_len=W - 1, checkpoint_interval=0, checkpoint_cols=0)
+             corruptions=[], conv_width=W, conv_state_len=W - 1, checkpoint_interval=0, checkpoint_cols=0,
+             undersized=None)
     c.update(kw)
     c["rows_alloc"] = c["num_actual_tokens"] + 1
     arrays = {k: None for k in BATCH_KEYS}

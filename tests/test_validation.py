@@ -974,16 +974,16 @@ def test_checkpoint_fields_unread_without_interval(s):
 
 
 # ----------------------------------------------------------------------------- cost independent of num_slots
-def test_full_validation_with_int32_max_slots(s):
-    """num_slots only bounds the indices: with num_slots = 2**31 - 1 (caches of 16 slots, only those
-    addressed) a fully validated call succeeds and writes only the addressed slots. A per-call table
-    indexed by slot would need 8 GB here."""
+def test_num_slots_beyond_the_caches(s):
+    """num_slots declares the caches' extent: with num_slots = 2**31 - 1 and caches of 16 slots the
+    call is refused naming the first cache it reads (the bytes computed without overflow), before
+    any metadata is read; nothing is written."""
     def mutate(c):
         c.num_slots = I32_MAX
-    s.raw(mutate_cfg=mutate)
-    s.check_reference(written=range(1, 9))
-    fails(s, "GDN_ERROR_DUPLICATE_SLOT", ["non_spec_state_indices[1] = 1 is also written by non-spec sequence 0"],
-          lambda: s.raw(s.batch(non_spec_state_indices=[1, 1]), mutate_cfg=mutate))
+    need = ((I32_MAX - 1) * C * (W - 1 + NUM_SPEC) + C * (W - 1 + NUM_SPEC)) * 4
+    fails(s, "GDN_ERROR_BAD_POINTER", ["tensors->conv_state = 0x", f"needs {need} bytes",
+                                       f"num_slots = {I32_MAX}", f"has {NUM_SLOTS * C * (W - 1 + NUM_SPEC) * 4} bytes"],
+          lambda: s.raw(mutate_cfg=mutate))
 
 
 # ----------------------------------------------------------------------------- state caches: what is accepted

@@ -1,6 +1,7 @@
 /* test_c_api.c — the ABI from plain C: version, error API, struct sizes, one real
- * causal_conv1d decode call checked against values computed here, and the same call made by a
- * caller built against the previous header (version-1 structs). Exit 0 = pass. */
+ * causal_conv1d decode call checked against values computed here, the same call made by a
+ * caller built against the previous header (version-1 structs), and arrays that run past their
+ * allocations refused. Exit 0 = pass. */
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -163,6 +164,43 @@ int main(void) {
   CHECK(st == GDN_ERROR_BAD_STATE_INDEX, "slot 7 gave %d", (int)st);
   CHECK(strstr(gdn_last_error(), "non_spec_state_indices[0] = 7") != NULL, "message: %s", gdn_last_error());
   CHECK(memcmp(before, state, sizeof before) == 0, "failed call changed conv_state");
+  slots[0] = 1;
+
+  /* Arrays running past their allocations: conv_out one element short of the row the call writes,
+   * conv_state one element short of its num_slots slots (the slot addressed, 1, is the last one).
+   * Each is refused with the array, the bytes it needs and the bytes it has named; nothing is
+   * written, in it or in the allocation made after it. */
+  {
+    float *short_out, *short_state, *after;
+    gdn_malloc_shared(q, sizeof(float) * (C - 1), (void **)&short_out);
+    gdn_malloc_shared(q, sizeof(float) * (SLOTS * C * L - 1), (void **)&short_state);
+    gdn_malloc_shared(q, sizeof(float) * 16, (void **)&after);
+    for (int i = 0; i < C - 1; ++i) short_out[i] = -1.0f;
+    memcpy(short_state, state, sizeof(float) * (SLOTS * C * L - 1));
+    for (int i = 0; i < 16; ++i) after[i] = 7.0f;
+    char needs[64], has[96];
+    t.conv_out = short_out;
+    st = gdn_causal_conv1d(q, &cfg, &batch, &t);
+    CHECK(st == GDN_ERROR_BAD_POINTER, "conv_out one element short gave %d", (int)st);
+    snprintf(needs, sizeof needs, "needs %d bytes", (int)(sizeof(float) * C));
+    snprintf(has, sizeof has, "its allocation has %d bytes from that pointer on", (int)(sizeof(float) * (C - 1)));
+    CHECK(strstr(gdn_last_error(), "tensors->conv_out") && strstr(gdn_last_error(), needs) &&
+              strstr(gdn_last_error(), has), "message: %s", gdn_last_error());
+    gdn_queue_wait(q); /* (a failed call enqueues nothing: this only makes the check below airtight) */
+    for (int i = 0; i < C - 1; ++i) CHECK(short_out[i] == -1.0f, "short conv_out written at %d", i);
+    t.conv_out = out;
+    t.conv_state = short_state;
+    st = gdn_causal_conv1d(q, &cfg, &batch, &t);
+    CHECK(st == GDN_ERROR_BAD_POINTER, "conv_state one element short gave %d", (int)st);
+    snprintf(needs, sizeof needs, "needs %d bytes", (int)(sizeof(float) * SLOTS * C * L));
+    CHECK(strstr(gdn_last_error(), "tensors->conv_state") && strstr(gdn_last_error(), needs), "message: %s",
+          gdn_last_error());
+    gdn_queue_wait(q);
+    CHECK(memcmp(short_state, state, sizeof(float) * (SLOTS * C * L - 1)) == 0, "short conv_state written");
+    for (int i = 0; i < 16; ++i) CHECK(after[i] == 7.0f, "the allocation after the short arrays was written");
+    t.conv_state = state;
+    gdn_free(q, short_out); gdn_free(q, short_state); gdn_free(q, after);
+  }
 
   gdn_free(q, x); gdn_free(q, w); gdn_free(q, state); gdn_free(q, out); gdn_free(q, qsl); gdn_free(q, slots);
   gdn_queue_destroy(q);

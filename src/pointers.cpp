@@ -1,0 +1,161 @@
+// pointers.cpp — the checks of every array pointer of a call (validate.hpp check_pointers): USM of
+// the queue's context (device USM: of the queue's device), aligned to its element size, and inside
+// its allocation for the bytes the call may touch.
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "alloc_extent.hpp"
+#include "errors.hpp"
+#include "validate.hpp"
+
+namespace gdn {
+namespace {
+
+std::string ptr_str(const void *p) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%p", p);
+  return buf;
+}
+
+// USM of the queue's context; in a context of several devices (dpctl's default context holds all
+// GPUs of a platform) device USM must be the queue's device's own. (The device lookup is one more
+// runtime call per array: made only when the context has more than one device.)
+void check_usm(const sycl::queue &q, const sycl::context &ctx, bool several_devices, const void *p, const char *field) {
+  const sycl::usm::alloc kind = sycl::get_pointer_type(p, ctx);
+  if (kind == sycl::usm::alloc::unknown)
+    fail(GDN_ERROR_BAD_POINTER, std::string(field) + " is not a USM allocation of the queue's context");
+  if (several_devices && kind == sycl::usm::alloc::device && sycl::get_pointer_device(p, ctx) != q.get_device())
+    fail(GDN_ERROR_BAD_POINTER, std::string(field) + " is device USM of another device than the queue's ('" +
+                                    sycl::get_pointer_device(p, ctx).get_info<sycl::info::device::name>() + "')");
+}
+
+// Every array is aligned to its element size: what element loads need on any device. Wider vector
+// accesses are the kernels' own business and never a reason to refuse a view: they check and fall
+// back (common.hpp vstore_states_stream), or load through memcpy (load_act16).
+void check_aligned(const void *p, size_t align, const char *what, const char *field) {
+  const size_t off = (size_t)((uintptr_t)p % align);
+  if (off)
+    fail(GDN_ERROR_BAD_POINTER, std::string(field) + " = " + ptr_str(p) + " is not aligned to its element size (" +
+                                    str((int64_t)align) + " bytes, " + what + "): " + str((int64_t)off) +
+                                    " byte(s) past a boundary");
+}
+
+// a * b + c, saturated at INT64_MAX (strides are unbounded above; the extent then fails to fit).
+int64_t mul_add(int64_t a, int64_t b, int64_t c) {
+  if (a > 0 && b > (INT64_MAX - c) / a) return INT64_MAX;
+  return a * b + c;
+}
+
+// Bytes of `count` rows (or slots) of `width` elements at `stride` elements apart; 0 for none.
+int64_t rows_bytes(int64_t count, int64_t stride, int64_t width, size_t elem) {
+  if (count <= 0) return 0;
+  const int64_t elems = mul_add(count - 1, stride, width);
+  return mul_add(elems, (int64_t)elem, 0);
+}
+
+// What the call may touch of one array: `bytes` from its pointer, for `count` of `unit` (named in
+// the message). bytes 0: the call does not read or write the array.
+struct Need {
+  int64_t bytes;
+  int64_t count;
+  const char *unit;
+};
+
+// [p, p + need.bytes) lies inside e, the allocation holding p, when the backend could tell.
+void check_extent(const alloc_extent::Extent &e, const void *p, const Need &need, const char *field) {
+  if (need.bytes <= 0 || !e.base) return;  // not touched, or the backend cannot say: sizes trusted
+  const char *c = static_cast<const char *>(p);
+  const int64_t have = c >= e.base && c < e.base + e.size ? (int64_t)(e.base + e.size - c) : 0;
+  if (need.bytes > have)
+    fail(GDN_ERROR_BAD_POINTER, std::string(field) + " = " + ptr_str(p) + " needs " + str(need.bytes) + " bytes (" +
+                                    need.unit + " = " + str(need.count) + ") but its allocation has " + str(have) +
+                                    " bytes from that pointer on (an allocation of " + str((int64_t)e.size) +
+                                    " bytes at " + ptr_str(e.base) + ")");
+}
+
+}  // namespace
+
+void check_pointers(const Checked &c, Op op) {
+  const gdn_config_t &cfg = c.cfg;
+  const gdn_batch_t &b = c.batch;
+  const gdn_tensors_t &t = c.t;
+  const sycl::queue &q = c.q;
+  const bool conv = op != Op::Delta, delta = op != Op::Conv, gates = delta && !t.g, norm = op == Op::Attention && t.z;
+  const int64_t T = b.num_actual_tokens, nns = c.num_non_spec_seqs, nsd = b.num_spec_decodes;
+  const int64_t hv = cfg.num_v_heads, ov = (int64_t)cfg.num_v_heads * cfg.head_v_dim, C = c.conv_dim;
+  const size_t act = c.act_bytes, state = dtype_bytes(cfg.state_dtype);
+  const int64_t ws = (int64_t)std::min<size_t>(t.workspace_bytes, INT64_MAX);
+  // Metadata: the lengths the counts imply (read_metadata reads these); a group without sequences
+  // reads none of its arrays. (Counts are non-negative here: validate_batch_counts.)
+  auto ints = [](int64_t n, size_t elem, const char *unit) { return Need{n * (int64_t)elem, n, unit}; };
+  const int64_t ns = nns, sp = nsd;
+  const Need ns_seqs = ints(ns, 4, "entries: num_prefills + num_decodes"), sp_seqs = ints(sp, 4, "entries: num_spec_decodes");
+  // Row arrays: num_actual_tokens rows at their stride; weights: their shapes; caches: every slot.
+  auto rows = [&](bool used, int64_t stride, int64_t width, size_t elem) {
+    return Need{used ? rows_bytes(T, stride, width, elem) : 0, T, "rows: num_actual_tokens"};
+  };
+  auto fixed = [](bool used, int64_t n, size_t elem) { return Need{used ? n * (int64_t)elem : 0, n, "elements"}; };
+  auto slots = [&](bool used, int64_t stride, int64_t width, size_t elem) {
+    return Need{used ? rows_bytes(cfg.num_slots, stride, width, elem) : 0, cfg.num_slots, "slots: num_slots"};
+  };
+  struct Array {
+    const void *p;
+    const char *field;
+    size_t align;      // the element size
+    const char *what;  // the element type, for the message
+    Need need;
+  };
+  const char *act_t = cfg.act_dtype == GDN_DTYPE_F32 ? "f32 act_dtype" : cfg.act_dtype == GDN_DTYPE_F16 ? "f16 act_dtype" : "bf16 act_dtype";
+  const Array arrays[] = {
+      {b.non_spec_query_start_loc, "batch->non_spec_query_start_loc", 4, "int32",
+       ints(ns ? ns + 1 : 0, 4, "entries: num_prefills + num_decodes + 1")},
+      {b.non_spec_state_indices, "batch->non_spec_state_indices", 4, "int32", ns_seqs},
+      {b.has_initial_state, "batch->has_initial_state", 1, "uint8", ints(ns, 1, ns_seqs.unit)},
+      {b.non_spec_token_indx, "batch->non_spec_token_indx", 4, "int32",
+       ints(ns ? b.non_spec_token_count : 0, 4, "entries: non_spec_token_count")},
+      {b.spec_query_start_loc, "batch->spec_query_start_loc", 4, "int32",
+       ints(sp ? sp + 1 : 0, 4, "entries: num_spec_decodes + 1")},
+      {b.spec_state_indices, "batch->spec_state_indices", 4, "int32",
+       ints(sp * (b.num_spec + 1), 4, "entries: num_spec_decodes * (1 + num_spec)")},
+      {b.num_accepted_tokens, "batch->num_accepted_tokens", 4, "int32", sp_seqs},
+      {b.spec_token_indx, "batch->spec_token_indx", 4, "int32",
+       ints(sp ? b.spec_token_count : 0, 4, "entries: spec_token_count")},
+      {b.non_spec_read_state_indices, "batch->non_spec_read_state_indices", 4, "int32", ns_seqs},
+      {b.spec_read_state_indices, "batch->spec_read_state_indices", 4, "int32", sp_seqs},
+      {b.non_spec_start_pos, "batch->non_spec_start_pos", 4, "int32", ns_seqs},
+      {checkpoints(c) ? b.checkpoint_state_indices : nullptr, "batch->checkpoint_state_indices", 4, "int32",
+       ints(ns * b.checkpoint_cols, 4, "entries: (num_prefills + num_decodes) * checkpoint_cols")},
+      {t.mixed_qkv, "tensors->mixed_qkv", act, act_t, rows(conv, t.mixed_qkv_stride, C, act)},
+      {t.conv_weight, "tensors->conv_weight", act, act_t, fixed(conv, C * cfg.conv_width, act)},
+      {t.conv_bias, "tensors->conv_bias", act, act_t, fixed(conv, C, act)},
+      {t.conv_state, "tensors->conv_state", act, act_t, slots(conv, cfg.conv_slot_stride, C * cfg.conv_state_len, act)},
+      {t.conv_out, "tensors->conv_out", act, act_t, rows(true, t.conv_out_stride, C, act)},
+      {t.a, "tensors->a", act, act_t, rows(gates, t.ab_stride, hv, act)},
+      {t.b, "tensors->b", act, act_t, rows(gates, t.ab_stride, hv, act)},
+      {t.A_log, "tensors->A_log", 4, "f32", fixed(gates, hv, 4)},
+      {t.dt_bias, "tensors->dt_bias", 4, "f32", fixed(gates, hv, 4)},
+      {t.g, "tensors->g", 4, "f32", rows(delta, hv, hv, 4)},
+      {t.beta, "tensors->beta", 4, "f32", rows(delta, hv, hv, 4)},
+      {t.ssm_state, "tensors->ssm_state", state, "state_dtype",
+       slots(delta, cfg.ssm_slot_stride, hv * cfg.head_k_dim * cfg.head_v_dim, state)},
+      {t.core_attn_out, "tensors->core_attn_out", act, act_t, rows(delta, t.out_stride, ov, act)},
+      {t.z, "tensors->z", act, act_t, rows(norm, t.z_stride, ov, act)},
+      {t.norm_weight, "tensors->norm_weight", act, act_t, fixed(norm, cfg.head_v_dim, act)},
+      {t.workspace, "tensors->workspace", 4, "f32 and int32 scratch", Need{delta ? ws : 0, ws, "workspace_bytes"}}};
+  const sycl::context ctx = q.get_context();  // once: each get_context() copies a shared_ptr
+  const bool several_devices = ctx.get_devices().size() > 1;
+  const alloc_extent::Lookup lookup(ctx);
+  for (const Array &a : arrays) {
+    if (!a.p) continue;
+    const alloc_extent::Extent e = a.need.bytes > 0 ? lookup.of(a.p) : alloc_extent::Extent{};
+    // An allocation the backend found in this context is USM of it (proves_usm): the runtime's
+    // pointer-type lookup would ask again (~0.13 us an array). Several devices: the device check.
+    if (!e.base || !lookup.proves_usm() || several_devices) check_usm(q, ctx, several_devices, a.p, a.field);
+    check_aligned(a.p, a.align, a.what, a.field);
+    check_extent(e, a.p, a.need, a.field);
+  }
+}
+
+}  // namespace gdn
