@@ -9,8 +9,9 @@
  *  - `queue` is a `sycl::queue *` passed as `void *` (what dpctl calls a DPCTLSyclQueueRef:
  *    `dpctl.SyclQueue.addressof_ref()`). The library copies the handle; it never owns it.
  *  - Every array argument is a USM pointer (device, shared or host) of that queue's context
- *    (device USM: of the queue's own device), aligned to its element size (int32 metadata 4,
- *    f32 4, f16/bf16 2, bytes 1; workspace 4); else GDN_ERROR_BAD_POINTER naming the field.
+ *    (device USM: of the queue's own device; system memory: see "Host memory"), aligned to its
+ *    element size (int32 metadata 4, f32 4, f16/bf16 2, bytes 1; workspace 4); else
+ *    GDN_ERROR_BAD_POINTER naming the field.
  *    Views into a larger allocation (a slot range of a cache, a dpnp slice) are fine, the
  *    kernels' wider accesses fall back.
  *    Shapes below are outermost-first, C order; "rows" are token rows of the step.
@@ -27,7 +28,13 @@
  *    another made at its address is measured afresh). A backend that cannot report extents
  *    (another backend, the entry point absent) gets no extent check: the caller's sizes are
  *    trusted there, as they are for memory without a runtime allocation (host memory of a system
- *    allocator, should a device accept it; pygdn's shape checks are the guard then).
+ *    allocator, see "Host memory"; pygdn's shape checks are the guard then).
+ *  - Host memory. On a device with sycl::aspect::usm_system_allocations (the SYCL CPU device)
+ *    an array may also be system memory: malloc'ed, a NumPy array, a torch CPU tensor. A pointer
+ *    that is not USM of the queue's context is taken as such there (same alignment rule), and on
+ *    other devices refused (GDN_ERROR_BAD_POINTER). The caller guarantees that it is host memory,
+ *    valid until the call's kernels finish: the runtime cannot tell it from another context's
+ *    device USM (bindings check where an array lives before they pass it; pygdn does).
  *  - Metadata arrays are int32 (`has_initial_state` is one byte per entry, 0 or 1).
  *  - Calls enqueue their kernels and return. On an in-order queue they return without waiting
  *    for the device; on an out-of-order queue they wait, so the results are visible when the

@@ -40,7 +40,9 @@ _DEVICE_NAMES = {1: "kDLCPU", 2: "kDLCUDA", 3: "kDLCUDAHost", 4: "kDLOpenCL", 7:
                  10: "kDLROCM", 11: "kDLROCMHost", 13: "kDLCUDAManaged", 14: "kDLOneAPI"}
 # (type code, bits) -> pygdn dtype name. Codes: kDLInt 0, kDLUInt 1, kDLFloat 2, kDLBfloat 4, kDLBool 6.
 # uint16 is taken as bf16 bit patterns, as on the SUAI path.
-DTYPES = {(2, 32): "f32", (2, 16): "f16", (4, 16): "bf16", (1, 16): "bf16", (0, 32): "i32", (1, 8): "u8", (6, 8): "u8"}
+# int64 is named only to be refused by name (the ABI's index arrays are int32).
+DTYPES = {(2, 32): "f32", (2, 16): "f16", (4, 16): "bf16", (1, 16): "bf16", (0, 32): "i32", (1, 8): "u8", (6, 8): "u8",
+          (0, 64): "i64"}
 
 # Own prototypes of the capsule API (ctypes.pythonapi's function objects are shared process-wide:
 # setting their argtypes here would change them for everyone).
@@ -165,16 +167,32 @@ def _is_usm_of(address, facts):
     return fn is None or fn(address, facts.context_ref) != 0  # 0 = DPCTL_USM_UNKNOWN
 
 
+def host_memory_ok(queue) -> bool:
+    """Whether the queue's device addresses system memory (sycl::aspect::usm_system_allocations: the
+    SYCL CPU device), so that host arrays (kDLCPU DLPack: NumPy, torch CPU) are passed as they are
+    (gdn_xpu.h, "Host memory")."""
+    if _HOST_OK[0] is not queue:
+        _HOST_OK[:] = [queue, bool(queue.sycl_device.has_aspect_usm_system_allocations)]
+    return _HOST_OK[1]
+
+
+_HOST_OK = [None, False]  # the last queue asked about (holding it, as _LAST does) and the answer
+
+
 def consume(obj, name, queue):
     """A DLPack producer -> (ManagedTensor, address of element 0, shape, strides or None, dtype name).
-    Host and other non-oneAPI devices are refused before any capsule is made."""
+    Devices other than oneAPI, and host memory where the queue's device cannot address it, are
+    refused before any capsule is made."""
     dev_type, dev_id = (int(v) for v in obj.__dlpack_device__())
-    if dev_type != KDL_ONEAPI:
+    host = dev_type == KDL_CPU and host_memory_ok(queue)
+    if dev_type != KDL_ONEAPI and not host:
         where = _DEVICE_NAMES.get(dev_type, f"device type {dev_type}")
         raise TypeError(f"{name}: expected an object with __sycl_usm_array_interface__ or a kDLOneAPI DLPack "
                         f"tensor (USM memory of the queue's context), got a {where} DLPack tensor "
-                        f"({type(obj).__name__})" + (" in host memory" if dev_type == KDL_CPU else ""))
-    facts = _facts(queue, dev_id, name)
+                        f"({type(obj).__name__})" + (" in host memory, which the queue's device "
+                                                     f"({queue.sycl_device.name}) cannot address (no "
+                                                     "usm_system_allocations)" if dev_type == KDL_CPU else ""))
+    facts = None if host else _facts(queue, dev_id, name)
     held = ManagedTensor(_export(obj), obj, name)
     t = held.tensor
     dt, ndim = t.dtype, t.ndim
@@ -185,7 +203,7 @@ def consume(obj, name, queue):
     shape = tuple(_ffi.unpack(t.shape, ndim)) if ndim else ()
     strides = None if t.strides == _ffi.NULL else tuple(_ffi.unpack(t.strides, ndim))
     address = int(_ffi.cast(_UINTPTR, t.data)) + t.byte_offset
-    if 0 not in shape and not _is_usm_of(address, facts):  # (an empty tensor may have no memory)
+    if facts is not None and 0 not in shape and not _is_usm_of(address, facts):  # (an empty tensor: no memory)
         raise ValueError(f"{name}: lives in another SYCL context than the queue (its DLPack data pointer is not "
                          "USM memory of the queue's context)")
     return held, address, shape, strides, dtype

@@ -6,6 +6,7 @@ SUAI strides and offset are in ELEMENTS, not bytes.
 """
 from __future__ import annotations
 
+import math as _math
 import operator as _operator
 
 import numpy as _np
@@ -19,7 +20,8 @@ from . import _dlpack
 # uint16, made with to_bf16_bits(). Typestrs are compared as dtypes: producers differ in the
 # byte-order character (dpnp 0.20 writes '|i4', numpy '<i4').
 DTYPE_NAMES = {_np.dtype(_np.float32): "f32", _np.dtype(_np.float16): "f16", _np.dtype(_np.uint16): "bf16",
-               _np.dtype(_np.int32): "i32", _np.dtype(_np.uint8): "u8", _np.dtype(_np.bool_): "u8"}
+               _np.dtype(_np.int32): "i32", _np.dtype(_np.uint8): "u8", _np.dtype(_np.bool_): "u8",
+               _np.dtype(_np.int64): "i64"}  # (i64: named only to be refused by name; the ABI's indices are int32)
 NUMPY_DTYPES = {name: dt for dt, name in DTYPE_NAMES.items() if dt.kind != "b"}  # gdn dtype name -> numpy
 
 
@@ -121,8 +123,8 @@ def from_bf16_bits(bits):
 
 def usm_view(obj, name, queue):
     """What pygdn needs from an array argument, an SUAI object or a DLPack producer, as a tuple
-    (address, shape, dtype, contiguous, queue, hold, unwritable): element-0 address, shape, dtype
-    name, C-contiguity, the producer's queue (SUAI; None for DLPack, whose device and context are
+    (address, shape, dtype, strides, queue, hold, unwritable): element-0 address, shape, dtype
+    name, strides in elements (None: C order), the producer's queue (SUAI; None for DLPack, whose device and context are
     checked on intake), hold, what must stay alive while a call may use the memory (the object;
     for DLPack the consumed tensor, which holds the object), and why a call must not write the
     memory, or None (read-only: SUAI data[1], DLPack 1.x flags; a DLPack copy). Read afresh on every
@@ -135,7 +137,7 @@ def usm_view(obj, name, queue):
         if dtype is None:
             raise TypeError(f"{name}: unsupported element type {typestr!r}")
         q = syclobj if isinstance(syclobj, _dpctl.SyclQueue) else _queue_of(syclobj, obj)
-        return address, tuple(shape), dtype, True, q, obj, False
+        return address, tuple(shape), dtype, None, q, obj, False
     try:
         s = obj.__sycl_usm_array_interface__
     except AttributeError:
@@ -144,7 +146,7 @@ def usm_view(obj, name, queue):
                             f"dpctl.memory, pygdn.UsmArray) or a kDLOneAPI DLPack tensor (__dlpack__: torch "
                             f"XPU, JAX), got {type(obj).__name__}") from None
         hold, address, shape, strides, dtype = _dlpack.consume(obj, name, queue)
-        return address, shape, dtype, _c_contiguous(shape, strides), None, hold, hold.unwritable
+        return address, shape, dtype, strides, None, hold, hold.unwritable
     shape = tuple(s["shape"])
     typestr = s["typestr"]
     dtype, itemsize = _typestr_info(typestr)
@@ -155,11 +157,12 @@ def usm_view(obj, name, queue):
     # meaning "writable" in their own docstring: not read there.
     data = s["data"]
     read_only = len(data) > 1 and bool(data[1]) and not isinstance(obj, _MEMORY_TYPES)
-    return (address, shape, dtype, _c_contiguous(shape, s.get("strides")), _queue_of(s.get("syclobj"), obj), obj,
+    strides = s.get("strides")
+    return (address, shape, dtype, None if strides is None else tuple(strides), _queue_of(s.get("syclobj"), obj), obj,
             "read-only memory (its producer says so)" if read_only else None)
 
 
-def _c_contiguous(shape, strides):
+def c_contiguous(shape, strides):
     """Strides in elements (SUAI and DLPack alike), None = C order. A dimension of one element
     may have any stride; an empty array is contiguous."""
     if strides is None or 0 in shape:
@@ -170,6 +173,18 @@ def _c_contiguous(shape, strides):
             return False
         acc *= n
     return True
+
+
+def leading_stride(shape, strides):
+    """Elements between entries of the leading dimension (slots of a cache, rows of a token
+    array) when the dimensions after it are C-contiguous, else None. An array of one entry (or
+    none) reports the dense stride, whatever its producer says."""
+    dense = _math.prod(shape[1:])
+    if strides is None or len(shape) < 1:
+        return dense
+    if not c_contiguous(shape[1:], strides[1:]):
+        return None
+    return int(strides[0]) if shape[0] > 1 else dense
 
 
 def _queue_of(syclobj, obj):

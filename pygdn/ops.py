@@ -20,7 +20,8 @@ import typing as _t
 import weakref as _weakref
 
 from ._lib import ffi as _ffi, last_error as _last_error, lib as _lib, status_name as _status_name
-from ._usm import NUMPY_DTYPES as _NUMPY_DTYPES, UsmArray as _UsmArray, as_queue as _as_queue, usm_view as _usm_view
+from ._usm import (NUMPY_DTYPES as _NUMPY_DTYPES, UsmArray as _UsmArray, as_queue as _as_queue,
+                   c_contiguous as _c_contiguous, leading_stride as _leading_stride, usm_view as _usm_view)
 
 # cffi types looked up once (a type given as a string is parsed or looked up on every use).
 _VOIDP = _ffi.typeof("void *")
@@ -65,6 +66,17 @@ def _int32(value, name):
     return v
 
 
+def _int64(value, name):
+    """value for an int64_t field (an int-like value only, as _int32)."""
+    try:
+        v = _operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}={value!r}: expected an integer, got {type(value).__name__}") from None
+    if not -2**63 <= v < 2**63:
+        raise ValueError(f"{name}={v}: does not fit int64")
+    return v
+
+
 def _float(value, name):
     """value for a float field of a C struct, or an error naming the field (a number, not text)."""
     try:
@@ -98,6 +110,8 @@ class Config:
     conv_layout: str = "time_major"    # "dim_major": [slots, conv_dim, state_len]; "time_major": transposed
     conv_spec_layout: str = "rolled"   # "snapshot" | "rolled"
     conv_state_len: int = 0            # 0 = conv_width - 1 (+ num_spec for "rolled": set it!)
+    conv_slot_stride: int = 0          # elements between conv_state slots; 0 = dense (one slot's size)
+    ssm_slot_stride: int = 0           # elements between ssm_state slots; 0 = dense
     scale: float = 0.0                 # 0 = head_k_dim ** -0.5
     l2norm_eps: float = 1e-6
     norm_eps: float = 1e-6
@@ -159,6 +173,8 @@ class Config:
         c.conv_layout = _choice(_CONV_LAYOUTS, self.conv_layout, "conv_layout")
         c.conv_spec_layout = _choice(_CONV_SPEC, self.conv_spec_layout, "conv_spec_layout")
         c.conv_state_len = _int32(self.state_len, "cfg.conv_state_len")
+        for f in ("conv_slot_stride", "ssm_slot_stride"):
+            setattr(c, f, _int64(getattr(self, f), f"cfg.{f}"))
         c.scale, c.l2norm_eps, c.norm_eps = (_float(getattr(self, f), f"cfg.{f}") for f in ("scale", "l2norm_eps", "norm_eps"))
         c.flags = ((_lib.GDN_FLAG_NO_SILU if self.no_silu else 0) | (_lib.GDN_FLAG_NO_QK_L2NORM if self.no_qk_l2norm else 0)
                    | (_lib.GDN_FLAG_FORCE_RECURRENT if self.force_recurrent else 0)
@@ -289,9 +305,10 @@ class Batch:
             obj = getattr(self, field)
             if obj is None:
                 continue
-            address, shape, got, hold = _view(obj, name, queue)
+            address, shape, got, hold, _ = _view(obj, name, queue)
             if got != dtype:
-                raise TypeError(f"{name}: dtype {got}, expected {dtype}")
+                raise TypeError(f"{name}: dtype {got}, expected {dtype}" + (
+                    " (int64 index arrays are not accepted: convert them to int32 once per step)" if got == "i64" else ""))
             n = _math.prod(shape)
             if n < need:
                 raise ValueError(f"{name}: {n} elements, the counts need {need}")
@@ -324,11 +341,16 @@ def _arrays_cached(cfg: Config, queue, rows: int, arrays: dict, keep: list):
     return _ffi.new(_TENSORS_P, cached[4][0])
 
 
-def _view(obj, name, queue, written=False):
-    """(address, shape, dtype name, hold) of an array argument, after the checks every array gets
-    (written: the call writes it, so memory marked read-only, or a producer's copy, is refused)."""
-    address, shape, dtype, contiguous, q, hold, unwritable = _usm_view(obj, name, queue)
-    if not contiguous:
+def _view(obj, name, queue, written=False, strided=False):
+    """(address, shape, dtype name, hold, leading stride) of an array argument, after the checks every
+    array gets (written: the call writes it, so memory marked read-only, or a producer's copy, is
+    refused). strided: the leading dimension (slots, rows) may have any stride, the others must be
+    C-contiguous; else the whole array must be (its leading stride is then the dense one)."""
+    address, shape, dtype, strides, q, hold, unwritable = _usm_view(obj, name, queue)
+    lead = _leading_stride(shape, strides) if strided else None
+    if strided and lead is None:
+        raise ValueError(f"{name}: the dimensions after the first must be C-contiguous (strides {strides})")
+    if not strided and not _c_contiguous(shape, strides):
         raise ValueError(f"{name}: must be C-contiguous")
     if written and unwritable:
         raise ValueError(f"{name}: {unwritable}, but the call writes it")
@@ -336,7 +358,7 @@ def _view(obj, name, queue, written=False):
     # (A DLPack tensor has no queue: its device and context were checked when it was consumed.)
     if q is not None and q is not queue and q.sycl_context != queue.sycl_context:
         raise ValueError(f"{name}: lives in another SYCL context than the queue")
-    return address, shape, dtype, hold
+    return address, shape, dtype, hold, lead
 
 
 def _tensor_specs(cfg: Config, rows: int):
@@ -360,6 +382,11 @@ _lib.gdn_tensors_init(_TENSORS_INIT)
 
 # The arrays a call writes (but gdn_gated_delta_rule reads conv_out).
 _WRITTEN = frozenset(("conv_state", "conv_out", "ssm_state", "core_attn_out", "workspace"))
+# Arrays whose leading stride is free: token arrays (their gdn_tensors_t row-stride field) and the
+# caches (the slot stride of the config, which the array must match: engines page their caches).
+_ROW_STRIDES = {"mixed_qkv": "mixed_qkv_stride", "conv_out": "conv_out_stride", "a": "ab_stride", "b": "ab_stride",
+                "core_attn_out": "out_stride", "z": "z_stride"}
+_SLOT_STRIDES = {"conv_state": "conv_slot_stride", "ssm_state": "ssm_slot_stride"}
 
 
 def _marshal(fn, queue, cfg: Config, batch: Batch, arrays: dict):
@@ -376,7 +403,7 @@ def _marshal(fn, queue, cfg: Config, batch: Batch, arrays: dict):
         return c_cfg, c_batch, c_t, keep
     c_t = _ffi.new(_TENSORS_P, _TENSORS_INIT[0])
     specs = cfg._tensor_specs(rows)
-    fixed = True
+    fixed, strided = True, {}
     for field, obj in arrays.items():
         if obj is None:
             continue
@@ -384,7 +411,8 @@ def _marshal(fn, queue, cfg: Config, batch: Batch, arrays: dict):
             raise TypeError(f"unknown array argument {field!r}")
         dtype, lead, inner = specs[field]
         written = field in _WRITTEN and not (reads_conv_out and field == "conv_out")
-        address, shape, got, hold = _view(obj, field, queue, written)
+        address, shape, got, hold, stride = _view(obj, field, queue, written,
+                                                  field in _ROW_STRIDES or field in _SLOT_STRIDES)
         if field == "workspace":
             c_t.workspace_bytes = _math.prod(shape) * _NUMPY_DTYPES[got].itemsize
         else:
@@ -394,13 +422,34 @@ def _marshal(fn, queue, cfg: Config, batch: Batch, arrays: dict):
             if not shape or shape[0] < lead or _math.prod(shape[1:]) != inner:
                 raise ValueError(f"{field}: shape {shape}, expected [{'>=' if lead == batch.num_actual_tokens else ''}"
                                  f"{lead}, ...{inner} elements per row]")
+            if stride is not None:
+                strided[field] = (stride, inner, shape[0])
         keep.append(hold)
         fixed = fixed and type(obj) is _UsmArray
         setattr(c_t, field, _ffi.cast(_VOIDP, address))
+    _apply_strides(cfg, c_t, strided)
     if fixed:
         refs = tuple(None if obj is None else _weakref.ref(obj) for obj in arrays.values())
         object.__setattr__(cfg, "_arrays_cache", (queue, rows, tuple(arrays), refs, _ffi.new(_TENSORS_P, c_t[0])))
     return c_cfg, c_batch, c_t, keep
+
+
+def _apply_strides(cfg: Config, c_t, seen):
+    """seen: field -> (leading stride, dense stride, entries) of the strided arrays of a call. Token
+    arrays' row strides go to their gdn_tensors_t fields (a and b share ab_stride); cache slot
+    strides are checked against the config's (which the library reads from gdn_config_t)."""
+    for field, (stride, dense, entries) in seen.items():
+        if field in _SLOT_STRIDES:
+            cfg_field = _SLOT_STRIDES[field]
+            want = getattr(cfg, cfg_field) or dense
+            if entries > 1 and stride != want:
+                raise ValueError(f"{field}: slot stride {stride} elements, but cfg.{cfg_field}="
+                                 f"{getattr(cfg, cfg_field)} ({want} elements; 0 = dense)")
+        elif stride != dense:
+            setattr(c_t, _ROW_STRIDES[field], stride)
+    if "a" in seen and "b" in seen and seen["a"][0] != seen["b"][0]:
+        raise ValueError(f"b: row stride {seen['b'][0]} elements, a's is {seen['a'][0]}: a and b share one row "
+                         "stride (gdn_tensors_t.ab_stride)")
 
 
 def _call(fn, queue, cfg: Config, batch: Batch, arrays: dict, wait: bool = True):

@@ -12,10 +12,10 @@
 namespace gdn {
 namespace {
 
-// Host copies of the caller's metadata arrays. Arrays in host-accessible USM (host, shared) are
-// read in place once the queue is idle: no command is enqueued. Device USM is copied by the
-// queue into a per-thread staging buffer of that array kind, kept from call to call, never into
-// a fresh vector: the OpenCL CPU runtime (intel-opencl-rt 2026.1) keeps ~106 bytes for every
+// Host copies of the caller's metadata arrays. Arrays in host-accessible USM (host, shared) or in
+// system memory are read in place once the queue is idle: no command is enqueued. Device USM is
+// copied by the queue into a per-thread staging buffer of that array kind, kept from call to call,
+// never into a fresh vector: the OpenCL CPU runtime (intel-opencl-rt 2026.1) keeps ~106 bytes for every
 // distinct pointer value a USM memcpy ever touched, for the life of the process, so reading into
 // per-call vectors would grow the process by ~14 bytes per call (docs/design.md "Memory over many calls",
 // tests/repro/usm_memcpy_growth.cpp).
@@ -29,7 +29,8 @@ class MetaReader {
     if (n <= 0 || !src) return;
     const size_t bytes = sizeof(T) * (size_t)n;
     const sycl::usm::alloc type = sycl::get_pointer_type(src, q_.get_context());
-    if (type == sycl::usm::alloc::host || type == sycl::usm::alloc::shared) {
+    // (unknown: system memory, which validation admits only where the host addresses it too)
+    if (type == sycl::usm::alloc::host || type == sycl::usm::alloc::shared || type == sycl::usm::alloc::unknown) {
       direct_.push_back({dst.data(), src, bytes});
       return;
     }

@@ -21,11 +21,16 @@ std::string ptr_str(const void *p) {
 
 // USM of the queue's context; in a context of several devices (dpctl's default context holds all
 // GPUs of a platform) device USM must be the queue's device's own. (The device lookup is one more
-// runtime call per array: made only when the context has more than one device.)
+// runtime call per array: made only when the context has more than one device.) A pointer the
+// context does not know is system memory (gdn_xpu.h, "Host memory"): accepted only on a device with
+// sycl::aspect::usm_system_allocations, whose kernels address any host memory.
 void check_usm(const sycl::queue &q, const sycl::context &ctx, bool several_devices, const void *p, const char *field) {
   const sycl::usm::alloc kind = sycl::get_pointer_type(p, ctx);
-  if (kind == sycl::usm::alloc::unknown)
-    fail(GDN_ERROR_BAD_POINTER, std::string(field) + " is not a USM allocation of the queue's context");
+  if (kind == sycl::usm::alloc::unknown) {
+    if (q.get_device().has(sycl::aspect::usm_system_allocations)) return;
+    fail(GDN_ERROR_BAD_POINTER, std::string(field) + " is not a USM allocation of the queue's context (host memory "
+                                    "is accepted only on devices with sycl::aspect::usm_system_allocations)");
+  }
   if (several_devices && kind == sycl::usm::alloc::device && sycl::get_pointer_device(p, ctx) != q.get_device())
     fail(GDN_ERROR_BAD_POINTER, std::string(field) + " is device USM of another device than the queue's ('" +
                                     sycl::get_pointer_device(p, ctx).get_info<sycl::info::device::name>() + "')");
