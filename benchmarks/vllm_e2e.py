@@ -27,7 +27,8 @@ from conftest import CONFIG, engine_env  # noqa: E402
 
 SHAPES = dict(hidden_size=1024, linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
               linear_value_head_dim=128, num_attention_heads=8, num_key_value_heads=2, head_dim=128,
-              intermediate_size=512, moe_intermediate_size=128, shared_expert_intermediate_size=128)
+              intermediate_size=512, moe_intermediate_size=128, shared_expert_intermediate_size=128,
+              max_position_embeddings=8192)
 CASES = {  # name: (prompt lengths, tokens to generate, MTP draft tokens)
     "decode B=1": ([16], 48, 0), "decode B=8": ([16] * 8, 32, 0), "decode B=32": ([16] * 32, 24, 0),
     "MTP k=2 B=8": ([16] * 8, 32, 2), "prefill 512": ([512], 1, 0), "prefill 2048": ([2048], 1, 0),
@@ -50,12 +51,12 @@ def child(spec):
     assert served is not native, "the plugin did not register (GDN_XPU_VLLM=1?)"
     times, flip = [], [False]
 
-    def timed(mixed_qkv, b, a, out, layer_name):
+    def timed(mixed_qkv, b, a, core_attn_out, layer_name):
         ctx = get_forward_context()
         layer = ctx.no_compile_layers[_resolve_layer_name(layer_name)]
         md = None if ctx.attn_metadata is None else ctx.attn_metadata[layer.prefix]
         if md is None or md.num_actual_tokens == 0:
-            return served(mixed_qkv, b, a, out, layer_name)
+            return served(mixed_qkv, b, a, core_attn_out, layer_name)
         conv, ssm = layer.kv_cache
         slots = torch.cat([t.reshape(-1)[:k] for t, k in ((md.non_spec_state_indices_tensor,
                                                             md.num_prefills + md.num_decodes),
@@ -67,21 +68,22 @@ def child(spec):
         got = {}
         for fn, name in (order if flip[0] else order[::-1]):
             conv[slots], ssm[slots] = before
-            o = torch.zeros_like(out)
+            o = torch.zeros_like(core_attn_out)
             t0 = time.perf_counter()
             fn(mixed_qkv, b, a, o, layer_name)
             got[name] = (time.perf_counter() - t0, o, conv[slots].clone(), ssm[slots].clone())
         _, o, c, s = got["plugin"]
-        out.copy_(o)
+        core_attn_out.copy_(o)
         conv[slots], ssm[slots] = c, s
         times.append((md.num_actual_tokens, md.num_prefills, md.num_decodes, md.num_spec_decodes, got["vllm"][0],
                       got["plugin"][0]))
-    timed.__annotations__ = dict(mixed_qkv=torch.Tensor, b=torch.Tensor, a=torch.Tensor, out=torch.Tensor,
+    timed.__annotations__ = dict(mixed_qkv=torch.Tensor, b=torch.Tensor, a=torch.Tensor, core_attn_out=torch.Tensor,
                                  layer_name=LayerNameType, **{"return": None})
     cpu_ops.cpu_gdn_attention_core = timed
     run_vllm.widen_dummy_weights()
     kw = dict(model=spec["model"], load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16", enforce_eager=True,
-              max_model_len=4096, max_num_seqs=32, max_num_batched_tokens=4096, kv_cache_memory_bytes=1 << 30)
+              max_model_len=4096, max_num_seqs=32, max_num_batched_tokens=4096, kv_cache_memory_bytes=1 << 30,
+              enable_prefix_caching=False)
     if spec["mtp"]:
         kw["speculative_config"] = {"method": "qwen3_next_mtp", "num_speculative_tokens": spec["mtp"]}
         run_vllm.cycle_acceptance()
@@ -99,7 +101,8 @@ def tokens_per_s(spec):
     import run_vllm
     run_vllm.widen_dummy_weights()
     llm = LLM(model=spec["model"], load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
-              enforce_eager=True, max_model_len=1024, max_num_seqs=8, kv_cache_memory_bytes=1 << 30)
+              enforce_eager=True, max_model_len=1024, max_num_seqs=8, kv_cache_memory_bytes=1 << 30,
+              enable_prefix_caching=False)
     prompts = [TokensPrompt(prompt_token_ids=[(5 * i + j) % 1000 + 1 for j in range(32)]) for i in range(8)]
     sp = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
     llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)

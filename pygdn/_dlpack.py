@@ -74,6 +74,7 @@ class ManagedTensor:
     until release()."""
 
     __slots__ = ("_ptr", "producer", "tensor", "unwritable")
+    _NULL = _ffi.NULL  # (held by the class: at interpreter exit the module's globals may be gone first)
 
     def __init__(self, capsule, producer, name):
         self.producer, self._ptr = producer, None
@@ -100,7 +101,7 @@ class ManagedTensor:
 
     def release(self):
         ptr, self._ptr = self._ptr, None
-        if ptr is not None and ptr.deleter != _ffi.NULL:
+        if ptr is not None and ptr.deleter != self._NULL:
             ptr.deleter(ptr)
 
     def __del__(self):

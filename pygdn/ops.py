@@ -417,6 +417,9 @@ def _marshal(fn, queue, cfg: Config, batch: Batch, arrays: dict):
             c_t.workspace_bytes = _math.prod(shape) * _NUMPY_DTYPES[got].itemsize
         else:
             if got != dtype:
+                if field in ("A_log", "dt_bias", "g", "beta"):
+                    raise TypeError(f"{field}: dtype {got}, expected f32 (the ABI's gate parameters are f32 whatever "
+                                    "act_dtype is: convert once, at load time)")
                 which = "state_dtype" if field == "ssm_state" else "act_dtype"
                 raise TypeError(f"{field}: dtype {got}, expected {dtype} (cfg.{which}={getattr(cfg, which)!r})")
             if not shape or shape[0] < lead or _math.prod(shape[1:]) != inner:
