@@ -1,7 +1,8 @@
 """USM arrays: reading __sycl_usm_array_interface__ (SUAI), and a small array type of our own.
 
 pygdn accepts any object exposing SUAI (dpnp.ndarray, dpnp.tensor.usm_ndarray, dpctl.memory
-objects, UsmArray below) and DLPack producers of USM memory (torch XPU tensors, see _dlpack.py).
+objects, UsmArray below) and DLPack producers of USM memory (torch XPU tensors, see _dlpack.py)
+or, where the device addresses host memory, of host memory (NumPy, torch CPU tensors).
 SUAI strides and offset are in ELEMENTS, not bytes.
 """
 from __future__ import annotations

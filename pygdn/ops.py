@@ -8,7 +8,10 @@ include/gdn_xpu.h and docs/op.md.
 
 The queue: a dpctl.SyclQueue, a sycl::queue* as an int (torch.xpu.current_stream().sycl_queue)
 or a "SyclQueueRef" capsule. Arrays: objects with __sycl_usm_array_interface__, or DLPack
-producers of kDLOneAPI (USM) tensors (see _usm.py, _dlpack.py).
+producers of kDLOneAPI (USM) tensors, or, on a device that addresses host memory (the SYCL CPU
+device: sycl::aspect::usm_system_allocations), of kDLCPU tensors (NumPy, torch CPU) as they are
+(see _usm.py, _dlpack.py). Arrays are C-contiguous, except that the leading dimension of the token
+arrays (rows) and of the caches (slots: Config.conv_slot_stride / ssm_slot_stride) may be strided.
 """
 from __future__ import annotations
 
