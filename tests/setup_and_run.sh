@@ -6,7 +6,7 @@
 #   tests/setup_and_run.sh test  [args]   -> pytest                 (the test suite)
 #   tests/setup_and_run.sh bench [args]   -> python benchmarks/bench.py (the benchmark)
 #   tests/setup_and_run.sh integration [args] -> pytest tests/integration: vLLM's CPU build serving a
-#       tiny Qwen3-Next through pygdn.vllm, in an environment of its own (~3 GB; GDN_INTEGRATION_VENV,
+#       tiny Qwen3-Next through pygdn.vllm, in an environment of its own (~4 GB; GDN_INTEGRATION_VENV,
 #       default .venv-integration) that also gets vLLM (tests/integration/requirements.txt)
 # GDN_VENV picks the environment's folder (default .venv in the repository).
 set -euo pipefail
