@@ -29,12 +29,15 @@
  *    (another backend, the entry point absent) gets no extent check: the caller's sizes are
  *    trusted there, as they are for memory without a runtime allocation (host memory of a system
  *    allocator, see "Host memory"; pygdn's shape checks are the guard then).
- *  - Host memory. On a device with sycl::aspect::usm_system_allocations (the SYCL CPU device)
- *    an array may also be system memory: malloc'ed, a NumPy array, a torch CPU tensor. A pointer
- *    that is not USM of the queue's context is taken as such there (same alignment rule), and on
- *    other devices refused (GDN_ERROR_BAD_POINTER). The caller guarantees that it is host memory,
- *    valid until the call's kernels finish: the runtime cannot tell it from another context's
- *    device USM (bindings check where an array lives before they pass it; pygdn does).
+ *  - Host memory (opt-in: GDN_FLAG_HOST_MEMORY in cfg->flags). With the flag, on a device with
+ *    sycl::aspect::usm_system_allocations (the SYCL CPU device), an array may also be system
+ *    memory: malloc'ed, a NumPy array, a torch CPU tensor. A pointer that is not USM of the
+ *    queue's context is then taken as such (same alignment rule; no extent check: the runtime
+ *    knows no allocation). Without the flag, or on other devices, such a pointer is refused
+ *    (GDN_ERROR_BAD_POINTER), so a freed or foreign pointer never passes by default. The caller
+ *    guarantees that it is live host memory until the call's kernels finish: the runtime cannot
+ *    tell it from freed USM (bindings check where an array lives before they pass it and set the
+ *    flag; pygdn does).
  *  - Metadata arrays are int32 (`has_initial_state` is one byte per entry, 0 or 1).
  *  - Calls enqueue their kernels and return. On an in-order queue they return without waiting
  *    for the device; on an out-of-order queue they wait, so the results are visible when the
@@ -157,7 +160,8 @@ enum {
   GDN_FLAG_NO_QK_L2NORM = 2,     /* q/k not l2-normalized (caller did it); q is still scaled  */
   GDN_FLAG_FORCE_RECURRENT = 4,  /* prefill through the token recurrence, not the chunk form  */
   GDN_FLAG_L2NORM_DIV = 8,       /* l2norm as x/(|x|+eps) instead of x*rsqrt(sum x^2 + eps)   */
-  GDN_FLAG_ALL = 15              /* every bit this version knows; others are rejected         */
+  GDN_FLAG_HOST_MEMORY = 16,     /* arrays may be host (system) memory: see "Host memory"     */
+  GDN_FLAG_ALL = 31              /* every bit this version knows; others are rejected         */
 };
 
 /* Tokens per chunk of the chunked (WY/UT) prefill form; checkpoint_interval is a multiple of it. */

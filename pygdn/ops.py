@@ -23,6 +23,7 @@ import typing as _t
 import weakref as _weakref
 
 from ._lib import ffi as _ffi, last_error as _last_error, lib as _lib, status_name as _status_name
+from . import _dlpack
 from ._usm import (NUMPY_DTYPES as _NUMPY_DTYPES, UsmArray as _UsmArray, as_queue as _as_queue,
                    c_contiguous as _c_contiguous, leading_stride as _leading_stride, usm_view as _usm_view)
 
@@ -157,13 +158,18 @@ class Config:
             object.__setattr__(self, "_specs_cache", cached)
         return cached[1]
 
-    def _to_c(self):
-        """The gdn_config_t, built once per set of field values (a rebuild costs ~10 µs a call)."""
+    def _to_c(self, host_memory=False):
+        """The gdn_config_t, built once per set of field values (a rebuild costs ~10 µs a call).
+        host_memory: with GDN_FLAG_HOST_MEMORY, for calls on a device that addresses host memory,
+        whose arrays pygdn has checked itself (a host array is a live NumPy/DLPack object)."""
         c = getattr(self, "_c_cache", None)
         if c is None:
-            c = self._build_c()
+            base = self._build_c()
+            host = _ffi.new("gdn_config_t *", base[0])
+            host.flags |= _lib.GDN_FLAG_HOST_MEMORY
+            c = (base, host)
             object.__setattr__(self, "_c_cache", c)
-        return c
+        return c[1 if host_memory else 0]
 
     def _build_c(self):
         c = _ffi.new("gdn_config_t *")
@@ -398,7 +404,7 @@ def _marshal(fn, queue, cfg: Config, batch: Batch, arrays: dict):
     so their memory outlives the call; a DLPack tensor's deleter runs when keep is dropped."""
     reads_conv_out = fn is _lib.gdn_gated_delta_rule
     keep = []
-    c_cfg = cfg._to_c()
+    c_cfg = cfg._to_c(_dlpack.host_memory_ok(queue))
     c_batch = batch._to_c(queue, keep)
     rows = batch.num_actual_tokens
     c_t = _arrays_cached(cfg, queue, rows, arrays, keep)

@@ -22,14 +22,17 @@ std::string ptr_str(const void *p) {
 // USM of the queue's context; in a context of several devices (dpctl's default context holds all
 // GPUs of a platform) device USM must be the queue's device's own. (The device lookup is one more
 // runtime call per array: made only when the context has more than one device.) A pointer the
-// context does not know is system memory (gdn_xpu.h, "Host memory"): accepted only on a device with
-// sycl::aspect::usm_system_allocations, whose kernels address any host memory.
-void check_usm(const sycl::queue &q, const sycl::context &ctx, bool several_devices, const void *p, const char *field) {
+// context does not know is system memory when the caller says so (host_ok: GDN_FLAG_HOST_MEMORY on a
+// device with sycl::aspect::usm_system_allocations, whose kernels address any host memory;
+// gdn_xpu.h "Host memory"), else refused: a freed pointer looks the same.
+void check_usm(const sycl::queue &q, const sycl::context &ctx, bool several_devices, bool host_ok, const void *p,
+               const char *field) {
   const sycl::usm::alloc kind = sycl::get_pointer_type(p, ctx);
   if (kind == sycl::usm::alloc::unknown) {
-    if (q.get_device().has(sycl::aspect::usm_system_allocations)) return;
+    if (host_ok) return;
     fail(GDN_ERROR_BAD_POINTER, std::string(field) + " is not a USM allocation of the queue's context (host memory "
-                                    "is accepted only on devices with sycl::aspect::usm_system_allocations)");
+                                    "is accepted only with GDN_FLAG_HOST_MEMORY, on devices with "
+                                    "sycl::aspect::usm_system_allocations)");
   }
   if (several_devices && kind == sycl::usm::alloc::device && sycl::get_pointer_device(p, ctx) != q.get_device())
     fail(GDN_ERROR_BAD_POINTER, std::string(field) + " is device USM of another device than the queue's ('" +
@@ -152,12 +155,13 @@ void check_pointers(const Checked &c, Op op) {
   const sycl::context ctx = q.get_context();  // once: each get_context() copies a shared_ptr
   const bool several_devices = ctx.get_devices().size() > 1;
   const alloc_extent::Lookup lookup(ctx);
+  const bool host_ok = (cfg.flags & GDN_FLAG_HOST_MEMORY) && q.get_device().has(sycl::aspect::usm_system_allocations);
   for (const Array &a : arrays) {
     if (!a.p) continue;
     const alloc_extent::Extent e = a.need.bytes > 0 ? lookup.of(a.p) : alloc_extent::Extent{};
     // An allocation the backend found in this context is USM of it (proves_usm): the runtime's
     // pointer-type lookup would ask again (~0.13 us an array). Several devices: the device check.
-    if (!e.base || !lookup.proves_usm() || several_devices) check_usm(q, ctx, several_devices, a.p, a.field);
+    if (!e.base || !lookup.proves_usm() || several_devices) check_usm(q, ctx, several_devices, host_ok, a.p, a.field);
     check_aligned(a.p, a.align, a.what, a.field);
     check_extent(e, a.p, a.need, a.field);
   }
