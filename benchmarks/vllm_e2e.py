@@ -42,8 +42,8 @@ def child(spec):
     from vllm.inputs import TokensPrompt
     from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention as cpu_ops
     from vllm.plugins import load_general_plugins
-    from vllm.forward_context import get_forward_context
-    from vllm.utils.torch_utils import LayerNameType, _resolve_layer_name
+    from vllm.utils.torch_utils import LayerNameType
+    from pygdn.vllm import layer_step
     import run_vllm
     native = cpu_ops.cpu_gdn_attention_core
     load_general_plugins()
@@ -52,10 +52,8 @@ def child(spec):
     times, flip = [], [False]
 
     def timed(mixed_qkv, b, a, core_attn_out, layer_name):
-        ctx = get_forward_context()
-        layer = ctx.no_compile_layers[_resolve_layer_name(layer_name)]
-        md = None if ctx.attn_metadata is None else ctx.attn_metadata[layer.prefix]
-        if md is None or md.num_actual_tokens == 0:
+        layer, md = layer_step(layer_name)
+        if md is None:
             return served(mixed_qkv, b, a, core_attn_out, layer_name)
         conv, ssm = layer.kv_cache
         slots = torch.cat([t.reshape(-1)[:k] for t, k in ((md.non_spec_state_indices_tensor,

@@ -58,27 +58,24 @@ def _choice(table, value, name):
     return table[value]
 
 
-def _int32(value, name):
-    """value for an int32_t field of a C struct, or an error naming the field (an int-like value
-    only: 3.7 is not silently 3)."""
+def _int(value, name, bits):
+    """value for an int<bits>_t field of a C struct, or an error naming the field (an int-like
+    value only: 3.7 is not silently 3)."""
     try:
         v = _operator.index(value)
     except TypeError:
         raise TypeError(f"{name}={value!r}: expected an integer, got {type(value).__name__}") from None
-    if not -2**31 <= v < 2**31:
-        raise ValueError(f"{name}={v}: does not fit int32")
+    if not -2**(bits - 1) <= v < 2**(bits - 1):
+        raise ValueError(f"{name}={v}: does not fit int{bits}")
     return v
+
+
+def _int32(value, name):
+    return _int(value, name, 32)
 
 
 def _int64(value, name):
-    """value for an int64_t field (an int-like value only, as _int32)."""
-    try:
-        v = _operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name}={value!r}: expected an integer, got {type(value).__name__}") from None
-    if not -2**63 <= v < 2**63:
-        raise ValueError(f"{name}={v}: does not fit int64")
-    return v
+    return _int(value, name, 64)
 
 
 def _float(value, name):

@@ -144,17 +144,22 @@ def _step_batch(md):
     return batch
 
 
-def gdn_attention_core(mixed_qkv, b, a, core_attn_out, layer_name) -> None:
-    """Drop-in for vllm.model_executor.layers.mamba.ops.cpu.gdn_attention.cpu_gdn_attention_core."""
-    import pygdn
+def layer_step(layer_name):
+    """(layer, its GDNAttentionMetadata) of the current forward pass, or (layer, None) when the step
+    has no tokens for it (vLLM's profiling and padding runs)."""
     from vllm.forward_context import get_forward_context
     from vllm.utils.torch_utils import _resolve_layer_name
     ctx = get_forward_context()
     layer = ctx.no_compile_layers[_resolve_layer_name(layer_name)]
-    if ctx.attn_metadata is None:
-        return
-    md = ctx.attn_metadata[layer.prefix]
-    if md.num_actual_tokens == 0:
+    md = None if ctx.attn_metadata is None else ctx.attn_metadata[layer.prefix]
+    return layer, (None if md is None or md.num_actual_tokens == 0 else md)
+
+
+def gdn_attention_core(mixed_qkv, b, a, core_attn_out, layer_name) -> None:
+    """Drop-in for vllm.model_executor.layers.mamba.ops.cpu.gdn_attention.cpu_gdn_attention_core."""
+    import pygdn
+    layer, md = layer_step(layer_name)
+    if md is None:
         return
     served = layer.__dict__.get("_pygdn")
     if served is None:

@@ -61,9 +61,9 @@ def shadow(native, stats):
     core's results. stats gets one row per call: [tokens, num_accepted_tokens of its spec sequences, out, conv, ssm] (RMS differences relative
     to the RMS of vLLM's values)."""
     import torch
-    from vllm.forward_context import get_forward_context
     from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention as cpu_ops
-    from vllm.utils.torch_utils import LayerNameType, _resolve_layer_name
+    from vllm.utils.torch_utils import LayerNameType
+    from pygdn.vllm import layer_step
     served = cpu_ops.cpu_gdn_attention_core
 
     def rel(got, want):
@@ -71,10 +71,8 @@ def shadow(native, stats):
         return float((got - want).pow(2).mean().sqrt() / want.pow(2).mean().sqrt().clamp_min(1e-30))
 
     def checked(mixed_qkv, b, a, core_attn_out, layer_name):
-        ctx = get_forward_context()
-        layer = ctx.no_compile_layers[_resolve_layer_name(layer_name)]
-        md = None if ctx.attn_metadata is None else ctx.attn_metadata[layer.prefix]
-        if md is None or md.num_actual_tokens == 0:
+        layer, md = layer_step(layer_name)
+        if md is None:
             return served(mixed_qkv, b, a, core_attn_out, layer_name)
         conv, ssm = layer.kv_cache[0], layer.kv_cache[1]
         slots = [t.reshape(-1)[:k] for t, k in ((md.non_spec_state_indices_tensor, md.num_prefills + md.num_decodes),
