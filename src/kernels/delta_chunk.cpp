@@ -104,7 +104,6 @@ GDN_SUB_GROUP_KERNEL(2) void gdn_chunk_prep(GdnDeltaParams p) {
 //              tile copied to SLM (a broadcast read per k); u = U - W S and q S go to SLM
 //   o          the same rows: d (q S) + Aqk u (Aqk is 0 above the diagonal), u from SLM
 //   S          lane l's state rows: d_last S + K^T (D[last][.] u), u from SLM
-// A column per pass of the first two keeps 2 SCAN_ROWS accumulators live beside the tile.
 #define SCAN_ROWS (GDN_CHUNK_SIZE / GDN_SUB_GROUP)
 static_assert(GDN_CHUNK_SIZE % GDN_SUB_GROUP == 0, "chunk rows spread evenly over a sub-group");
 
@@ -142,56 +141,50 @@ GDN_SUB_GROUP_KERNEL(2) void gdn_chunk_scan(GdnDeltaParams p) {
 #pragma unroll
       for (int i = 0; i < TILE_KS; ++i) S_s[me][lane + GDN_SUB_GROUP * i][b] = s[b][i];
     sycl::group_barrier(sg);
-    // This lane's chunk rows (rows past len repeat the last row: computed, not stored).
-    const float *w[SCAN_ROWS], *q[SCAN_ROWS], *aqk[SCAN_ROWS];
-    int64_t out_row[SCAN_ROWS];
-#pragma unroll
-    for (int m = 0; m < SCAN_ROWS; ++m) {
-      const int32_t i = sycl::min(lane + GDN_SUB_GROUP * m, len - 1);
-      const int64_t row = global_row(p.token_indx, jfirst + i);
-      w[m] = p.chunk_w + (pos + i) * KD;
-      q[m] = p.qn + (row * p.H + h) * KD;
-      aqk[m] = p.chunk_aqk + (pos + i) * GDN_CHUNK_SIZE;
-      out_row[m] = row * p.out_stride + (int64_t)hv * p.V;
-    }
-#pragma unroll
-    for (int b = 0; b < TILE_COLS; ++b) {  // u = U - W S and q S of column v0 + b
-      float ws[SCAN_ROWS] = {}, qs[SCAN_ROWS] = {};
+    // This lane's chunk rows one at a time (a loop, not unrolled: one row's addresses live at a
+    // time; with all SCAN_ROWS rows' 64-bit addresses live, SIMD16 spilled on Xe-HPG). Rows past
+    // len repeat the last row: computed, not stored.
+#pragma unroll 1
+    for (int m = 0; m < SCAN_ROWS; ++m) {  // u = U - W S and q S
+      const int32_t i = lane + GDN_SUB_GROUP * m, ic = sycl::min(i, len - 1);
+      const float *w = p.chunk_w + (pos + ic) * KD;
+      const float *q = p.qn + (global_row(p.token_indx, jfirst + ic) * p.H + h) * KD;
+      float ws[TILE_COLS] = {}, qs[TILE_COLS] = {};
       for (int k = 0; k < KD; ++k) {
-        const float sk = S_s[me][k][b];
+        const float wk = w[k], qk = q[k];
 #pragma unroll
-        for (int m = 0; m < SCAN_ROWS; ++m) {
-          ws[m] += w[m][k] * sk;
-          qs[m] += q[m][k] * sk;
+        for (int b = 0; b < TILE_COLS; ++b) {
+          const float sk = S_s[me][k][b];
+          ws[b] += wk * sk;
+          qs[b] += qk * sk;
         }
       }
+      if (i < len)
 #pragma unroll
-      for (int m = 0; m < SCAN_ROWS; ++m) {
-        const int32_t i = lane + GDN_SUB_GROUP * m;
-        if (i < len) {
-          U_s[me][b][i] = (v0 + b < p.V ? p.chunk_u[(pos + i) * p.V + v0 + b] : 0.0f) - ws[m];
-          Q_s[me][b][i] = qs[m];
+        for (int b = 0; b < TILE_COLS; ++b) {
+          U_s[me][b][i] = (v0 + b < p.V ? p.chunk_u[(pos + i) * p.V + v0 + b] : 0.0f) - ws[b];
+          Q_s[me][b][i] = qs[b];
         }
-      }
     }
     sycl::group_barrier(sg);
+#pragma unroll 1
+    for (int m = 0; m < SCAN_ROWS; ++m) {  // o = d (q S) + Aqk u (Aqk is 0 above the diagonal)
+      const int32_t i = lane + GDN_SUB_GROUP * m, ic = sycl::min(i, len - 1);
+      const float *aqk = p.chunk_aqk + (pos + ic) * GDN_CHUNK_SIZE;
+      float o[TILE_COLS];
 #pragma unroll
-    for (int b = 0; b < TILE_COLS; ++b) {  // o = d (q S) + Aqk u of column v0 + b
-      float o[SCAN_ROWS];
-#pragma unroll
-      for (int m = 0; m < SCAN_ROWS; ++m) {
-        const int32_t i = sycl::min(lane + GDN_SUB_GROUP * m, len - 1);
-        o[m] = dstart[i] * Q_s[me][b][i];
-      }
+      for (int b = 0; b < TILE_COLS; ++b) o[b] = dstart[ic] * Q_s[me][b][ic];
       for (int32_t j = 0; j < len; ++j) {
-        const float uj = U_s[me][b][j];
+        const float a = aqk[j];
 #pragma unroll
-        for (int m = 0; m < SCAN_ROWS; ++m) o[m] += aqk[m][j] * uj;
+        for (int b = 0; b < TILE_COLS; ++b) o[b] += a * U_s[me][b][j];
       }
-      if (v0 + b < p.V)
+      if (i < len) {
+        const int64_t at = global_row(p.token_indx, jfirst + i) * p.out_stride + (int64_t)hv * p.V + v0;
 #pragma unroll
-        for (int m = 0; m < SCAN_ROWS; ++m)
-          if (lane + GDN_SUB_GROUP * m < len) store_act(p.out, out_row[m] + v0 + b, o[m]);
+        for (int b = 0; b < TILE_COLS; ++b)
+          if (v0 + b < p.V) store_act(p.out, at + b, o[b]);
+      }
     }
     const float dlast = dstart[len - 1];  // S = d_last S + K^T (D[last][.] u)
 #pragma unroll

@@ -169,11 +169,13 @@ def elf_section(path: str, wanted: str) -> bytes:
 
 
 def dump_stats(dump_dir: str) -> dict[tuple[str, int], tuple[int, int]]:
-    """(kernel name, SIMD) -> (instructions, spill bytes) from the headers of IGC's shader dump (.asm)."""
-    stats: dict[tuple[str, int], tuple[int, int]] = {}
+    """(kernel name, SIMD) -> (instructions, spill bytes) from the headers of IGC's shader dump (.asm).
+    IGC compiles a kernel again with other settings when the first attempt spills (a retry, dumped as
+    <hash>_<n>_simd..): the zebin holds the last attempt, so the highest n counts."""
+    best: dict[tuple[str, int], tuple[int, int, int]] = {}
     for root, _, files in os.walk(dump_dir):
         for f in files:
-            m = re.search(r"_simd(\d+)_entry_\d+\.asm$", f)
+            m = re.search(r"_(?:(\d+)_)?simd(\d+)_entry_\d+\.asm$", f)
             if not m:
                 continue
             with open(os.path.join(root, f), errors="replace") as fh:
@@ -181,10 +183,12 @@ def dump_stats(dump_dir: str) -> dict[tuple[str, int], tuple[int, int]]:
             name = re.search(r"^//\.kernel (\S+)", head, re.M)
             insts = re.search(r"^//\.instCount (\d+)", head, re.M)
             spill = re.search(r"^//\.spill size (\d+)", head, re.M)
-            if name:
-                stats[(name.group(1), int(m.group(1)))] = (int(insts.group(1)) if insts else 0,
-                                                          int(spill.group(1)) if spill else 0)
-    return stats
+            if not name:
+                continue
+            key, attempt = (name.group(1), int(m.group(2))), int(m.group(1) or 0)
+            if key not in best or attempt > best[key][0]:
+                best[key] = (attempt, int(insts.group(1)) if insts else 0, int(spill.group(1)) if spill else 0)
+    return {k: v[1:] for k, v in best.items()}
 
 
 def ocloc(spv: str, device: str, work: str, dump: bool, options: str = "") -> tuple[dict[str, KernelIsa], str]:
