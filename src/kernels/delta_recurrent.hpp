@@ -14,6 +14,10 @@
 
 #define TILE_KS ((KD + GDN_SUB_GROUP - 1) / GDN_SUB_GROUP)
 #define TILE_COLS gdn_tile_cols(KD)
+// From a lane's row i of a column to its row i + 1, in state elements: one uniform step (per-lane
+// offsets (lane + 16 i) * V for every i, kept live across the chunk scan's loop in the kv layout,
+// spilled registers there).
+#define TILE_ROW_STEP ((int64_t)GDN_SUB_GROUP * K_STRIDE)
 // Row i of a lane's slice exists (K need not be a multiple of GDN_SUB_GROUP).
 static inline bool tile_row(int lane, int i) { return KD % GDN_SUB_GROUP == 0 || lane + GDN_SUB_GROUP * i < KD; }
 
@@ -25,10 +29,10 @@ static inline void load_tile(const GdnDeltaParams &p, int32_t slot, int32_t hv, 
 #pragma unroll
   for (int b = 0; b < TILE_COLS; ++b) {
     const bool col = init && v0 + b < p.V;
-    const state_t *S = state_column(p, col ? slot : 0, hv, col ? v0 + b : 0);
+    const state_t *S = state_column(p, col ? slot : 0, hv, col ? v0 + b : 0) + lane * K_STRIDE;
 #pragma unroll
     for (int i = 0; i < TILE_KS; ++i)
-      s[b][i] = col && tile_row(lane, i) ? load_state(S + (lane + GDN_SUB_GROUP * i) * K_STRIDE) : 0.0f;
+      s[b][i] = col && tile_row(lane, i) ? load_state(S + TILE_ROW_STEP * i) : 0.0f;
   }
 }
 
@@ -37,10 +41,10 @@ static inline void store_tile(const GdnDeltaParams &p, int32_t slot, int32_t hv,
 #pragma unroll
   for (int b = 0; b < TILE_COLS; ++b) {
     if (v0 + b >= p.V) break;
-    state_t *S = state_column(p, slot, hv, v0 + b);
+    state_t *S = state_column(p, slot, hv, v0 + b) + lane * K_STRIDE;
 #pragma unroll
     for (int i = 0; i < TILE_KS; ++i)
-      if (tile_row(lane, i)) store_state(S + (lane + GDN_SUB_GROUP * i) * K_STRIDE, s[b][i]);
+      if (tile_row(lane, i)) store_state(S + TILE_ROW_STEP * i, s[b][i]);
   }
 }
 

@@ -43,9 +43,9 @@ def test_every_kernel_compiles_for_every_device(results):
     for f in results:
         assert f.errors == {}, f.spv
         for d in isa_table.DEVICES:
-            assert set(f.isa[d]) == set(f.kernels), (f.spv, d)
-            for name, k in f.isa[d].items():
-                assert k.simd in (8, 16, 32), (name, d)
+            assert set(f.kernels) <= set(f.isa[d]), (f.spv, d)  # (the zebin may add a symbol-table entry)
+            for name in f.kernels:
+                assert f.isa[d][name].simd in (8, 16, 32), (name, d)
 
 
 def test_hot_kernels_have_no_spill_and_no_scratch(results):
