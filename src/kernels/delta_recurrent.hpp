@@ -14,10 +14,16 @@
 
 #define TILE_KS ((KD + GDN_SUB_GROUP - 1) / GDN_SUB_GROUP)
 #define TILE_COLS gdn_tile_cols(KD)
-// From a lane's row i of a column to its row i + 1, in state elements: one uniform step (per-lane
-// offsets (lane + 16 i) * V for every i, kept live across the chunk scan's loop in the kv layout,
-// spilled registers there).
-#define TILE_ROW_STEP ((int64_t)GDN_SUB_GROUP * K_STRIDE)
+// Where a lane's row i of a column is, from the column's start. vk: the lane's offset plus a
+// constant. kv: the lane's first row plus i uniform steps of GDN_SUB_GROUP rows (per-lane offsets
+// (lane + 16 i) V for every i were kept live across the chunk scan's loop and spilled registers).
+#if GDN_VK_LAYOUT
+#define TILE_LANE(S, lane) (S)
+#define TILE_AT(S, lane, i) ((S) + ((lane) + GDN_SUB_GROUP * (i)))
+#else
+#define TILE_LANE(S, lane) ((S) + (lane) * K_STRIDE)
+#define TILE_AT(S, lane, i) ((S) + (int64_t)GDN_SUB_GROUP * K_STRIDE * (i))
+#endif
 // Row i of a lane's slice exists (K need not be a multiple of GDN_SUB_GROUP).
 static inline bool tile_row(int lane, int i) { return KD % GDN_SUB_GROUP == 0 || lane + GDN_SUB_GROUP * i < KD; }
 
@@ -29,10 +35,10 @@ static inline void load_tile(const GdnDeltaParams &p, int32_t slot, int32_t hv, 
 #pragma unroll
   for (int b = 0; b < TILE_COLS; ++b) {
     const bool col = init && v0 + b < p.V;
-    const state_t *S = state_column(p, col ? slot : 0, hv, col ? v0 + b : 0) + lane * K_STRIDE;
+    const state_t *S = TILE_LANE(state_column(p, col ? slot : 0, hv, col ? v0 + b : 0), lane);
 #pragma unroll
     for (int i = 0; i < TILE_KS; ++i)
-      s[b][i] = col && tile_row(lane, i) ? load_state(S + TILE_ROW_STEP * i) : 0.0f;
+      s[b][i] = col && tile_row(lane, i) ? load_state(TILE_AT(S, lane, i)) : 0.0f;
   }
 }
 
@@ -41,10 +47,10 @@ static inline void store_tile(const GdnDeltaParams &p, int32_t slot, int32_t hv,
 #pragma unroll
   for (int b = 0; b < TILE_COLS; ++b) {
     if (v0 + b >= p.V) break;
-    state_t *S = state_column(p, slot, hv, v0 + b) + lane * K_STRIDE;
+    state_t *S = TILE_LANE(state_column(p, slot, hv, v0 + b), lane);
 #pragma unroll
     for (int i = 0; i < TILE_KS; ++i)
-      if (tile_row(lane, i)) store_state(S + TILE_ROW_STEP * i, s[b][i]);
+      if (tile_row(lane, i)) store_state(TILE_AT(S, lane, i), s[b][i]);
   }
 }
 
@@ -74,20 +80,21 @@ static inline void recurrent_tile(const GdnDeltaParams &p, const sycl::sub_group
   load_tile(p, r.read_slot, hv, v0, lane, r.init, s);
   for (int32_t t = 0; t < r.len; ++t) {
     const int64_t row = global_row(p.token_indx, r.j0 + t);
-    float kk[TILE_KS], qq[TILE_KS];
+    // k stays in registers for the update; q is used in this pass only, one value at a time (at
+    // K = 256 both slices beside the tile spilled on Xe-HPG).
+    float kk[TILE_KS];
     load_slice(p.kn + (row * p.H + h) * KD, lane, kk);
-    load_slice(p.qn + (row * p.H + h) * KD, lane, qq);
+    const float *qn = p.qn + (row * p.H + h) * KD;
     const float decay = sycl::exp(p.g[row * p.HV + hv]), beta = p.beta[row * p.HV + hv];
-    float a[TILE_COLS], c[TILE_COLS], kq = 0.0f;
+    float a[TILE_COLS] = {}, c[TILE_COLS] = {}, kq = 0.0f;
 #pragma unroll
-    for (int i = 0; i < TILE_KS; ++i) kq += kk[i] * qq[i];
+    for (int i = 0; i < TILE_KS; ++i) {
+      const float qi = tile_row(lane, i) ? qn[lane + GDN_SUB_GROUP * i] : 0.0f;
+      kq += kk[i] * qi;
 #pragma unroll
-    for (int b = 0; b < TILE_COLS; ++b) {
-      a[b] = c[b] = 0.0f;
-#pragma unroll
-      for (int i = 0; i < TILE_KS; ++i) {
+      for (int b = 0; b < TILE_COLS; ++b) {
         a[b] += s[b][i] * kk[i];
-        c[b] += s[b][i] * qq[i];
+        c[b] += s[b][i] * qi;
       }
     }
     kq = sg_sum(sg, kq);
