@@ -252,19 +252,20 @@ def short(name: str) -> str:
 
 
 def table(results: list[FileResult], devices=DEVICES) -> str:
-    """One row per (kernel, device, variants with that SPIR-V)."""
-    rows = [("kernel", "device", "variants", "SIMD", "GRF", "spill B", "scratch B", "SLM B", "DPAS", "insts")]
-    for fr in sorted(results, key=lambda r: (min(short(k) for k in r.kernels) if r.kernels else "", r.variants)):
-        for name in sorted(fr.kernels):
-            for d in devices:
+    """One row per (kernel, variants with that SPIR-V, device), sorted in that order."""
+    head = ("kernel", "device", "variants", "SIMD", "GRF", "spill B", "scratch B", "SLM B", "DPAS", "insts")
+    rows = []
+    for fr in results:
+        vs = ",".join(fr.variants) if len(fr.variants) < 4 else f"{fr.variants[0]} +{len(fr.variants) - 1}"
+        for name in fr.kernels:
+            for di, d in enumerate(devices):
                 k = fr.isa.get(d, {}).get(name)
-                vs = ",".join(fr.variants) if len(fr.variants) < 4 else f"{fr.variants[0]} +{len(fr.variants) - 1}"
-                if k is None:
-                    rows.append((short(name), d, vs, "MISSING", "", "", "", "", "", ""))
-                else:
-                    rows.append((short(name), d, vs, str(k.simd), str(k.grf), str(k.spill), str(k.scratch), str(k.slm),
-                                 "yes" if k.dpas else "no", str(k.insts or "")))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+                cells = ("MISSING", "", "", "", "", "", "") if k is None else (
+                    str(k.simd), str(k.grf), str(k.spill), str(k.scratch), str(k.slm), "yes" if k.dpas else "no",
+                    str(k.insts or ""))
+                rows.append(((short(name), vs, di), (short(name), d, vs) + cells))
+    rows = [head] + [r for _, r in sorted(rows)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |" for r in rows]
     lines.insert(1, "| " + " | ".join("-" * w for w in widths) + " |")
     return "\n".join(lines)
