@@ -104,10 +104,8 @@ void plan_delta(Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b, const Ta
     p.prep = kernel(Family::DeltaPrepCpu, head_option(cfg), "gdn_prep_cpu");
     shape1(p.prep, rows, 1);  // a row per work-item, alone in its group
   } else {
-    p.prep = kernel(Family::DeltaPrep, head_option(cfg), "gdn_prep");
-    p.prep.dims = 2;
-    p.prep.global[0] = (size_t)round_up(rows, kWorkGroup), p.prep.global[1] = (size_t)cfg.num_k_heads;
-    p.prep.local[0] = (size_t)kWorkGroup, p.prep.local[1] = 1;
+    p.prep = kernel(Family::DeltaPrep, head_option(cfg), "gdn_prep");  // a sub-group per (row, k-head)
+    shape2(p.prep, cfg.num_k_heads, rows * GDN_SUB_GROUP, (int64_t)GDN_SUB_GROUP * GDN_TILE_SUB_GROUPS);
   }
   if (non_spec_seqs > 0 && b.non_spec_token_count > 0) {
     p.recurrent_non_spec = recurrent(cfg, t, non_spec_seqs);
@@ -122,7 +120,7 @@ void plan_delta(Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b, const Ta
   }
   if (p.seq_capacity > 0) {
     p.chunk_plan = kernel(Family::DeltaPrep, head_option(cfg), "gdn_chunk_plan");
-    shape1(p.chunk_plan, 1, 1);
+    shape1(p.chunk_plan, GDN_SUB_GROUP, GDN_SUB_GROUP);  // work-item 0 works
     const bool cpu = t.cpu_variants && cfg.head_k_dim % GDN_CPU_LANES == 0 && V % GDN_CPU_LANES == 0;
     const Family family = cpu ? Family::DeltaChunkCpu : Family::DeltaChunk;
     p.chunk_prep = kernel(family, state_option(cfg), cpu ? "gdn_chunk_prep_cpu" : "gdn_chunk_prep");
