@@ -13,7 +13,7 @@ static inline void with_width(int32_t width, F f) {
 }
 
 // Both kernels in SIMD16 (a required sub-group size, though no sub-group function is called): the
-// tile's code for every width in one kernel spilled registers in SIMD32 on pvc.
+// tile's code for every width in one kernel spills registers in SIMD32 on pvc.
 
 // Global (num spec sequences, conv_dim rounded up), local (1, w): one channel per work-item.
 GDN_SUB_GROUP_KERNEL(2) void gdn_conv_spec(GdnConvParams p) {

@@ -142,7 +142,7 @@ GDN_SUB_GROUP_KERNEL(2) void gdn_chunk_scan(GdnDeltaParams p) {
       for (int i = 0; i < TILE_KS; ++i) S_s[me][lane + GDN_SUB_GROUP * i][b] = s[b][i];
     sycl::group_barrier(sg);
     // This lane's chunk rows one at a time (a loop, not unrolled: one row's addresses live at a
-    // time; with all SCAN_ROWS rows' 64-bit addresses live, SIMD16 spilled on Xe-HPG). Rows past
+    // time; with all SCAN_ROWS rows' 64-bit addresses live, SIMD16 spills on Xe-HPG). Rows past
     // len repeat the last row: computed, not stored.
 #pragma unroll 1
     for (int m = 0; m < SCAN_ROWS; ++m) {  // u = U - W S and q S

@@ -16,7 +16,7 @@
 #define TILE_COLS gdn_tile_cols(KD)
 // Where a lane's row i of a column is, from the column's start. vk: the lane's offset plus a
 // constant. kv: the lane's first row plus i uniform steps of GDN_SUB_GROUP rows (per-lane offsets
-// (lane + 16 i) V for every i were kept live across the chunk scan's loop and spilled registers).
+// (lane + 16 i) V for every i stay live across the chunk scan's loop and spill registers).
 #if GDN_VK_LAYOUT
 #define TILE_LANE(S, lane) (S)
 #define TILE_AT(S, lane, i) ((S) + ((lane) + GDN_SUB_GROUP * (i)))
@@ -81,7 +81,7 @@ static inline void recurrent_tile(const GdnDeltaParams &p, const sycl::sub_group
   for (int32_t t = 0; t < r.len; ++t) {
     const int64_t row = global_row(p.token_indx, r.j0 + t);
     // k stays in registers for the update; q is used in this pass only, one value at a time (at
-    // K = 256 both slices beside the tile spilled on Xe-HPG).
+    // K = 256 both slices beside the tile spill on Xe-HPG).
     float kk[TILE_KS];
     load_slice(p.kn + (row * p.H + h) * KD, lane, kk);
     const float *qn = p.qn + (row * p.H + h) * KD;

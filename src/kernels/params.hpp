@@ -49,7 +49,7 @@ enum {
 // the state in registers: lane l keeps rows k = l, l + GDN_SUB_GROUP, ... of gdn_tile_cols(K)
 // state columns, GDN_TILE_FLOATS floats a lane. On Xe-HPG / Xe-LP a SIMD16 float takes two of a
 // thread's 128 registers: 16 tile floats, with the token's k and q slices beside them, fit there
-// (32 spilled on dg2 at K = 128); pvc's registers are twice as wide. GDN_TILE_SUB_GROUPS
+// (32 spill on dg2 at K = 128); pvc's registers are twice as wide. GDN_TILE_SUB_GROUPS
 // sub-groups (tiles) share a work-group.
 enum { GDN_SUB_GROUP = 16, GDN_TILE_FLOATS = 16, GDN_TILE_SUB_GROUPS = 4 };
 static inline constexpr int32_t gdn_tile_cols(int32_t K) {
