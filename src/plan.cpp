@@ -45,6 +45,12 @@ void shape2(Launch &l, int64_t groups, int64_t n, int64_t wg) {
   l.global[0] = (size_t)groups, l.global[1] = (size_t)std::max(round_up(n, wg), wg);
   l.local[0] = 1, l.local[1] = (size_t)wg;
 }
+// The generic recurrent kernel and chunk scan: a sub-group per tile of gdn_tile_cols(K) state
+// columns of each of `groups` (sequence, v-head) pairs, up to GDN_TILE_SUB_GROUPS per work-group.
+void shape_tiles(Launch &l, int64_t groups, int64_t V, int64_t K) {
+  const int64_t tiles = (V + gdn_tile_cols((int32_t)K) - 1) / gdn_tile_cols((int32_t)K);
+  shape2(l, groups, tiles * GDN_SUB_GROUP, std::min<int64_t>(tiles, GDN_TILE_SUB_GROUPS) * GDN_SUB_GROUP);
+}
 void shape1(Launch &l, int64_t n, int64_t wg) {
   l.dims = 1;
   l.global[0] = (size_t)std::max(round_up(n, wg), wg), l.local[0] = (size_t)wg;
@@ -86,7 +92,7 @@ Launch recurrent(const gdn_config_t &cfg, const Target &t, int64_t num_seqs) {
     shape2(l, groups, V / (GDN_CPU_LANES * gdn_kv_cpu_vecs((int32_t)V)), 1);  // alone in its work-group
   } else {
     l = kernel(Family::DeltaRecurrent, state_option(cfg), "gdn_recurrent");
-    shape2(l, groups, V, kWorkGroup);
+    shape_tiles(l, groups, V, cfg.head_k_dim);
   }
   return l;
 }
@@ -98,10 +104,8 @@ void plan_delta(Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b, const Ta
     p.prep = kernel(Family::DeltaPrepCpu, head_option(cfg), "gdn_prep_cpu");
     shape1(p.prep, rows, 1);  // a row per work-item, alone in its group
   } else {
-    p.prep = kernel(Family::DeltaPrep, head_option(cfg), "gdn_prep");
-    p.prep.dims = 2;
-    p.prep.global[0] = (size_t)round_up(rows, kWorkGroup), p.prep.global[1] = (size_t)cfg.num_k_heads;
-    p.prep.local[0] = (size_t)kWorkGroup, p.prep.local[1] = 1;
+    p.prep = kernel(Family::DeltaPrep, head_option(cfg), "gdn_prep");  // a sub-group per (row, k-head)
+    shape2(p.prep, cfg.num_k_heads, rows * GDN_SUB_GROUP, (int64_t)GDN_SUB_GROUP * GDN_TILE_SUB_GROUPS);
   }
   if (non_spec_seqs > 0 && b.non_spec_token_count > 0) {
     p.recurrent_non_spec = recurrent(cfg, t, non_spec_seqs);
@@ -116,7 +120,7 @@ void plan_delta(Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b, const Ta
   }
   if (p.seq_capacity > 0) {
     p.chunk_plan = kernel(Family::DeltaPrep, head_option(cfg), "gdn_chunk_plan");
-    shape1(p.chunk_plan, 1, 1);
+    shape1(p.chunk_plan, GDN_SUB_GROUP, GDN_SUB_GROUP);  // work-item 0 works
     const bool cpu = t.cpu_variants && cfg.head_k_dim % GDN_CPU_LANES == 0 && V % GDN_CPU_LANES == 0;
     const Family family = cpu ? Family::DeltaChunkCpu : Family::DeltaChunk;
     p.chunk_prep = kernel(family, state_option(cfg), cpu ? "gdn_chunk_prep_cpu" : "gdn_chunk_prep");
@@ -127,7 +131,7 @@ void plan_delta(Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b, const Ta
       shape2(p.chunk_scan, p.seq_capacity * HV, (V + cols - 1) / cols, 1);
     } else {
       shape2(p.chunk_prep, p.chunk_capacity * HV, GDN_CHUNK_SIZE, GDN_CHUNK_SIZE);
-      shape2(p.chunk_scan, p.seq_capacity * HV, V, kWorkGroup);
+      shape_tiles(p.chunk_scan, p.seq_capacity * HV, V, cfg.head_k_dim);
     }
   }
   if (b.num_spec_decodes > 0 && b.spec_token_count > 0) p.recurrent_spec = recurrent(cfg, t, b.num_spec_decodes);

@@ -14,6 +14,8 @@
 
 namespace syclexp = sycl::ext::oneapi::experimental;
 #define GDN_KERNEL(dims) extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<dims>))
+// A kernel whose work-items cooperate through sub-group functions in sub-groups of GDN_SUB_GROUP lanes.
+#define GDN_SUB_GROUP_KERNEL(dims) GDN_KERNEL(dims) SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::sub_group_size<GDN_SUB_GROUP>))
 
 // bf16 by bit operations: sycl::ext::oneapi::bfloat16 pulls in a device library that crashes the
 // runtime's persistent cache (2026.1/2026.2: a segfault in PersistentDeviceCodeCache, cold or warm).

@@ -1,13 +1,16 @@
 // delta_chunk.cpp — the generic chunk kernels (Intel GPUs; the CPU device runs delta_chunk_cpu.cpp
 // when K and V are multiples of 16, unless GDN_XPU_GENERIC_KERNELS=1). Algorithm: delta_chunk.hpp.
 #include "delta_chunk.hpp"
+#include "delta_recurrent.hpp"  // the state tile
 #include <sycl/ext/oneapi/work_group_static.hpp>
 #include <sycl/group_algorithm.hpp>
 #include <sycl/group_barrier.hpp>
 
 // Global: (chunk_capacity*HV, GDN_CHUNK_SIZE), local (1, GDN_CHUNK_SIZE): one work-group per (chunk, v-head),
-// the chunk's matrices in work-group local memory.
-GDN_KERNEL(2) void gdn_chunk_prep(GdnDeltaParams p) {
+// the chunk's matrices in work-group local memory. In sub-groups of GDN_SUB_GROUP as gdn_chunk_scan:
+// kernels of one file with different sub-group sizes become separate programs, which the disk
+// cache cannot keep.
+GDN_SUB_GROUP_KERNEL(2) void gdn_chunk_prep(GdnDeltaParams p) {
   const auto it = item2();
   const auto grp = it.get_group();
   const int32_t c = (int32_t)(it.get_group(0) / p.HV), hv = (int32_t)(it.get_group(0) % p.HV);
@@ -16,8 +19,8 @@ GDN_KERNEL(2) void gdn_chunk_prep(GdnDeltaParams p) {
   const int32_t jfirst = ct[1], len = ct[2];
   if (len == 0) return;  // an unused row of the table (the whole work-group leaves)
   const int32_t h = hv / (p.HV / p.H);
-  static syclexp::work_group_static<float[GDN_CHUNK_SIZE][GDN_CHUNK_SIZE]> A_s;   // A, strictly lower
-  static syclexp::work_group_static<float[GDN_CHUNK_SIZE][GDN_CHUNK_SIZE]> T_s;   // (I + A)^-1, unit lower
+  static syclexp::work_group_static<float[GDN_CHUNK_SIZE][GDN_CHUNK_SIZE]> A_s;   // A, strictly lower; then T diag(beta d)
+  static syclexp::work_group_static<float[GDN_CHUNK_SIZE][GDN_CHUNK_SIZE]> T_s;   // (I + A)^-1, unit lower; then T diag(beta)
   static syclexp::work_group_static<float[GDN_CHUNK_SIZE]> P_s, B_s, D_s;  // P, beta, d (delta_chunk.hpp)
   static syclexp::work_group_static<int32_t[GDN_CHUNK_SIZE]> R_s;
   static syclexp::work_group_static<int64_t[GDN_CHUNK_SIZE]> row_s;
@@ -60,41 +63,148 @@ GDN_KERNEL(2) void gdn_chunk_prep(GdnDeltaParams p) {
   sycl::group_barrier(grp);
 
   // Forward substitution, work-item i owns column i: T[r][i] = -sum_{l=i}^{r-1} A[r][l] T[l][i].
-  float tcol[GDN_CHUNK_SIZE];
-  for (int32_t r = 0; r < GDN_CHUNK_SIZE; ++r) tcol[r] = r == i ? 1.0f : 0.0f;
+  // The column lives in T_s itself, not in a per-work-item array: an array indexed by the loop
+  // variables is private memory (scratch on a GPU, and spilled registers on pvc).
+  for (int32_t r = 0; r < GDN_CHUNK_SIZE; ++r) T_s[r][i] = r == i ? 1.0f : 0.0f;
   for (int32_t r = i + 1; r < len; ++r) {
     float acc = 0.0f;
-    for (int32_t l = i; l < r; ++l) acc += A_s[r][l] * tcol[l];
-    tcol[r] = -acc;
+    for (int32_t l = i; l < r; ++l) acc += A_s[r][l] * T_s[l][i];
+    T_s[r][i] = -acc;
   }
-  for (int32_t r = 0; r < GDN_CHUNK_SIZE; ++r) T_s[r][i] = tcol[r];
   sycl::group_barrier(grp);
 
   if (!valid) return;
-  float cw[GDN_CHUNK_SIZE], cu[GDN_CHUNK_SIZE];
+  // Row i of T diag(beta) (for U) in place of T's, row i of T diag(beta d) (for W) in place of A's:
+  // work-item i alone reads either row from here on.
   for (int32_t j = 0; j <= i; ++j) {
-    cu[j] = T_s[i][j] * B_s[j];
-    cw[j] = cu[j] * D_s[j];
+    const float tb = T_s[i][j] * B_s[j];
+    T_s[i][j] = tb;
+    A_s[i][j] = tb * D_s[j];
   }
   float *w = p.chunk_w + (pos + i) * KD;
   for (int k = 0; k < KD; ++k) {
     float acc = 0.0f;
-    for (int32_t j = 0; j <= i; ++j) acc += cw[j] * p.kn[(row_s[j] * p.H + h) * KD + k];
+    for (int32_t j = 0; j <= i; ++j) acc += A_s[i][j] * p.kn[(row_s[j] * p.H + h) * KD + k];
     w[k] = acc;
   }
   float *u = p.chunk_u + (pos + i) * p.V;
   const int64_t vcol = p.v_offset + (int64_t)hv * p.V;
   for (int32_t vv = 0; vv < p.V; ++vv) {
     float acc = 0.0f;
-    for (int32_t j = 0; j <= i; ++j) acc += cu[j] * load_act(p.qkv, row_s[j] * p.qkv_stride + vcol + vv);
+    for (int32_t j = 0; j <= i; ++j) acc += T_s[i][j] * load_act(p.qkv, row_s[j] * p.qkv_stride + vcol + vv);
     u[vv] = acc;
   }
 }
 
-// Global: (seq_capacity*HV, V rounded up), one work-item per state column.
-GDN_KERNEL(2) void gdn_chunk_scan(GdnDeltaParams p) {
+// The chunk scan (delta_chunk.hpp) with the state tile of the recurrent kernel: a sub-group per
+// tile of TILE_COLS state columns of a (sequence, v-head), lane l holding rows k = l + GDN_SUB_GROUP i
+// in registers (delta_recurrent.hpp). Per chunk, each product split so that no lane needs another
+// lane's registers and nothing in registers is indexed by a variable:
+//   W S, q S   lane l takes chunk rows l, l + GDN_SUB_GROUP, ... (SCAN_ROWS of them) against the
+//              tile copied to SLM (a broadcast read per k); u = U - W S and q S go to SLM
+//   o          the same rows: d (q S) + Aqk u (Aqk is 0 above the diagonal), u from SLM
+//   S          lane l's state rows: d_last S + K^T (D[last][.] u), u from SLM
+#define SCAN_ROWS (GDN_CHUNK_SIZE / GDN_SUB_GROUP)
+static_assert(GDN_CHUNK_SIZE % GDN_SUB_GROUP == 0, "chunk rows spread evenly over a sub-group");
+
+// Global (seq_capacity*HV, column tiles * GDN_SUB_GROUP rounded up), local (1, up to
+// GDN_TILE_SUB_GROUPS sub-groups), as gdn_recurrent. SLM per sub-group: its tile, u and q S.
+GDN_SUB_GROUP_KERNEL(2) void gdn_chunk_scan(GdnDeltaParams p) {
   const auto it = item2();
+  const auto sg = it.get_sub_group();
   const int32_t e = (int32_t)(it.get_group(0) / p.HV), hv = (int32_t)(it.get_group(0) % p.HV);  // uniform
-  const int32_t v = (int32_t)it.get_global_id(1);
-  if (e < p.seq_capacity && v < p.V) chunk_scan_body<1, 1, 1, SCAN_RB, SCAN_KB>(p, e, hv, v);
+  const int32_t v0 = (int32_t)(it.get_global_id(1) / GDN_SUB_GROUP) * TILE_COLS;
+  const int32_t me = (int32_t)sg.get_group_linear_id(), lane = (int32_t)sg.get_local_linear_id();
+  static syclexp::work_group_static<float[GDN_TILE_SUB_GROUPS][GDN_SUB_GROUP * TILE_KS][TILE_COLS]> S_s;
+  static syclexp::work_group_static<float[GDN_TILE_SUB_GROUPS][TILE_COLS][GDN_CHUNK_SIZE]> U_s, Q_s;
+  if (e >= p.seq_capacity || v0 >= p.V) return;
+  const int32_t *st = p.seq_table + (int64_t)e * GDN_TABLE_INTS;
+  const int32_t seq = st[0], c0 = st[1], nc = st[2];
+  if (nc == 0) return;  // an unused row of the table
+  const SeqSlots ss = seq_slots(p, seq, false);
+  const int32_t j0 = p.query_start_loc[seq];
+  if (ss.skip) {
+    if (lane < TILE_COLS && v0 + lane < p.V) zero_outputs(p, j0, p.query_start_loc[seq + 1] - j0, hv, v0 + lane);
+    return;
+  }
+  const int32_t h = hv / (p.HV / p.H);
+  Checkpoints ckpt = checkpoints(p.slots, seq, ss.start, 0, p.pad_slot_id);
+  state_tile s;
+  load_tile(p, ss.read_slot, hv, v0, lane, ss.init, s);
+  for (int32_t c = c0; c < c0 + nc; ++c) {
+    const int32_t jfirst = p.chunk_table[(int64_t)c * GDN_TABLE_INTS + 1], len = p.chunk_table[(int64_t)c * GDN_TABLE_INTS + 2];
+    const int64_t pos = chunk_pos(p, hv, c);
+    const float *dstart = p.chunk_dstart + pos, *dend = p.chunk_dend + pos;
+    sycl::group_barrier(sg);  // the previous chunk's reads of U_s are done
+#pragma unroll
+    for (int b = 0; b < TILE_COLS; ++b)
+#pragma unroll
+      for (int i = 0; i < TILE_KS; ++i) S_s[me][lane + GDN_SUB_GROUP * i][b] = s[b][i];
+    sycl::group_barrier(sg);
+    // This lane's chunk rows one at a time (a loop, not unrolled: one row's addresses live at a
+    // time; with all SCAN_ROWS rows' 64-bit addresses live, SIMD16 spills on Xe-HPG). Rows past
+    // len repeat the last row: computed, not stored.
+#pragma unroll 1
+    for (int m = 0; m < SCAN_ROWS; ++m) {  // u = U - W S and q S
+      const int32_t i = lane + GDN_SUB_GROUP * m, ic = sycl::min(i, len - 1);
+      const float *w = p.chunk_w + (pos + ic) * KD;
+      const float *q = p.qn + (global_row(p.token_indx, jfirst + ic) * p.H + h) * KD;
+      float ws[TILE_COLS] = {}, qs[TILE_COLS] = {};
+      for (int k = 0; k < KD; ++k) {
+        const float wk = w[k], qk = q[k];
+#pragma unroll
+        for (int b = 0; b < TILE_COLS; ++b) {
+          const float sk = S_s[me][k][b];
+          ws[b] += wk * sk;
+          qs[b] += qk * sk;
+        }
+      }
+      if (i < len)
+#pragma unroll
+        for (int b = 0; b < TILE_COLS; ++b) {
+          U_s[me][b][i] = (v0 + b < p.V ? p.chunk_u[(pos + i) * p.V + v0 + b] : 0.0f) - ws[b];
+          Q_s[me][b][i] = qs[b];
+        }
+    }
+    sycl::group_barrier(sg);
+#pragma unroll 1
+    for (int m = 0; m < SCAN_ROWS; ++m) {  // o = d (q S) + Aqk u (Aqk is 0 above the diagonal)
+      const int32_t i = lane + GDN_SUB_GROUP * m, ic = sycl::min(i, len - 1);
+      const float *aqk = p.chunk_aqk + (pos + ic) * GDN_CHUNK_SIZE;
+      float o[TILE_COLS];
+#pragma unroll
+      for (int b = 0; b < TILE_COLS; ++b) o[b] = dstart[ic] * Q_s[me][b][ic];
+      for (int32_t j = 0; j < len; ++j) {
+        const float a = aqk[j];
+#pragma unroll
+        for (int b = 0; b < TILE_COLS; ++b) o[b] += a * U_s[me][b][j];
+      }
+      if (i < len) {
+        const int64_t at = global_row(p.token_indx, jfirst + i) * p.out_stride + (int64_t)hv * p.V + v0;
+#pragma unroll
+        for (int b = 0; b < TILE_COLS; ++b)
+          if (v0 + b < p.V) store_act(p.out, at + b, o[b]);
+      }
+    }
+    const float dlast = dstart[len - 1];  // S = d_last S + K^T (D[last][.] u)
+#pragma unroll
+    for (int b = 0; b < TILE_COLS; ++b)
+#pragma unroll
+      for (int i = 0; i < TILE_KS; ++i) s[b][i] *= dlast;
+    for (int32_t j = 0; j < len; ++j) {
+      float kk[TILE_KS];
+      load_slice(p.kn + (global_row(p.token_indx, jfirst + j) * p.H + h) * KD, lane, kk);
+      const float dj = dend[j];
+#pragma unroll
+      for (int b = 0; b < TILE_COLS; ++b) {
+        const float ub = U_s[me][b][j] * dj;
+#pragma unroll
+        for (int i = 0; i < TILE_KS; ++i) s[b][i] += kk[i] * ub;
+      }
+    }
+    // A block checkpoint is always a chunk end (gdn_chunk_plan aligns the chunks to it).
+    const int32_t ck = ckpt.after(jfirst + len - 1 - j0);
+    if (ck != p.pad_slot_id) store_tile(p, ck, hv, v0, lane, s);
+  }
+  store_tile(p, ss.cols[0], hv, v0, lane, s);
 }

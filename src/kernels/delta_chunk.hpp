@@ -4,7 +4,7 @@
 // e^g over tokens j+1..i) and d_i the decay from the chunk's initial state to token i:
 //   chunk prep  (all chunks in parallel)  A = tril(beta_i D[i][j] k_i.k_j, -1), T = (I + A)^-1,
 //               W = T (beta d K), U = T (beta V), Aqk = tril(D[i][j] q_i.k_j), d, D[last][i]
-//   chunk scan  (per sequence, chunk after chunk, S[:, v] carried in registers)
+//   chunk scan  (per sequence, chunk after chunk, the state carried in registers)
 //               u = U - W S,  o = d (q S) + Aqk u,  S = d_last S + K^T (D[last][.] u)
 // Chunks come from the device-built plan (gdn_chunk_plan, delta_prep.cpp); the workspace holds
 // row i of chunk c of v-head hv at (hv * chunk_capacity + c) * GDN_CHUNK_SIZE + i.
@@ -21,12 +21,6 @@
 // recurrence's own e^g, so both paths agree on which tokens reset.
 #pragma once
 #include "delta.hpp"
-
-// The generic chunk scan's register blocking (template arguments RB, KB of chunk_scan_body; the
-// CPU variant has its own, delta_chunk_cpu.cpp): rows of W / q per pass, state rows per pass of
-// the state update.
-#define SCAN_RB 4
-#define SCAN_KB 8
 
 static inline int64_t chunk_pos(const GdnDeltaParams &p, int32_t hv, int32_t c) {
   return ((int64_t)hv * p.chunk_capacity + c) * GDN_CHUNK_SIZE;
@@ -135,8 +129,9 @@ static inline void chunk_scan_columns(const GdnDeltaParams &p, int64_t pos, int3
 }
 
 // The chunk scan of one (sequence, v-head) over NB blocks of NL state columns from v0 on
-// (Lanes<NL>, common.hpp), CB blocks per pass: one body, so the generic (NL = NB = CB = 1) and CPU
-// (NL = 16) kernels carry the same algorithm. The blocks are walked INSIDE the chunk loop: a
+// (Lanes<NL>, common.hpp), CB blocks per pass: the CPU device's kernel (NL = 16; the generic
+// kernel in delta_chunk.cpp computes the same products with the state spread over a sub-group,
+// docs/gpu.md). The blocks are walked INSIDE the chunk loop: a
 // chunk's W, q, k and Aqk (~112 KiB per v-head at K = 128) are read from memory once and reused
 // from the cache by every block. A work-item per block each walking the whole sequence alone
 // re-read them per block, from DRAM once a sequence's chunk data outgrew the caches.

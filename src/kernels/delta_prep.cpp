@@ -1,29 +1,44 @@
 // delta_prep.cpp — the per-row preprocessing of the gated delta rule (generic kernel; the CPU
 // device's variant is delta_prep_cpu.cpp) and the chunk plan.
 #include "delta_prep.hpp"
+#include <sycl/group_algorithm.hpp>
 
-// Global (rows rounded up, H), local (16, 1): one work-item per (row, k-head) writes the
-// l2-normalized, scaled q and k of its row (f32) and the gates of the v-heads sharing the k-head.
-GDN_KERNEL(2) void gdn_prep(GdnPrepParams p) {
+// A sub-group of GDN_SUB_GROUP lanes per (row, k-head): lane l takes q and k elements
+// l, l + GDN_SUB_GROUP, ... (loads and stores contiguous across the lanes), the sums of squares
+// by sub-group reductions, and v-heads l, l + GDN_SUB_GROUP, ... of the k-head's gates.
+// Global (H, rows * GDN_SUB_GROUP rounded up), local (1, GDN_SUB_GROUP * GDN_TILE_SUB_GROUPS): the
+// sub-groups run along the last dimension (on the CPU device the only one they can span).
+#define PREP_KS ((KD + GDN_SUB_GROUP - 1) / GDN_SUB_GROUP)
+GDN_SUB_GROUP_KERNEL(2) void gdn_prep(GdnPrepParams p) {
   const auto it = item2();
-  const int64_t row = it.get_global_id(0);
-  const int32_t h = (int32_t)it.get_global_id(1);
+  const auto sg = it.get_sub_group();
+  const int64_t row = (int64_t)(it.get_global_id(1) / GDN_SUB_GROUP);  // uniform across the sub-group
+  const int32_t h = (int32_t)it.get_group(0), lane = (int32_t)sg.get_local_linear_id();
   if (row >= p.rows || h >= p.H) return;
   const int64_t qbase = row * p.qkv_stride + (int64_t)h * KD, kbase = qbase + (int64_t)p.H * KD;
-  float sq = 0.0f, sk = 0.0f;
-  for (int k = 0; k < KD; ++k) {
-    const float q = load_act(p.qkv, qbase + k), kk = load_act(p.qkv, kbase + k);
-    sq += q * q;
-    sk += kk * kk;
+  float q[PREP_KS], k[PREP_KS], sq = 0.0f, sk = 0.0f;
+#pragma unroll
+  for (int i = 0; i < PREP_KS; ++i) {
+    const int32_t e = lane + GDN_SUB_GROUP * i;
+    const bool in = KD % GDN_SUB_GROUP == 0 || e < KD;
+    q[i] = in ? load_act(p.qkv, qbase + e) : 0.0f;
+    k[i] = in ? load_act(p.qkv, kbase + e) : 0.0f;
+    sq += q[i] * q[i];
+    sk += k[i] * k[i];
   }
-  const float rq = l2_factor(p, sq) * p.scale, rk = l2_factor(p, sk);
+  const float rq = l2_factor(p, sycl::reduce_over_group(sg, sq, sycl::plus<float>())) * p.scale;
+  const float rk = l2_factor(p, sycl::reduce_over_group(sg, sk, sycl::plus<float>()));
   float *qn = p.qn + (row * p.H + h) * KD, *kn = p.kn + (row * p.H + h) * KD;
-  for (int k = 0; k < KD; ++k) {
-    qn[k] = load_act(p.qkv, qbase + k) * rq;
-    kn[k] = load_act(p.qkv, kbase + k) * rk;
+#pragma unroll
+  for (int i = 0; i < PREP_KS; ++i) {
+    const int32_t e = lane + GDN_SUB_GROUP * i;
+    if (KD % GDN_SUB_GROUP == 0 || e < KD) {
+      qn[e] = q[i] * rq;
+      kn[e] = k[i] * rk;
+    }
   }
   const int32_t ratio = p.HV / p.H;
-  prep_gates(p, row, h * ratio, ratio);
+  for (int32_t j = lane; j < ratio; j += GDN_SUB_GROUP) prep_gates(p, row, h * ratio + j, 1);
 }
 
 // The chunk plan of the non-spec sequences, built on the device from non_spec_query_start_loc
@@ -36,8 +51,11 @@ GDN_KERNEL(2) void gdn_prep(GdnPrepParams p) {
 // request's absolute positions: the first one ends where the request holds a multiple of
 // GDN_CHUNK_SIZE tokens (non_spec_start_pos), so every boundary is a chunk end and the chunk scan
 // stores the checkpoint there (one more partial chunk per sequence at most: the host's capacity).
-// Global 1, local 1: one serial pass, O(sequences + chunks).
-GDN_KERNEL(1) void gdn_chunk_plan(GdnDeltaParams p) {
+// Global GDN_SUB_GROUP, local GDN_SUB_GROUP: work-item 0 makes one serial pass, O(sequences + chunks)
+// (one sub-group, as gdn_prep's: kernels of one file with different sub-group sizes become
+// separate programs, which the disk cache cannot keep).
+GDN_SUB_GROUP_KERNEL(1) void gdn_chunk_plan(GdnDeltaParams p) {
+  if (item1().get_global_id(0) != 0) return;
   const bool align = p.slots.ckpt_interval > 0 && p.slots.start_pos;
   int32_t chunks = 0, seqs = 0;
   for (int32_t i = 0; i < p.num_seqs; ++i) {

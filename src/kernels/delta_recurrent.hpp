@@ -1,50 +1,117 @@
-// delta_recurrent.hpp — the token recurrence over one state column of one (sequence, v-head):
-// S[:, v] in registers (the generic kernel: one column per work-item, any layout; the CPU
-// device's variants, one per layout, are in delta_recurrent_cpu.cpp). Per token:
-//   S = e^g S;  u = beta (v - S^T k);  S += k u^T;  o = S^T q.
+// delta_recurrent.hpp — the generic token recurrence (Intel GPUs; the CPU device's variants, one
+// per layout, are in delta_recurrent_cpu.cpp) and the state tile the generic chunk scan shares.
+// A sub-group of GDN_SUB_GROUP lanes walks one (sequence, v-head) for TILE_COLS state columns
+// v0 .. v0+TILE_COLS-1, the tile S[:, v0..] spread over its lanes in registers: lane l holds rows
+// k = l + GDN_SUB_GROUP i (i < TILE_KS) of every column (params.hpp, gdn_tile_cols). Per token,
+// with d = e^g and one pass over the tile for both dot products:
+//   a = S^T k,  c = S^T q,  kq = k.q        lane sums, then sub-group reductions
+//   u = beta (v - d a);  o = d c + u kq;    S = d S + k u^T
+// (o = S'^T q for the updated S' = d S + k u^T; the reference's order, S = d S; u = beta (v - S^T k);
+// S += k u^T; o = S^T q, is the same sum.)
 #pragma once
+#include <sycl/group_algorithm.hpp>
 #include "delta.hpp"
 
-static inline void recurrent_column(const GdnDeltaParams &p, int32_t seq, int32_t hv, int32_t v) {
+#define TILE_KS ((KD + GDN_SUB_GROUP - 1) / GDN_SUB_GROUP)
+#define TILE_COLS gdn_tile_cols(KD)
+// Where a lane's row i of a column is, from the column's start. vk: the lane's offset plus a
+// constant. kv: the lane's first row plus i uniform steps of GDN_SUB_GROUP rows (per-lane offsets
+// (lane + 16 i) V for every i stay live across the chunk scan's loop and spill registers).
+#if GDN_VK_LAYOUT
+#define TILE_LANE(S, lane) (S)
+#define TILE_AT(S, lane, i) ((S) + ((lane) + GDN_SUB_GROUP * (i)))
+#else
+#define TILE_LANE(S, lane) ((S) + (lane) * K_STRIDE)
+#define TILE_AT(S, lane, i) ((S) + (int64_t)GDN_SUB_GROUP * K_STRIDE * (i))
+#endif
+// Row i of a lane's slice exists (K need not be a multiple of GDN_SUB_GROUP).
+static inline bool tile_row(int lane, int i) { return KD % GDN_SUB_GROUP == 0 || lane + GDN_SUB_GROUP * i < KD; }
+
+typedef float state_tile[TILE_COLS][TILE_KS];
+
+// The tile of columns v0.. of (slot, v-head) into s: zeros when !init, and past V or K.
+static inline void load_tile(const GdnDeltaParams &p, int32_t slot, int32_t hv, int32_t v0, int lane, bool init,
+                             state_tile &s) {
+#pragma unroll
+  for (int b = 0; b < TILE_COLS; ++b) {
+    const bool col = init && v0 + b < p.V;
+    const state_t *S = TILE_LANE(state_column(p, col ? slot : 0, hv, col ? v0 + b : 0), lane);
+#pragma unroll
+    for (int i = 0; i < TILE_KS; ++i)
+      s[b][i] = col && tile_row(lane, i) ? load_state(TILE_AT(S, lane, i)) : 0.0f;
+  }
+}
+
+static inline void store_tile(const GdnDeltaParams &p, int32_t slot, int32_t hv, int32_t v0, int lane,
+                              const state_tile &s) {
+#pragma unroll
+  for (int b = 0; b < TILE_COLS; ++b) {
+    if (v0 + b >= p.V) break;
+    state_t *S = TILE_LANE(state_column(p, slot, hv, v0 + b), lane);
+#pragma unroll
+    for (int i = 0; i < TILE_KS; ++i)
+      if (tile_row(lane, i)) store_state(TILE_AT(S, lane, i), s[b][i]);
+  }
+}
+
+// A lane's slice of a K-vector (q or k of a token): x[lane + GDN_SUB_GROUP i], 0 past K.
+static inline void load_slice(const float *x, int lane, float (&r)[TILE_KS]) {
+#pragma unroll
+  for (int i = 0; i < TILE_KS; ++i) r[i] = tile_row(lane, i) ? x[lane + GDN_SUB_GROUP * i] : 0.0f;
+}
+
+static inline float sg_sum(const sycl::sub_group &sg, float x) { return sycl::reduce_over_group(sg, x, sycl::plus<float>()); }
+
+// The walk of sequence seq of the bound group for the tile of columns v0..; lane l < TILE_COLS
+// stores column v0 + l's outputs.
+static inline void recurrent_tile(const GdnDeltaParams &p, const sycl::sub_group &sg, int32_t seq, int32_t hv,
+                                  int32_t v0) {
+  const int lane = (int)sg.get_local_linear_id();
   RecurrentSeq r;
   if (!recurrent_seq(p, seq, &r)) return;
+  const int32_t vl = v0 + lane;
+  const bool writer = lane < TILE_COLS && vl < p.V;
   if (r.skip) {
-    zero_outputs(p, r.j0, r.len, hv, v);
+    if (writer) zero_outputs(p, r.j0, r.len, hv, vl);
     return;
   }
   const int32_t h = hv / (p.HV / p.H);
-  float s[KD];
-  if (r.init) {
-    const state_t *S = state_column(p, r.read_slot, hv, v);
-    for (int k = 0; k < KD; ++k) s[k] = load_state(S + k * K_STRIDE);
-  } else {
-    for (int k = 0; k < KD; ++k) s[k] = 0.0f;
-  }
+  state_tile s;
+  load_tile(p, r.read_slot, hv, v0, lane, r.init, s);
   for (int32_t t = 0; t < r.len; ++t) {
     const int64_t row = global_row(p.token_indx, r.j0 + t);
-    const float *kn = p.kn + (row * p.H + h) * KD, *qn = p.qn + (row * p.H + h) * KD;
+    // k stays in registers for the update; q is used in this pass only, one value at a time (at
+    // K = 256 both slices beside the tile spill on Xe-HPG).
+    float kk[TILE_KS];
+    load_slice(p.kn + (row * p.H + h) * KD, lane, kk);
+    const float *qn = p.qn + (row * p.H + h) * KD;
     const float decay = sycl::exp(p.g[row * p.HV + hv]), beta = p.beta[row * p.HV + hv];
-    const float vv = load_act(p.qkv, row * p.qkv_stride + p.v_offset + (int64_t)hv * p.V + v);
-    float kv = 0.0f;
-    for (int k = 0; k < KD; ++k) {
-      s[k] *= decay;
-      kv += s[k] * kn[k];
+    float a[TILE_COLS] = {}, c[TILE_COLS] = {}, kq = 0.0f;
+#pragma unroll
+    for (int i = 0; i < TILE_KS; ++i) {
+      const float qi = tile_row(lane, i) ? qn[lane + GDN_SUB_GROUP * i] : 0.0f;
+      kq += kk[i] * qi;
+#pragma unroll
+      for (int b = 0; b < TILE_COLS; ++b) {
+        a[b] += s[b][i] * kk[i];
+        c[b] += s[b][i] * qi;
+      }
     }
-    const float u = beta * (vv - kv);
+    kq = sg_sum(sg, kq);
+    const int64_t vrow = row * p.qkv_stride + p.v_offset + (int64_t)hv * p.V + v0;
     float o = 0.0f;
-    for (int k = 0; k < KD; ++k) {
-      s[k] += u * kn[k];
-      o += s[k] * qn[k];
+#pragma unroll
+    for (int b = 0; b < TILE_COLS; ++b) {
+      const float vv = v0 + b < p.V ? load_act(p.qkv, vrow + b) : 0.0f;  // one address: a broadcast load
+      const float u = beta * (vv - decay * sg_sum(sg, a[b]));
+      const float ob = decay * sg_sum(sg, c[b]) + u * kq;
+      o = lane == b ? ob : o;
+#pragma unroll
+      for (int i = 0; i < TILE_KS; ++i) s[b][i] = decay * s[b][i] + kk[i] * u;
     }
-    store_act(p.out, row * p.out_stride + (int64_t)hv * p.V + v, o);
+    if (writer) store_act(p.out, row * p.out_stride + (int64_t)hv * p.V + vl, o);
     const int32_t to = token_store_slot(r, t);  // spec write-back or block checkpoint
-    if (to != p.pad_slot_id) {
-      state_t *S = state_column(p, to, hv, v);
-      for (int k = 0; k < KD; ++k) store_state(S + k * K_STRIDE, s[k]);
-    }
+    if (to != p.pad_slot_id) store_tile(p, to, hv, v0, lane, s);
   }
-  if (!r.spec) {
-    state_t *S = state_column(p, r.cols[0], hv, v);
-    for (int k = 0; k < KD; ++k) store_state(S + k * K_STRIDE, s[k]);
-  }
+  if (!r.spec) store_tile(p, r.cols[0], hv, v0, lane, s);
 }
