@@ -91,14 +91,13 @@ void check_pointers(const Checked &c, Op op) {
   const gdn_tensors_t &t = c.t;
   const sycl::queue &q = c.q;
   const bool conv = op != Op::Delta, delta = op != Op::Conv, gates = delta && !t.g, norm = op == Op::Attention && t.z;
-  const int64_t T = b.num_actual_tokens, nns = c.num_non_spec_seqs, nsd = b.num_spec_decodes;
+  const int64_t T = b.num_actual_tokens, ns = c.num_non_spec_seqs, sp = b.num_spec_decodes;
   const int64_t hv = cfg.num_v_heads, ov = (int64_t)cfg.num_v_heads * cfg.head_v_dim, C = c.conv_dim;
   const size_t act = c.act_bytes, state = dtype_bytes(cfg.state_dtype);
   const int64_t ws = (int64_t)std::min<size_t>(t.workspace_bytes, INT64_MAX);
   // Metadata: the lengths the counts imply (read_metadata reads these); a group without sequences
   // reads none of its arrays. (Counts are non-negative here: validate_batch_counts.)
   auto ints = [](int64_t n, size_t elem, const char *unit) { return Need{n * (int64_t)elem, n, unit}; };
-  const int64_t ns = nns, sp = nsd;
   const Need ns_seqs = ints(ns, 4, "entries: num_prefills + num_decodes"), sp_seqs = ints(sp, 4, "entries: num_spec_decodes");
   // Row arrays: num_actual_tokens rows at their stride; weights: their shapes; caches: every slot.
   auto rows = [&](bool used, int64_t stride, int64_t width, size_t elem) {
