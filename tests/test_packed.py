@@ -161,6 +161,28 @@ def test_strided_rows(queue, order):
     assert np.all(dequantize(z_wide[:, :16], "bf16") == 7.0), "z_out wrote outside its columns"
 
 
+@pytest.mark.parametrize("order", ORDERS)
+def test_conv_and_delta_entry_points(queue, order):
+    """gdn_causal_conv1d reads qkvz (and copies z to z_out), gdn_gated_delta_rule reads ba: the same
+    conv_out, outputs and caches as from mixed_qkv and a, b."""
+    s = Step(queue, order, (2, 4, 16, 16), "bf16", "mixed", norm=False)
+    q, T, (H, HV, K, V) = s.queue, s.T, s.dims
+    outs = []
+    for cfg, layer, packed in ((s.cfg, s.layers[0], False), (s.cfg_p, s.layers[1], True)):
+        conv_out = usm(q, np.zeros((T, cfg.conv_dim), np.uint16))
+        core = s.fill(5.0)
+        z_out = s.fill(7.0) if packed else None
+        inputs = dict(qkvz=usm(q, s.qkvz_s), z_out=z_out) if packed else dict(mixed_qkv=usm(q, s.x_s))
+        pygdn.causal_conv1d(q, cfg, to_device(s.meta, q), conv_weight=layer.d_w, conv_bias=layer.d_bias,
+                            conv_state=layer.d_conv, conv_out=conv_out, **inputs)
+        gates = dict(ba=usm(q, s.ba_s)) if packed else dict(a=usm(q, s.a_s), b=usm(q, s.b_s))
+        pygdn.gated_delta_rule(q, cfg, to_device(s.meta, q), conv_out=conv_out, A_log=layer.d_A, dt_bias=layer.d_dt,
+                               ssm_state=layer.d_ssm, core_attn_out=core, **gates)
+        outs.append((conv_out.to_numpy(), core.to_numpy(), z_out))
+    assert np.array_equal(outs[0][0], outs[1][0]), "conv_out"
+    s.check_same(outs[0][1], outs[1][1], outs[1][2])
+
+
 # ----------------------------------------------------------------------------- errors
 def failing(s, match, status, **kw):
     """A packed call that must fail with `status`, naming `match`, and write nothing."""
