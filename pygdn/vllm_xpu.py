@@ -18,11 +18,13 @@ What it maps (docs/op.md "Packed projections" has the sources):
 - nothing is read back to the host (validation "counts"; with prefills the library still reads
   non_spec_query_start_loc, gdn_xpu.h).
 
-Tensors: torch XPU tensors (DLPack kDLOneAPI, queue = torch.xpu.current_stream().sycl_queue unless
-`queue=` is given) or torch CPU tensors (host memory, on an in-order queue of the SYCL CPU device),
-any framework's DLPack or SUAI arrays with `queue=`. Index arrays are int32, as vllm-xpu-kernels
-requires (vLLM converts its int64 token indices before the call); A_log and dt_bias f32.
-torch is not imported by this module.
+Tensors: torch XPU tensors (DLPack kDLOneAPI; queue = torch.xpu.current_stream().sycl_queue unless
+`queue=` is given; the call returns without waiting, ordered on that stream) or torch CPU tensors
+(host memory, on an in-order queue of the SYCL CPU device unless `queue=` is given; the call waits,
+as vLLM's CPU kernels return finished). Index arrays are int32, as vllm-xpu-kernels requires (vLLM
+converts its int64 token indices before the call; pygdn refuses int64 by name); A_log and dt_bias
+f32. num_accepted_tokens must be >= 1 (vllm-xpu-kernels clamps 0 to 1; the library, validating
+counts only here, trusts it). This module imports torch only to find an XPU tensor's stream.
 """
 from __future__ import annotations
 

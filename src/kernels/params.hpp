@@ -83,8 +83,8 @@ struct GdnSlotUse {
 // Columns of the packed projections (gdn_xpu.h, gdn_packed_order_t). A packed qkvz row is `groups`
 // groups of [q (kg) | k (kg) | v (vg) | z (vg)], a ba row groups of [b (rg) | a (rg)]: GROUPED has one
 // group per k-head, CONTIGUOUS one group. The unpacked arrays are the one-group case without z
-// (mixed_qkv = [q|k|v], a and b apart), where every mapping below is the identity; so the kernels
-// always map, and one code path reads both.
+// (mixed_qkv = [q|k|v], a and b apart), where gdn_qkv_col and gdn_group_col are the identity; so
+// the kernels always map, and one code path reads both.
 struct GdnPackedCols {
   int32_t qk_dim;      // H*K: the q channels (the k channels follow)
   int32_t kg, vg;      // q (and k) channels, v (and z) channels of a group
