@@ -188,9 +188,9 @@ def failing(s, match, status, **kw):
     """A packed call that must fail with `status`, naming `match`, and write nothing."""
     layer = s.layers[1]
     conv0, ssm0 = layer.d_conv.to_numpy(), layer.d_ssm.to_numpy()
-    out = s.fill(5.0)
+    out, z_out = s.fill(5.0), s.fill(7.0)
     q = s.queue
-    args = dict(qkvz=usm(q, s.qkvz_s), ba=usm(q, s.ba_s), z_out=s.fill(7.0), **s.weights(layer), core_attn_out=out)
+    args = dict(qkvz=usm(q, s.qkvz_s), ba=usm(q, s.ba_s), z_out=z_out, **s.weights(layer), core_attn_out=out)
     cfg = kw.pop("cfg", s.cfg_p)
     mutate = kw.pop("mutate", None)
     args.update(kw)
@@ -203,6 +203,7 @@ def failing(s, match, status, **kw):
             call.run()
     assert e.value.status_name == status
     assert np.all(dequantize(out.to_numpy(), s.dtype) == 5.0), "core_attn_out written by a failing call"
+    assert np.all(dequantize(z_out.to_numpy(), s.dtype) == 7.0), "z_out written by a failing call"
     assert np.array_equal(layer.d_conv.to_numpy(), conv0) and np.array_equal(layer.d_ssm.to_numpy(), ssm0), "caches written"
 
 
