@@ -58,6 +58,8 @@
  *    its header did not have; a caller built against a newer header may pass a larger struct
  *    whose fields unknown to this library are all zero. Versions of gdn_batch_t: 1 (0.1.0, ends
  *    after spec_token_indx), 2 (0.2.0: adds the state-cache fields from non_spec_read_state_indices on).
+ *    Versions of gdn_config_t and gdn_tensors_t: 1 (0.1.0, ending after flags / workspace_bytes),
+ *    2 (adds the packed projections: packed_order, and qkvz through z_out_stride).
  *
  * Python (pygdn) reads the text between GDN_CDEF_BEGIN and GDN_CDEF_END with cffi, so that
  * region holds plain C declarations only: no #if, no function-like macros.
@@ -164,6 +166,22 @@ enum {
   GDN_FLAG_ALL = 31              /* every bit this version knows; others are rejected         */
 };
 
+/* Order of the columns of packed projections (gdn_config_t.packed_order; docs/op.md "Packed
+ * projections"): the rows of the in-projections as vLLM's Qwen3-Next / Qwen3.5 layers produce them,
+ * read by the kernels in place (tensors qkvz, ba) instead of mixed_qkv, a, b and z. With
+ * g = HV/H v-heads per k-head:
+ *  GROUPED:    qkvz row = H groups [q_h (K) | k_h (K) | v_h (g*V) | z_h (g*V)], k-head h's group;
+ *              ba row   = H groups [b_h (g) | a_h (g)]. Qwen3-Next (vllm-xpu-kernels reorder_input=false).
+ *  CONTIGUOUS: qkvz row = [q (H*K) | k (H*K) | v (HV*V) | z (HV*V)];
+ *              ba row   = [b (HV) | a (HV)]. Qwen3.5 (vllm-xpu-kernels reorder_input=true).
+ * Within each part heads are head-major as in mixed_qkv. Head counts are those of the rank (a
+ * tensor-parallel rank's projections hold its own heads in the same order). */
+typedef enum gdn_packed_order {
+  GDN_PACKED_NONE = 0,
+  GDN_PACKED_GROUPED = 1,
+  GDN_PACKED_CONTIGUOUS = 2
+} gdn_packed_order_t;
+
 /* Tokens per chunk of the chunked (WY/UT) prefill form; checkpoint_interval is a multiple of it. */
 #define GDN_CHUNK_SIZE 64
 
@@ -238,6 +256,9 @@ typedef struct gdn_config {
   float l2norm_eps;         /* default 1e-6                                                   */
   float norm_eps;           /* eps of the fused gated RMSNorm; default 1e-6                   */
   int32_t flags;            /* GDN_FLAG_* bits                                                */
+  /* ---- version 2: packed projections (a version-1 caller gets GDN_PACKED_NONE) ---- */
+  int32_t packed_order;     /* gdn_packed_order_t: NONE (default) reads mixed_qkv, a, b, z; else
+                               the op reads qkvz and ba in that order (gdn_tensors_t, version 2) */
 } gdn_config_t;
 
 /* One step's mixed batch: prefills + plain decodes (the "non-spec" sequences) and speculative
@@ -319,6 +340,18 @@ typedef struct gdn_tensors {
   const void *norm_weight;     /* [V] act, needed with z                                      */
   void *workspace;             /* device USM scratch or NULL (library allocates and caches)   */
   size_t workspace_bytes;      /*   size of workspace; see gdn_attention_workspace_size        */
+  /* ---- version 2: packed projections, read when cfg->packed_order != GDN_PACKED_NONE (then
+   *      mixed_qkv, a, b and z must be NULL: GDN_ERROR_BAD_LAYOUT naming them); with
+   *      GDN_PACKED_NONE qkvz, ba and z_out must be NULL. A version-1 caller gets NULL / 0. ---- */
+  const void *qkvz;            /* [rows, 2*H*K + 2*HV*V] act: q|k|v|z in cfg->packed_order; the
+                                  conv reads its q|k|v columns, the fused norm (norm_weight given)
+                                  its z columns                                                 */
+  int64_t qkvz_stride;         /*   row stride (0 = 2*H*K + 2*HV*V)                             */
+  const void *ba;              /* [rows, 2*HV] act: b|a in cfg->packed_order (gates; unless g/beta) */
+  int64_t ba_stride;           /*   row stride (0 = 2*HV)                                       */
+  void *z_out;                 /* [rows, HV, V] act, or NULL: the conv copies each addressed row's
+                                  z columns here (the caller's gated norm: vllm-xpu-kernels' z)  */
+  int64_t z_out_stride;        /*   row stride (0 = HV*V)                                       */
 } gdn_tensors_t;
 
 /* ---- library information ---- */
@@ -343,8 +376,9 @@ GDN_API void gdn_tensors_init(gdn_tensors_t *t);
 GDN_API gdn_status_t gdn_warmup(void *queue, const gdn_config_t *cfg);
 
 /* ---- causal_conv1d: depthwise causal conv over time + optional SiLU ----
- * Reads  mixed_qkv, conv_weight, conv_bias, conv_state (initial windows).
- * Writes conv_out at each addressed row (zeros for rows of padded sequences), conv_state.
+ * Reads  mixed_qkv (packed: qkvz), conv_weight, conv_bias, conv_state (initial windows).
+ * Writes conv_out at each addressed row (zeros for rows of padded sequences), conv_state; packed,
+ *        z_out if given (every addressed row, padded sequences' too: a copy of its z columns).
  * Non-spec sequence i: history = columns 0..W-2 of its read slot (zeros when has_initial_state[i]
  * == 0); afterwards its write slot non_spec_state_indices[i] holds its last W-1 inputs (older
  * history shifted in when the sequence is shorter than W-1), and each checkpoint slot the history
@@ -353,7 +387,7 @@ GDN_API gdn_status_t gdn_causal_conv1d(void *queue, const gdn_config_t *cfg, con
                                        const gdn_tensors_t *t);
 
 /* ---- gated delta rule on conv output ----
- * Reads  conv_out (q|k|v per row), a/b + A_log/dt_bias (or g/beta), ssm_state.
+ * Reads  conv_out (q|k|v per row), a/b (packed: ba) + A_log/dt_bias (or g/beta), ssm_state.
  * Writes core_attn_out at each addressed row (zeros for padded sequences), ssm_state.
  * Per v-head with state S [K,V] f32:  S = exp(g) S;  u = beta (v - S^T k);  S += k u^T;  o = S^T q
  * with q,k l2-normalized (unless GDN_FLAG_NO_QK_L2NORM) and q scaled by cfg->scale (always; set
@@ -374,7 +408,9 @@ GDN_API gdn_status_t gdn_gated_delta_rule(void *queue, const gdn_config_t *cfg, 
 
 /* ---- the whole op: causal_conv1d -> gated delta rule (-> gated RMSNorm when z != NULL) ----
  * Reads mixed_qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, z, norm_weight, caches.
- * Writes core_attn_out, conv_state, ssm_state; conv_out if given (else it lives in workspace). */
+ * Writes core_attn_out, conv_state, ssm_state; conv_out if given (else it lives in workspace).
+ * Packed (cfg->packed_order != NONE): reads qkvz and ba instead of mixed_qkv, a, b; the gated
+ * RMSNorm runs when norm_weight is given, on qkvz's z columns; z_out as in gdn_causal_conv1d. */
 GDN_API gdn_status_t gdn_attention(void *queue, const gdn_config_t *cfg, const gdn_batch_t *batch,
                                    const gdn_tensors_t *t);
 

@@ -36,6 +36,7 @@ _DTYPES = {"f32": _lib.GDN_DTYPE_F32, "f16": _lib.GDN_DTYPE_F16, "bf16": _lib.GD
 _SSM_LAYOUTS = {"kv": _lib.GDN_SSM_KV, "vk": _lib.GDN_SSM_VK}
 _CONV_LAYOUTS = {"dim_major": _lib.GDN_CONV_DIM_MAJOR, "time_major": _lib.GDN_CONV_TIME_MAJOR}
 _CONV_SPEC = {"snapshot": _lib.GDN_CONV_SPEC_SNAPSHOT, "rolled": _lib.GDN_CONV_SPEC_ROLLED}
+_PACKED = {"none": _lib.GDN_PACKED_NONE, "grouped": _lib.GDN_PACKED_GROUPED, "contiguous": _lib.GDN_PACKED_CONTIGUOUS}
 
 
 class GdnError(RuntimeError):
@@ -120,6 +121,9 @@ class Config:
     no_qk_l2norm: bool = False
     force_recurrent: bool = False
     l2norm_div: bool = False
+    # Packed projections (gdn_xpu.h gdn_packed_order_t): "grouped" (Qwen3-Next) or "contiguous"
+    # (Qwen3.5) reads qkvz / ba instead of mixed_qkv / a / b / z; "none" the unpacked arrays.
+    packed_order: str = "none"
 
     @property
     def conv_dim(self) -> int:
@@ -178,6 +182,7 @@ class Config:
         c.ssm_layout = _choice(_SSM_LAYOUTS, self.ssm_layout, "ssm_layout")
         c.conv_layout = _choice(_CONV_LAYOUTS, self.conv_layout, "conv_layout")
         c.conv_spec_layout = _choice(_CONV_SPEC, self.conv_spec_layout, "conv_spec_layout")
+        c.packed_order = _choice(_PACKED, self.packed_order, "packed_order")
         c.conv_state_len = _int32(self.state_len, "cfg.conv_state_len")
         for f in ("conv_slot_stride", "ssm_slot_stride"):
             setattr(c, f, _int64(getattr(self, f), f"cfg.{f}"))
@@ -379,6 +384,7 @@ def _tensor_specs(cfg: Config, rows: int):
         "A_log": ("f32", hv, 1), "dt_bias": ("f32", hv, 1), "g": ("f32", rows, hv), "beta": ("f32", rows, hv),
         "ssm_state": (cfg.state_dtype, cfg.num_slots, per_slot_ssm), "core_attn_out": (act, rows, hv * v),
         "z": (act, rows, hv * v), "norm_weight": (act, v, 1), "workspace": (None, None, None),
+        "qkvz": (act, rows, cfg.conv_dim + hv * v), "ba": (act, rows, 2 * hv), "z_out": (act, rows, hv * v),
     }
 
 
@@ -387,11 +393,12 @@ _lib.gdn_tensors_init(_TENSORS_INIT)
 
 
 # The arrays a call writes (but gdn_gated_delta_rule reads conv_out).
-_WRITTEN = frozenset(("conv_state", "conv_out", "ssm_state", "core_attn_out", "workspace"))
+_WRITTEN = frozenset(("conv_state", "conv_out", "ssm_state", "core_attn_out", "workspace", "z_out"))
 # Arrays whose leading stride is free: token arrays (their gdn_tensors_t row-stride field) and the
 # caches (the slot stride of the config, which the array must match: engines page their caches).
 _ROW_STRIDES = {"mixed_qkv": "mixed_qkv_stride", "conv_out": "conv_out_stride", "a": "ab_stride", "b": "ab_stride",
-                "core_attn_out": "out_stride", "z": "z_stride"}
+                "core_attn_out": "out_stride", "z": "z_stride", "qkvz": "qkvz_stride", "ba": "ba_stride",
+                "z_out": "z_out_stride"}
 _SLOT_STRIDES = {"conv_state": "conv_slot_stride", "ssm_state": "ssm_slot_stride"}
 
 
@@ -466,29 +473,38 @@ def _call(fn, queue, cfg: Config, batch: Batch, arrays: dict, wait: bool = True)
     PreparedCall(fn, queue, _marshal(fn, queue, cfg, batch, arrays)).run(wait)
 
 
-def causal_conv1d(queue, cfg: Config, batch: Batch, *, mixed_qkv, conv_weight, conv_state, conv_out, conv_bias=None, wait=True):
-    """Depthwise causal conv (+SiLU) of mixed_qkv into conv_out; updates conv_state."""
+def causal_conv1d(queue, cfg: Config, batch: Batch, *, conv_weight, conv_state, conv_out, mixed_qkv=None, conv_bias=None,
+                  qkvz=None, z_out=None, wait=True):
+    """Depthwise causal conv (+SiLU) of mixed_qkv (cfg.packed_order != "none": of qkvz's q|k|v
+    columns, copying its z columns to z_out if given) into conv_out; updates conv_state."""
     _call(_lib.gdn_causal_conv1d, queue, cfg, batch, dict(mixed_qkv=mixed_qkv, conv_weight=conv_weight,
-                                                           conv_state=conv_state, conv_out=conv_out, conv_bias=conv_bias), wait)
+                                                           conv_state=conv_state, conv_out=conv_out, conv_bias=conv_bias,
+                                                           qkvz=qkvz, z_out=z_out), wait)
 
 
 def gated_delta_rule(queue, cfg: Config, batch: Batch, *, conv_out, ssm_state, core_attn_out, a=None, b=None,
-                     A_log=None, dt_bias=None, g=None, beta=None, workspace=None, wait=True):
-    """Gated delta rule over q|k|v rows of conv_out; gates from a/b/A_log/dt_bias or given g/beta."""
+                     A_log=None, dt_bias=None, g=None, beta=None, workspace=None, ba=None, wait=True):
+    """Gated delta rule over q|k|v rows of conv_out; gates from a/b (packed: ba)/A_log/dt_bias or given g/beta."""
     _call(_lib.gdn_gated_delta_rule, queue, cfg, batch, dict(conv_out=conv_out, ssm_state=ssm_state,
                                                               core_attn_out=core_attn_out, a=a, b=b, A_log=A_log,
-                                                              dt_bias=dt_bias, g=g, beta=beta, workspace=workspace), wait)
+                                                              dt_bias=dt_bias, g=g, beta=beta, workspace=workspace,
+                                                              ba=ba), wait)
 
 
-def attention(queue, cfg: Config, batch: Batch, *, mixed_qkv, a, b, conv_weight, A_log, dt_bias, conv_state, ssm_state,
-              core_attn_out, conv_bias=None, z=None, norm_weight=None, conv_out=None, workspace=None,
-              wait=True):
-    """The whole GDN op of one step: conv -> gates -> gated delta rule (-> gated RMSNorm with z)."""
+def attention(queue, cfg: Config, batch: Batch, *, conv_weight, A_log, dt_bias, conv_state, ssm_state, core_attn_out,
+              mixed_qkv=None, a=None, b=None, conv_bias=None, z=None, norm_weight=None, conv_out=None, workspace=None,
+              qkvz=None, ba=None, z_out=None, wait=True):
+    """The whole GDN op of one step: conv -> gates -> gated delta rule (-> gated RMSNorm with z).
+
+    Unpacked (cfg.packed_order == "none"): mixed_qkv, a, b (and z for the norm). Packed: qkvz and
+    ba as the in-projections produce them (include/gdn_xpu.h, gdn_packed_order_t); the norm runs
+    with norm_weight on qkvz's z columns, and z_out, if given, receives those columns [rows, HV, V]."""
     _call(_lib.gdn_attention, queue, cfg, batch, dict(mixed_qkv=mixed_qkv, a=a, b=b, conv_weight=conv_weight,
                                                        A_log=A_log, dt_bias=dt_bias, conv_state=conv_state,
                                                        ssm_state=ssm_state, core_attn_out=core_attn_out,
                                                        conv_bias=conv_bias, z=z, norm_weight=norm_weight,
-                                                       conv_out=conv_out, workspace=workspace), wait)
+                                                       conv_out=conv_out, workspace=workspace, qkvz=qkvz, ba=ba,
+                                                       z_out=z_out), wait)
 
 
 class PreparedCall:

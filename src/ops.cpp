@@ -29,18 +29,30 @@ void bind_group(P &p, const Checked &c, bool spec) {
                        ckpt ? b.checkpoint_interval : 0, ckpt ? b.checkpoint_cols : 0};
 }
 
+// The column groups of the rows the kernels read (params.hpp): one per k-head for GROUPED packing,
+// else one (CONTIGUOUS packing, and the unpacked arrays, where the mappings are the identity).
+GdnPackedCols packed_cols(const gdn_config_t &cfg) {
+  const int32_t groups = cfg.packed_order == GDN_PACKED_GROUPED ? cfg.num_k_heads : 1;
+  const int32_t kg = cfg.num_k_heads * cfg.head_k_dim / groups, vg = cfg.num_v_heads * cfg.head_v_dim / groups;
+  return {cfg.num_k_heads * cfg.head_k_dim, kg, vg, 2 * kg + 2 * vg};
+}
+bool packed(const Checked &c) { return c.cfg.packed_order != GDN_PACKED_NONE; }
+
 // The conv's tensors and config; bind_group adds a token group.
 GdnConvParams conv_params(const Checked &c, void *conv_out, int64_t conv_out_stride) {
   const gdn_config_t &cfg = c.cfg;
   const bool dim_major = cfg.conv_layout == GDN_CONV_DIM_MAJOR;
   GdnConvParams p{};
-  p.x = c.t.mixed_qkv;
+  p.x = packed(c) ? c.t.qkvz : c.t.mixed_qkv;
   p.weight = c.t.conv_weight;
   p.bias = c.t.conv_bias;
   p.out = conv_out;
   p.state = GdnConvStateView{c.t.conv_state, cfg.conv_slot_stride, dim_major ? cfg.conv_state_len : 1,
                              dim_major ? 1 : c.conv_dim, cfg.conv_state_len, 0};
-  p.x_stride = c.t.mixed_qkv_stride;
+  p.x_stride = packed(c) ? c.t.qkvz_stride : c.t.mixed_qkv_stride;
+  p.pack = packed_cols(cfg);
+  p.z_out = c.t.z_out, p.z_out_stride = c.t.z_out_stride;
+  p.z_dim = c.t.z_out ? cfg.num_v_heads * cfg.head_v_dim : 0;
   p.out_stride = conv_out_stride;
   p.conv_dim = c.conv_dim;
   p.width = cfg.conv_width;
@@ -70,10 +82,15 @@ void enqueue_delta(Chain &ch, Checked &c, const Plan &plan, const Kernels &ks, c
   const Layout &l = plan.layout;
   float *qn = reinterpret_cast<float *>(ws + l.qn), *kn = reinterpret_cast<float *>(ws + l.kn);
   float *g = reinterpret_cast<float *>(ws + l.g), *beta = reinterpret_cast<float *>(ws + l.beta);
-  const GdnPrepParams pp{qkv, t.a, t.b, t.A_log, t.dt_bias, t.g, t.beta, qn, kn, g, beta, qkv_stride, t.ab_stride,
-                         c.batch.num_actual_tokens, cfg.num_k_heads, cfg.num_v_heads, cfg.head_k_dim, cfg.scale,
-                         cfg.l2norm_eps, (cfg.flags & GDN_FLAG_NO_QK_L2NORM) ? 0 : 1,
-                         (cfg.flags & GDN_FLAG_L2NORM_DIV) ? 1 : 0};
+  // Gates: packed, b and a are the two parts of each group of ba (rg heads each); else apart.
+  const int32_t rg = cfg.packed_order == GDN_PACKED_GROUPED ? cfg.num_v_heads / cfg.num_k_heads : cfg.num_v_heads;
+  const void *b = packed(c) ? t.ba : t.b;
+  const void *a = packed(c) && t.ba ? static_cast<const char *>(t.ba) + rg * c.act_bytes : t.a;
+  const GdnPrepParams pp{qkv, a, b, t.A_log, t.dt_bias, t.g, t.beta, qn, kn, g, beta, qkv_stride,
+                         packed(c) ? t.ba_stride : t.ab_stride, c.batch.num_actual_tokens, cfg.num_k_heads,
+                         cfg.num_v_heads, cfg.head_k_dim, cfg.scale, cfg.l2norm_eps,
+                         (cfg.flags & GDN_FLAG_NO_QK_L2NORM) ? 0 : 1, (cfg.flags & GDN_FLAG_L2NORM_DIV) ? 1 : 0,
+                         rg, packed(c) ? 2 * rg : rg};
   if (plan.prep.on) launch(ch, ks, plan.prep, pp);
 
   GdnDeltaParams p{};
@@ -134,14 +151,21 @@ void enqueue_delta(Chain &ch, Checked &c, const Plan &plan, const Kernels &ks, c
 
 void enqueue_norm(Chain &ch, Checked &c, const Plan &plan, const Kernels &ks) {
   const gdn_config_t &cfg = c.cfg;
-  const GdnNormParams p{c.t.core_attn_out, c.t.z, c.t.norm_weight, c.t.out_stride, c.t.z_stride,
-                        c.batch.num_actual_tokens, cfg.num_v_heads, cfg.head_v_dim, cfg.norm_eps};
+  // Packed: z is the z part of qkvz's groups (vg elements each); else the z array, one group.
+  const GdnPackedCols pk = packed_cols(cfg);
+  const void *z = packed(c) ? static_cast<const char *>(c.t.qkvz) + gdn_z_col(pk, 0) * c.act_bytes : c.t.z;
+  const int32_t ov = cfg.num_v_heads * cfg.head_v_dim;
+  const GdnNormParams p{c.t.core_attn_out, z, c.t.norm_weight, c.t.out_stride, packed(c) ? c.t.qkvz_stride : c.t.z_stride,
+                        c.batch.num_actual_tokens, cfg.num_v_heads, cfg.head_v_dim, cfg.norm_eps,
+                        packed(c) ? pk.vg : ov, packed(c) ? pk.group_cols : ov};
   launch(ch, ks, plan.norm, p);
 }
 
 void run(Op op, void *queue, const gdn_config_t *cfg, const gdn_batch_t *batch, const gdn_tensors_t *tensors) {
   Checked c = validate_call(queue, cfg, batch, tensors, op);
-  const Plan plan = make_plan(c.cfg, c.batch, PlanInputs{op, c.t.conv_out != nullptr, c.t.z != nullptr}, target_of(c.q));
+  const bool norm = packed(c) ? c.t.norm_weight != nullptr : c.t.z != nullptr;
+  const Plan plan = make_plan(c.cfg, c.batch, PlanInputs{op, c.t.conv_out != nullptr, norm, c.t.z_out != nullptr},
+                              target_of(c.q));
   const auto launches = plan.launches();
   if (launches.empty()) return;
   const Kernels ks(c.q, launches);
@@ -203,7 +227,8 @@ GDN_API gdn_status_t gdn_warmup(void *queue, const gdn_config_t *cfg) {
     b.num_prefills = b.num_decodes = b.num_spec_decodes = 1;
     b.num_spec = 1;
     b.non_spec_token_count = 3, b.spec_token_count = 2, b.num_actual_tokens = 5;
-    const gdn::Plan plan = gdn::make_plan(c, b, gdn::PlanInputs{gdn::Op::Attention, false, true}, gdn::target_of(q));
+    const bool z_out = c.packed_order != GDN_PACKED_NONE;  // (packed callers take z: the conv variant may depend on it)
+    const gdn::Plan plan = gdn::make_plan(c, b, gdn::PlanInputs{gdn::Op::Attention, false, true, z_out}, gdn::target_of(q));
     for (const gdn::Launch *l : plan.launches()) gdn::get_kernel(q, l->family, l->options, l->name);
   });
 }

@@ -56,9 +56,20 @@ void shape1(Launch &l, int64_t n, int64_t wg) {
   l.global[0] = (size_t)std::max(round_up(n, wg), wg), l.local[0] = (size_t)wg;
 }
 
-void plan_conv(Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b, const Target &t) {
-  const int64_t conv_dim = conv_dim_of(cfg);
-  const bool cpu = t.cpu_variants && conv_dim % GDN_CPU_LANES == 0;
+// The CPU conv variants move 16 channels as one vector: each 16-channel block must lie in one
+// part of a packed row (GROUPED: a k-head's q, k, v parts are whole blocks) and the z elements
+// copied to z_out must come in whole blocks.
+bool conv_blocks(const gdn_config_t &cfg, bool z_out) {
+  const int64_t L = GDN_CPU_LANES, vg = (int64_t)cfg.num_v_heads / cfg.num_k_heads * cfg.head_v_dim;
+  if (conv_dim_of(cfg) % L) return false;
+  if (cfg.packed_order == GDN_PACKED_GROUPED && (cfg.head_k_dim % L || vg % L)) return false;
+  return !z_out || (int64_t)cfg.num_v_heads * cfg.head_v_dim % L == 0;
+}
+
+void plan_conv(Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b, const Target &t, bool z_out) {
+  // Channels of the launches: conv_dim, then the z elements the same work-items copy to z_out.
+  const int64_t channels = conv_dim_of(cfg) + (z_out ? (int64_t)cfg.num_v_heads * cfg.head_v_dim : 0);
+  const bool cpu = t.cpu_variants && conv_blocks(cfg, z_out);
   const Family family = cpu ? Family::Conv1dCpu : Family::Conv1d;
   const int64_t per_item = GDN_CPU_LANES * GDN_CONV_BLOCKS;  // *_cpu: channels of a work-item, alone in its group
   const int64_t non_spec_seqs = (int64_t)b.num_prefills + b.num_decodes;
@@ -68,13 +79,13 @@ void plan_conv(Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b, const Tar
     p.conv_tile = cpu ? GDN_CONV_TILE_CPU : GDN_CONV_TILE;
     const int64_t tiles = (b.non_spec_token_count + p.conv_tile - 1) / p.conv_tile;
     p.conv_non_spec = kernel(family, act_option(cfg), cpu ? "gdn_conv_non_spec_cpu" : "gdn_conv_non_spec");
-    if (cpu) shape2(p.conv_non_spec, tiles, (conv_dim + per_item - 1) / per_item, 1);
-    else shape2(p.conv_non_spec, tiles, conv_dim, 64);
+    if (cpu) shape2(p.conv_non_spec, tiles, (channels + per_item - 1) / per_item, 1);
+    else shape2(p.conv_non_spec, tiles, channels, 64);
   }
   if (b.num_spec_decodes > 0 && b.spec_token_count > 0) {
     p.conv_spec = kernel(family, act_option(cfg), cpu ? "gdn_conv_spec_cpu" : "gdn_conv_spec");
-    if (cpu) shape2(p.conv_spec, b.num_spec_decodes, (conv_dim + per_item - 1) / per_item, 1);
-    else shape2(p.conv_spec, b.num_spec_decodes, conv_dim, 64);
+    if (cpu) shape2(p.conv_spec, b.num_spec_decodes, (channels + per_item - 1) / per_item, 1);
+    else shape2(p.conv_spec, b.num_spec_decodes, channels, 64);
   }
 }
 
@@ -219,7 +230,7 @@ Plan make_plan(const gdn_config_t &cfg, const gdn_batch_t &b, const PlanInputs &
   Plan p;
   if (b.num_actual_tokens == 0) return p;
   const bool conv = in.op != Op::Delta, delta = in.op != Op::Conv;
-  if (conv) plan_conv(p, cfg, b, t);
+  if (conv) plan_conv(p, cfg, b, t, in.z_out_given);
   if (delta) plan_delta(p, cfg, b, t);
   if (in.op == Op::Attention && in.z_given) {
     p.norm = kernel(Family::GatedNorm, act_option(cfg), "gdn_gated_rmsnorm");

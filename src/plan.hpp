@@ -69,6 +69,7 @@ struct PlanInputs {
   Op op = Op::Attention;
   bool conv_out_given = false;  // gdn_attention: else the conv output lives in workspace
   bool z_given = false;         // gdn_attention: the fused gated RMSNorm runs
+  bool z_out_given = false;     // packed input: the conv kernels also copy z to z_out
 };
 
 // cfg: validated (normalized); batch: counts validated.

@@ -90,7 +90,9 @@ void check_pointers(const Checked &c, Op op) {
   const gdn_batch_t &b = c.batch;
   const gdn_tensors_t &t = c.t;
   const sycl::queue &q = c.q;
-  const bool conv = op != Op::Delta, delta = op != Op::Conv, gates = delta && !t.g, norm = op == Op::Attention && t.z;
+  const bool packed = cfg.packed_order != GDN_PACKED_NONE;
+  const bool conv = op != Op::Delta, delta = op != Op::Conv, gates = delta && !t.g;
+  const bool norm = op == Op::Attention && (packed ? t.norm_weight != nullptr : t.z != nullptr);
   const int64_t T = b.num_actual_tokens, ns = c.num_non_spec_seqs, sp = b.num_spec_decodes;
   const int64_t hv = cfg.num_v_heads, ov = (int64_t)cfg.num_v_heads * cfg.head_v_dim, C = c.conv_dim;
   const size_t act = c.act_bytes, state = dtype_bytes(cfg.state_dtype);
@@ -150,6 +152,9 @@ void check_pointers(const Checked &c, Op op) {
       {t.core_attn_out, "tensors->core_attn_out", act, act_t, rows(delta, t.out_stride, ov, act)},
       {t.z, "tensors->z", act, act_t, rows(norm, t.z_stride, ov, act)},
       {t.norm_weight, "tensors->norm_weight", act, act_t, fixed(norm, cfg.head_v_dim, act)},
+      {t.qkvz, "tensors->qkvz", act, act_t, rows(conv || norm, t.qkvz_stride, C + ov, act)},
+      {t.ba, "tensors->ba", act, act_t, rows(gates, t.ba_stride, 2 * hv, act)},
+      {t.z_out, "tensors->z_out", act, act_t, rows(conv, t.z_out_stride, ov, act)},
       {t.workspace, "tensors->workspace", 4, "f32 and int32 scratch", Need{delta ? ws : 0, ws, "workspace_bytes"}}};
   const sycl::context ctx = q.get_context();  // once: each get_context() copies a shared_ptr
   const bool several_devices = ctx.get_devices().size() > 1;

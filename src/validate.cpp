@@ -25,9 +25,9 @@ std::string fstr(float v) {  // shortest round-trip-ish text: -0.5, 0, 1e-06
 // this library knows, oldest first. Version 1 is the layout libgdn_xpu 0.1.0 shipped, the oldest
 // caller accepted; gdn_batch_t's version 1 ends where its first version-2 field begins. On LP64
 // platforms (x86-64, aarch64 Linux) version 1 was 88 (config), 112 (batch) and 184 (tensors) bytes.
-constexpr size_t kConfigVersions[] = {sizeof(gdn_config_t)};
+constexpr size_t kConfigVersions[] = {offsetof(gdn_config_t, packed_order), sizeof(gdn_config_t)};
 constexpr size_t kBatchVersions[] = {offsetof(gdn_batch_t, non_spec_read_state_indices), sizeof(gdn_batch_t)};
-constexpr size_t kTensorsVersions[] = {sizeof(gdn_tensors_t)};
+constexpr size_t kTensorsVersions[] = {offsetof(gdn_tensors_t, qkvz), sizeof(gdn_tensors_t)};
 static_assert(sizeof(void *) != 8 || (kConfigVersions[0] == 88 && kBatchVersions[0] == 112 && kTensorsVersions[0] == 184),
               "a version-1 struct layout changed: that breaks every caller built against 0.1.0 (ABI 1)");
 
@@ -73,6 +73,25 @@ void need(const void *p, const char *field, const char *why) {
   if (!p) fail(GDN_ERROR_NULL_POINTER, std::string(field) + " is NULL but " + why);
 }
 
+// Packed projections (gdn_xpu.h, gdn_packed_order_t): qkvz / ba / z_out with a packed order only,
+// and then none of the unpacked arrays they replace (one source for each input).
+void check_packed(const Checked &c, Op op) {
+  const gdn_tensors_t &t = c.t;
+  if (c.cfg.packed_order == GDN_PACKED_NONE) {
+    const char *given = t.qkvz ? "tensors->qkvz" : t.ba ? "tensors->ba" : t.z_out ? "tensors->z_out" : nullptr;
+    if (given)
+      fail(GDN_ERROR_BAD_LAYOUT, std::string(given) + " is given but cfg->packed_order is GDN_PACKED_NONE (packed "
+                                                      "projections need GDN_PACKED_GROUPED or GDN_PACKED_CONTIGUOUS)");
+    return;
+  }
+  const char *unpacked = t.mixed_qkv ? "tensors->mixed_qkv" : t.a ? "tensors->a" : t.b ? "tensors->b" : t.z ? "tensors->z" : nullptr;
+  if (unpacked)
+    fail(GDN_ERROR_BAD_LAYOUT, std::string(unpacked) + " is given but cfg->packed_order = " + str(c.cfg.packed_order) +
+                                   " reads the packed projections (qkvz, ba) instead: pass it as NULL");
+  GDN_REQUIRE(!t.z_out || op != Op::Delta, GDN_ERROR_BAD_LAYOUT,
+              "tensors->z_out is given to gdn_gated_delta_rule, which does not read qkvz (the conv copies z)");
+}
+
 }  // namespace
 
 size_t dtype_bytes(int32_t dtype) {
@@ -109,6 +128,7 @@ gdn_config_t validate_config(const gdn_config_t *in) {
   GDN_REQUIRE(cfg.l2norm_eps > 0.0f, GDN_ERROR_BAD_SHAPE, "cfg->l2norm_eps = " + fstr(cfg.l2norm_eps) + " must be > 0");
   GDN_REQUIRE(cfg.norm_eps > 0.0f, GDN_ERROR_BAD_SHAPE, "cfg->norm_eps = " + fstr(cfg.norm_eps) + " must be > 0");
   GDN_REQUIRE((cfg.flags & ~GDN_FLAG_ALL) == 0, GDN_ERROR_UNSUPPORTED, "cfg->flags has unknown bits: " + str(cfg.flags));
+  check_range(cfg.packed_order, GDN_PACKED_NONE, GDN_PACKED_CONTIGUOUS, GDN_ERROR_BAD_LAYOUT, "cfg->packed_order");
   return cfg;
 }
 
@@ -160,6 +180,10 @@ Checked validate_call(void *queue, const gdn_config_t *cfg_in, const gdn_batch_t
   check_stride(t.ab_stride, hv, "tensors->ab_stride");
   check_stride(t.out_stride, ov, "tensors->out_stride");
   check_stride(t.z_stride, ov, "tensors->z_stride");
+  check_stride(t.qkvz_stride, c.conv_dim + (int64_t)ov, "tensors->qkvz_stride");
+  check_stride(t.ba_stride, 2 * hv, "tensors->ba_stride");
+  check_stride(t.z_out_stride, ov, "tensors->z_out_stride");
+  check_packed(c, op);
 
   const bool conv = op != Op::Delta, delta = op != Op::Conv;
   const bool work = b.num_actual_tokens > 0;
@@ -178,8 +202,9 @@ Checked validate_call(void *queue, const gdn_config_t *cfg_in, const gdn_batch_t
     need(b.spec_state_indices, "batch->spec_state_indices", "num_spec_decodes > 0");
     need(b.num_accepted_tokens, "batch->num_accepted_tokens", "num_spec_decodes > 0");
   }
+  const bool packed = cfg.packed_order != GDN_PACKED_NONE;
   if (work && conv) {
-    need(t.mixed_qkv, "tensors->mixed_qkv", "the conv stage reads it");
+    need(packed ? t.qkvz : t.mixed_qkv, packed ? "tensors->qkvz" : "tensors->mixed_qkv", "the conv stage reads it");
     need(t.conv_weight, "tensors->conv_weight", "the conv stage reads it");
     need(t.conv_state, "tensors->conv_state", "the conv stage reads and writes it");
     if (op == Op::Conv) need(t.conv_out, "tensors->conv_out", "gdn_causal_conv1d writes it");
@@ -187,9 +212,12 @@ Checked validate_call(void *queue, const gdn_config_t *cfg_in, const gdn_batch_t
   if (work && delta) {
     if (op == Op::Delta) need(t.conv_out, "tensors->conv_out", "gdn_gated_delta_rule reads q|k|v from it");
     GDN_REQUIRE(!t.g == !t.beta, GDN_ERROR_NULL_POINTER, "tensors->g and tensors->beta must be given together");
-    if (!t.g) {
+    if (!t.g && packed) need(t.ba, "tensors->ba", "no precomputed g/beta were given");
+    if (!t.g && !packed) {
       need(t.a, "tensors->a", "no precomputed g/beta were given");
       need(t.b, "tensors->b", "no precomputed g/beta were given");
+    }
+    if (!t.g) {
       need(t.A_log, "tensors->A_log", "no precomputed g/beta were given");
       need(t.dt_bias, "tensors->dt_bias", "no precomputed g/beta were given");
     }

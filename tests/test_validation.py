@@ -467,9 +467,10 @@ def struct_kw(which, mutate):
     return {{"cfg": "mutate_cfg", "batch": "mutate_batch", "tensors": "mutate_tensors"}[which]: mutate}
 
 
-# Version 1 of each struct (libgdn_xpu 0.1.0): gdn_batch_t's ends where its version-2 fields begin.
-V1_SIZE = {"cfg": ffi.sizeof("gdn_config_t"), "batch": ffi.offsetof("gdn_batch_t", "non_spec_read_state_indices"),
-           "tensors": ffi.sizeof("gdn_tensors_t")}
+# Version 1 of each struct (libgdn_xpu 0.1.0): each ends where its version-2 fields begin.
+V1_SIZE = {"cfg": ffi.offsetof("gdn_config_t", "packed_order"),
+           "batch": ffi.offsetof("gdn_batch_t", "non_spec_read_state_indices"),
+           "tensors": ffi.offsetof("gdn_tensors_t", "qkvz")}
 
 
 def test_version_1_sizes_are_pinned():
@@ -493,24 +494,30 @@ def test_struct_size_between_versions(s):
           lambda: s.raw(mutate_batch=resized("gdn_batch_t", n, 0)))
 
 
-def version_1_batch(c):
-    """mutate_batch: the caller's struct as a version-1 caller lays it out: struct_size = the
+def version_1(which):
+    """mutate_* callback: the caller's struct as a version-1 caller lays it out: struct_size = the
     version-1 size, and whatever happens to follow it in memory (here 0xA5 bytes) is not ours."""
-    n = ffi.sizeof("gdn_batch_t")
-    buf = ffi.new("unsigned char[]", n)
-    ffi.memmove(buf, b"\xa5" * n, n)
-    ffi.memmove(buf, c, V1_SIZE["batch"])
-    p = ffi.cast("gdn_batch_t *", buf)
-    p.struct_size = V1_SIZE["batch"]
-    version_1_batch.keep = buf
-    return p
+    ctype = STRUCTS[which]
+
+    def mutate(c):
+        n = ffi.sizeof(ctype)
+        buf = ffi.new("unsigned char[]", n)
+        ffi.memmove(buf, b"\xa5" * n, n)
+        ffi.memmove(buf, c, V1_SIZE[which])
+        p = ffi.cast(ctype + " *", buf)
+        p.struct_size = V1_SIZE[which]
+        mutate.keep = buf
+        return p
+    return mutate
 
 
-def test_version_1_caller_gets_the_defaults(s):
-    """A caller built against the 0.1.0 header: its batch ends at spec_token_indx; the bytes after it
-    (garbage here) are never read, the version-2 fields take their defaults (no read slots, no
-    checkpoints) and the call computes what it always did."""
-    s.raw(mutate_batch=version_1_batch)
+@pytest.mark.parametrize("which", list(STRUCTS))
+def test_version_1_caller_gets_the_defaults(s, which):
+    """A caller built against the 0.1.0 header: its struct ends before the version-2 fields (batch:
+    at spec_token_indx; config: at flags; tensors: at workspace_bytes); the bytes after it (garbage
+    here) are never read, the version-2 fields take their defaults (no read slots, no checkpoints,
+    no packed projections) and the call computes what it always did."""
+    s.raw(**struct_kw(which, version_1(which)))
     s.check_reference(written=range(1, 9))
 
 

@@ -15,18 +15,22 @@ static inline void with_width(int32_t width, F f) {
 // Both kernels in SIMD16 (a required sub-group size, though no sub-group function is called): the
 // tile's code for every width in one kernel spills registers in SIMD32 on pvc.
 
-// Global (num spec sequences, conv_dim rounded up), local (1, w): one channel per work-item.
+// Global (num spec sequences, conv_dim + z_dim rounded up), local (1, w): one channel (or z
+// element, copied) per work-item.
 GDN_SUB_GROUP_KERNEL(2) void gdn_conv_spec(GdnConvParams p) {
   int32_t seq, c;
   if (!seq_and_channel(p, &seq, &c)) return;
+  if (c >= p.conv_dim) return copy_z<1>(p, p.query_start_loc[seq], p.query_start_loc[seq + 1], c - p.conv_dim);
   with_width(p.width, [&](auto w) { conv_spec_channels<1, decltype(w)::value>(p, seq, c); });
 }
 
-// Global (num tiles, conv_dim rounded up), local (1, w): the tile comes from the group id, so the
-// CPU device's vectorizer sees the sequence walk as uniform across the work-group.
+// Global (num tiles, conv_dim + z_dim rounded up), local (1, w): the tile comes from the group id, so
+// the CPU device's vectorizer sees the sequence walk as uniform across the work-group.
 GDN_SUB_GROUP_KERNEL(2) void gdn_conv_non_spec(GdnConvParams p) {
   const auto it = item2();
-  const int32_t c = (int32_t)it.get_global_id(1);
+  const int32_t c = (int32_t)it.get_global_id(1), tile = (int32_t)it.get_group(0);
   if (c < p.conv_dim)
-    with_width(p.width, [&](auto w) { conv_non_spec_tile<1, decltype(w)::value, 1, 1>(p, (int32_t)it.get_group(0), c, p.conv_dim); });
+    with_width(p.width, [&](auto w) { conv_non_spec_tile<1, decltype(w)::value, 1, 1>(p, tile, c, p.conv_dim); });
+  else if (c < p.conv_dim + p.z_dim)
+    copy_z_tile<1>(p, tile, c - p.conv_dim);
 }

@@ -6,6 +6,9 @@
 // of tokens long) are tiled over time as well, see conv_non_spec_tile. Either way a slot's state
 // is read and written by one work-item only, and a slot belongs to one sequence of a call
 // (validated), so no temporary state buffer is needed.
+// Packed input (gdn_xpu.h, gdn_packed_order_t): every read of channel c of x goes to its column
+// gdn_qkv_col(p.pack, c) (params.hpp; the identity for mixed_qkv), taken once per block of
+// channels: a block of 16 never straddles a part of a packed row (plan.cpp, conv_blocks).
 #pragma once
 #include "common.hpp"
 
@@ -103,7 +106,28 @@ static inline bool seq_and_channel(const GdnConvParams &p, int32_t *seq, int32_t
   const auto it = item2();
   *seq = (int32_t)it.get_group(0);
   *c = (int32_t)it.get_global_id(1);
-  return *seq < p.num_seqs && *c < p.conv_dim;
+  return *seq < p.num_seqs && *c < p.conv_dim + p.z_dim;
+}
+
+// z_out (packed x): the z elements [e, e+N) of the rows of the bound group's compact tokens
+// [j0, j1), copied bit for bit. The conv kernels run them as their channels conv_dim ..
+// conv_dim+z_dim-1, each row by the work-item whose tile or sequence holds its token, in the
+// pass that reads the row's q|k|v already.
+template <int N>
+static inline void copy_z(const GdnConvParams &p, int32_t j0, int32_t j1, int32_t e) {
+  const int64_t zc = gdn_z_col(p.pack, e);
+  for (int32_t j = j0; j < j1; ++j) {
+    const int64_t row = global_row(p.token_indx, j);
+    act_t v[N];
+    __builtin_memcpy(v, (const act_t *)p.x + row * p.x_stride + zc, sizeof v);
+    __builtin_memcpy((act_t *)p.z_out + row * p.z_out_stride + e, v, sizeof v);
+  }
+}
+// ... for the compact tokens of the non-spec conv's time tile `tile`.
+template <int N>
+static inline void copy_z_tile(const GdnConvParams &p, int32_t tile, int32_t e) {
+  const int32_t t0 = tile * p.tile_len;
+  copy_z<N>(p, t0, sycl::min(t0 + p.tile_len, p.num_tokens), e);
 }
 
 // Where a speculative sequence's window comes from: ROLLED keeps one line (cols[0]) and reads the
@@ -143,6 +167,7 @@ static inline void conv_spec_channels(const GdnConvParams &p, int32_t seq, int32
   T w[GDN_MAX_CONV_WIDTH], hist[GDN_MAX_CONV_WIDTH];
   load_weights<N, WIDTH>(p.weight, c, width, w);
   const T bias = p.bias ? L::load_act(p.bias, c, 1) : T(0.0f);
+  const int64_t xc = gdn_qkv_col(p.pack, c);
   if (read_slot == p.pad_slot_id)
     for (int32_t i = 0; i < w1; ++i) hist[i] = T(0.0f);
   else
@@ -153,7 +178,7 @@ static inline void conv_spec_channels(const GdnConvParams &p, int32_t seq, int32
   }
   for (int32_t t = 0; t < len; ++t) {
     const int64_t row = global_row(p.token_indx, j0 + t);
-    const T x = L::load_act(p.x, row * p.x_stride + c, 1);
+    const T x = L::load_act(p.x, row * p.x_stride + xc, 1);
     L::store_act(p.out, row * p.out_stride + c, conv_token(w, bias, hist, width, x, p.silu));
     if (p.rolled) {
       L::store_act_exact(p.state.base, state_off(p.state, line, c, w1 - 1 + t), x, cs);
@@ -237,20 +262,22 @@ static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int3
     auto blocks = [&](auto m, int32_t b0) {
       constexpr int M = decltype(m)::value;
       T hist[M][GDN_MAX_CONV_WIDTH];
+      int64_t xc[M];  // the blocks' columns in x
       for (int q = 0; q < M; ++q) {
         const int32_t cb = c + N * (b0 + q);
+        xc[q] = gdn_qkv_col(p.pack, cb);
         if (owner && use.init)
           load_window<N, WIDTH>(p.state, use.read, cb, 0, w1, hist[q]);
         else  // zeros, or (not the owner: first >= j0 + W-1) the sequence's inputs before `first`
           for (int32_t i = 0; i < w1; ++i)
-            hist[q][i] = owner ? T(0.0f) : L::load_act(p.x, global_row(p.token_indx, first - w1 + i) * p.x_stride + cb, 1);
+            hist[q][i] = owner ? T(0.0f) : L::load_act(p.x, global_row(p.token_indx, first - w1 + i) * p.x_stride + xc[q], 1);
       }
       Checkpoints ckpt = use.ckpt;
       for (int32_t j = first; j < end; ++j) {
         const int64_t row = global_row(p.token_indx, j);
         T y[M];
         for (int q = 0; q < M; ++q) {
-          const T x = L::load_act(p.x, row * p.x_stride + c + N * (b0 + q), 1);
+          const T x = L::load_act(p.x, row * p.x_stride + xc[q], 1);
           y[q] = conv_token(w[b0 + q], bias[b0 + q], hist[q], width, x, p.silu);
         }
         if constexpr (N == 16 && M % 2 == 0)
@@ -265,7 +292,7 @@ static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int3
       for (int q = 0; q < M; ++q) {
         const int32_t cb = c + N * (b0 + q);
         for (int32_t j = sycl::max(end, j1 - w1); j < j1; ++j)  // the inputs other tiles convolve
-          push_history(hist[q], width, L::load_act(p.x, global_row(p.token_indx, j) * p.x_stride + cb, 1));
+          push_history(hist[q], width, L::load_act(p.x, global_row(p.token_indx, j) * p.x_stride + xc[q], 1));
         store_window<N, WIDTH>(p.state, slot, cb, w1, hist[q]);
       }
     };
@@ -300,7 +327,7 @@ static inline void conv_decode_blocks(const GdnConvParams &p, int32_t seq, int32
     const T bias = p.bias ? L::load_act(p.bias, cb, 1) : T(0.0f);
     if (use.init) load_window<16, W>(p.state, use.read, cb, 0, W1, hist);
     else for (int32_t i = 0; i < W1; ++i) hist[i] = T(0.0f);
-    const T y = conv_token(w, bias, hist, W, L::load_act(p.x, row * p.x_stride + cb, 1), p.silu);
+    const T y = conv_token(w, bias, hist, W, L::load_act(p.x, row * p.x_stride + gdn_qkv_col(p.pack, cb), 1), p.silu);
     if (to != p.pad_slot_id) store_window<16, W>(p.state, to, cb, W1, hist);
     store_window<16, W>(p.state, slot, cb, W1, hist);
     return y;
@@ -346,5 +373,6 @@ static inline void conv_prefetch(const GdnConvParams &p, int32_t seq, int32_t c,
     }
   }
   for (int32_t t = 0; t < len; ++t)
-    prefetch_bytes((const act_t *)p.x + global_row(p.token_indx, j0 + t) * p.x_stride + c, (c_end - c) * sizeof(act_t));
+    prefetch_bytes((const act_t *)p.x + global_row(p.token_indx, j0 + t) * p.x_stride + gdn_qkv_col(p.pack, c),
+                   (c_end - c) * sizeof(act_t));  // (one part of a packed row: contiguous there too)
 }

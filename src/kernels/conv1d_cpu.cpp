@@ -6,27 +6,32 @@
 #include "conv1d.hpp"
 
 // Speculative sequences. Global (num spec sequences,
-// conv_dim / (16 * GDN_CONV_BLOCKS) rounded up), local (1, 1). A work-item owns
-// GDN_CONV_BLOCKS (params.hpp) blocks of 16 consecutive channels as vectors, run in turn.
+// (conv_dim + z_dim) / (16 * GDN_CONV_BLOCKS) rounded up), local (1, 1). A work-item owns
+// GDN_CONV_BLOCKS (params.hpp) blocks of 16 consecutive channels (or z elements, copied) as
+// vectors, run in turn.
 GDN_KERNEL(2) void gdn_conv_spec_cpu(GdnConvParams p) {
   const auto it = item2();
   const int32_t seq = (int32_t)it.get_group(0);
   for (int32_t blk = 0; blk < GDN_CONV_BLOCKS && seq < p.num_seqs; ++blk) {
     const int32_t c = ((int32_t)it.get_group(1) * GDN_CONV_BLOCKS + blk) * 16;
-    if (c >= p.conv_dim) break;
-    if (p.width == 4) conv_spec_channels<16, 4>(p, seq, c);
+    if (c >= p.conv_dim + p.z_dim) break;
+    if (c >= p.conv_dim) copy_z<16>(p, p.query_start_loc[seq], p.query_start_loc[seq + 1], c - p.conv_dim);
+    else if (p.width == 4) conv_spec_channels<16, 4>(p, seq, c);
     else conv_spec_channels<16, 0>(p, seq, c);
   }
 }
 
-// Prefill and decode sequences, tiled over time: global (num tiles, conv_dim / (16 *
+// Prefill and decode sequences, tiled over time: global (num tiles, (conv_dim + z_dim) / (16 *
 // GDN_CONV_BLOCKS) rounded up), local (1, 1): GDN_CONV_BLOCKS blocks of 16 channels per work-item,
 // four at a time over a tile's tokens (conv_non_spec_tile); pairs for other widths than 4 (rare:
-// their copy costs cold-compile time, not steps).
+// their copy costs cold-compile time, not steps). Blocks past conv_dim copy z elements.
 GDN_KERNEL(2) void gdn_conv_non_spec_cpu(GdnConvParams p) {
   const auto it = item2();
-  const int32_t c = (int32_t)it.get_group(1) * 16 * GDN_CONV_BLOCKS;
-  if (c >= p.conv_dim) return;
-  if (p.width == 4) conv_non_spec_tile<16, 4, GDN_CONV_BLOCKS, 4>(p, (int32_t)it.get_group(0), c, p.conv_dim);
-  else conv_non_spec_tile<16, 0, GDN_CONV_BLOCKS, 2>(p, (int32_t)it.get_group(0), c, p.conv_dim);
+  const int32_t c = (int32_t)it.get_group(1) * 16 * GDN_CONV_BLOCKS, tile = (int32_t)it.get_group(0);
+  if (c < p.conv_dim) {
+    if (p.width == 4) conv_non_spec_tile<16, 4, GDN_CONV_BLOCKS, 4>(p, tile, c, p.conv_dim);
+    else conv_non_spec_tile<16, 0, GDN_CONV_BLOCKS, 2>(p, tile, c, p.conv_dim);
+  }
+  for (int32_t e = sycl::max(c, p.conv_dim); e < sycl::min(c + 16 * GDN_CONV_BLOCKS, p.conv_dim + p.z_dim); e += 16)
+    copy_z_tile<16>(p, tile, e - p.conv_dim);
 }

@@ -36,7 +36,8 @@ static inline void gates(const GdnPrepParams &p, int64_t row, int32_t hv, float 
     *g = p.g_in[gi];
     *beta = p.beta_in[gi];
   } else {
-    const float a = load_act(p.a, row * p.ab_stride + hv), b = load_act(p.b, row * p.ab_stride + hv);
+    const int64_t col = row * p.ab_stride + gdn_group_col(hv, p.ab_per_group, p.ab_group_cols);  // (packed: in ba)
+    const float a = load_act(p.a, col), b = load_act(p.b, col);
     *g = log_decay(p.A_log[hv], a + p.dt_bias[hv]);
     *beta = sigmoid(b);
   }

@@ -80,6 +80,9 @@ GDN_KERNEL(2) void gdn_fused_cpu(GdnFusedParams fp) {  // (see fused_conv)
   const int32_t seq = (int32_t)(it.get_group(0) / p.H), h = (int32_t)(it.get_group(0) % p.H);
   if (seq >= p.num_seqs) return;
   fused_conv(fp.conv, p, seq, h);
+  if (fp.conv.z_dim)  // z_out: the z elements of k-head h's v-heads, this sequence's rows
+    for (int32_t e = h * (p.HV / p.H) * p.V; e < (h + 1) * (p.HV / p.H) * p.V; e += 16)
+      copy_z<16>(fp.conv, fp.conv.query_start_loc[seq], fp.conv.query_start_loc[seq + 1], e);
   // While this work-item walks its states, the lines the next one's conv reads first come in
   // (conv_prefetch; the next group id: the work-item this core most likely runs next). Without it
   // the conv's first loads of each window column waited for DRAM (time-major conv state, bf16,

@@ -80,6 +80,31 @@ struct GdnSlotUse {
   int32_t ckpt_cols;
 };
 
+// Columns of the packed projections (gdn_xpu.h, gdn_packed_order_t). A packed qkvz row is `groups`
+// groups of [q (kg) | k (kg) | v (vg) | z (vg)], a ba row groups of [b (rg) | a (rg)]: GROUPED has one
+// group per k-head, CONTIGUOUS one group. The unpacked arrays are the one-group case without z
+// (mixed_qkv = [q|k|v], a and b apart), where gdn_qkv_col and gdn_group_col are the identity; so
+// the kernels always map, and one code path reads both.
+struct GdnPackedCols {
+  int32_t qk_dim;      // H*K: the q channels (the k channels follow)
+  int32_t kg, vg;      // q (and k) channels, v (and z) channels of a group
+  int32_t group_cols;  // columns from one group to the next: 2*kg + 2*vg
+};
+// Column of element i of a part whose groups hold per_group elements, group_cols columns apart.
+static inline int64_t gdn_group_col(int64_t i, int32_t per_group, int32_t group_cols) {
+  return i / per_group * group_cols + i % per_group;
+}
+// Column of conv channel c (q|k|v order: mixed_qkv's, conv_out's) in an input row.
+static inline int64_t gdn_qkv_col(const GdnPackedCols &pk, int32_t c) {
+  if (c < pk.qk_dim) return gdn_group_col(c, pk.kg, pk.group_cols);
+  if (c < 2 * pk.qk_dim) return pk.kg + gdn_group_col(c - pk.qk_dim, pk.kg, pk.group_cols);
+  return 2 * pk.kg + gdn_group_col(c - 2 * pk.qk_dim, pk.vg, pk.group_cols);
+}
+// Column of z element e (v-head * V + d) in a packed qkvz row.
+static inline int64_t gdn_z_col(const GdnPackedCols &pk, int32_t e) {
+  return 2 * pk.kg + pk.vg + gdn_group_col(e, pk.vg, pk.group_cols);
+}
+
 struct GdnConvParams {
   const void *x;            // [rows, conv_dim] act
   const void *weight;       // [conv_dim, W] act
@@ -96,6 +121,10 @@ struct GdnConvParams {
   int32_t pad_slot_id, silu, rolled, tile_len;  // tile_len: non-spec tokens per work-item (time tiling)
   int32_t num_tokens, pad1;                     // num_tokens: compact tokens of the bound group
   GdnSlotUse slots;
+  GdnPackedCols pack;       // where channel c of x is (gdn_qkv_col); the identity for mixed_qkv
+  void *z_out;              // [rows, z_dim] act or null: the rows' z columns of x copied (packed x only)
+  int64_t z_out_stride;
+  int32_t z_dim, pad2;      // HV*V with z_out, else 0: the kernels' channels beyond conv_dim copy z
 };
 
 // Per-row preprocessing: l2-normalized, scaled q and k, and the gates, all f32, by global row.
@@ -110,6 +139,7 @@ struct GdnPrepParams {
   int32_t rows, H, HV, K;
   float scale, eps;
   int32_t l2norm, l2_div;
+  int32_t ab_per_group, ab_group_cols;  // v-head hv's a and b at gdn_group_col(hv, ...) of their rows
 };
 
 // State-carrying kernels. ssm element (slot, head, k, v) at slot*slot_stride + head*K*V + (k*V + v | v*K + k),
@@ -152,4 +182,5 @@ struct GdnNormParams {
   int64_t out_stride, z_stride;
   int32_t rows, HV, V;
   float eps;
+  int32_t z_per_group, z_group_cols;    // z element e of a row at gdn_group_col(e, ...)
 };
