@@ -80,3 +80,21 @@ GDN_SUB_GROUP_KERNEL(1) void gdn_chunk_plan(GdnDeltaParams p) {
   for (; seqs < p.seq_capacity; ++seqs)
     for (int f = 0; f < GDN_TABLE_INTS; ++f) p.seq_table[(int64_t)seqs * GDN_TABLE_INTS + f] = 0;
 }
+
+// Replay mode (gdn_xpu.h "Replay mode"): the non-spec sequences' write slots and the checkpoint
+// slots they store hold exact states after the call, so their rings are emptied (ring_count 0);
+// gdn_flush_replay binds its slots here (no start locations: every slot), after its replay.
+// Global num_seqs rounded up to GDN_SUB_GROUP, local GDN_SUB_GROUP: a work-item per sequence.
+GDN_SUB_GROUP_KERNEL(1) void gdn_replay_clear(GdnDeltaParams p) {
+  const int32_t i = (int32_t)item1().get_global_id(0);
+  if (i >= p.num_seqs) return;
+  const int64_t len = p.query_start_loc ? p.query_start_loc[i + 1] - p.query_start_loc[i] : 1;
+  const int32_t slot = p.state_indices[i];
+  if (len == 0 || slot == p.pad_slot_id) return;  // nothing written (padding stores no checkpoints)
+  p.ring_count[slot] = 0;
+  const int64_t start = p.slots.start_pos ? p.slots.start_pos[i] : 0;
+  for (Checkpoints w = checkpoints(p.slots, i, start, 0, p.pad_slot_id); w.row && w.next < len;) {
+    const int32_t to = w.after(w.next);
+    if (to != p.pad_slot_id) p.ring_count[to] = 0;
+  }
+}
