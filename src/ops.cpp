@@ -91,9 +91,9 @@ void enqueue_delta(Chain &ch, Checked &c, const Plan &plan, const Kernels &ks, c
   p.pad_slot_id = c.batch.pad_slot_id;
   p.ring = t.replay_ring, p.ring_count = t.replay_count, p.ring_tokens = cfg.replay_tokens;
   p.ring_floats = gdn_ring_floats(cfg.num_k_heads, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim);
-  if (plan.replay_clear.on) {  // (reads only the non-spec metadata; the walks read no ring count of theirs)
+  if (plan.replay_count_non_spec.on) {  // (no walk reads the ring count of a slot a non-spec sequence writes)
     bind_group(p, c, false);
-    launch(ch, ks, plan.replay_clear, p);
+    launch(ch, ks, plan.replay_count_non_spec, p);
   }
   if (plan.recurrent_non_spec.on) {
     bind_group(p, c, false);
@@ -136,9 +136,10 @@ void enqueue_delta(Chain &ch, Checked &c, const Plan &plan, const Kernels &ks, c
     p.replay = GDN_REPLAY_APPLY;
     launch(ch, ks, plan.replay_spec, p);
   }
-  p.replay = plan.replay_spec.on ? GDN_REPLAY_WALK : GDN_REPLAY_OFF;
+  p.replay = cfg.replay_tokens > 0 ? GDN_REPLAY_WALK : GDN_REPLAY_OFF;
   if (plan.fused_spec.on) fused(plan.fused_spec, true);
   if (plan.recurrent_spec.on) launch(ch, ks, plan.recurrent_spec, p);
+  if (plan.replay_count_spec.on) launch(ch, ks, plan.replay_count_spec, p);
 }
 
 void enqueue_norm(Chain &ch, Checked &c, const Plan &plan, const Kernels &ks) {

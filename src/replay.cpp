@@ -169,7 +169,8 @@ GDN_API gdn_status_t gdn_flush_replay(void *queue, const gdn_config_t *cfg_in, i
     p.ring_floats = gdn_ring_floats(p.H, p.HV, p.K, p.V);
     Chain ch(q);
     launch(ch, ks, plan.replay_spec, p);
-    launch(ch, ks, plan.replay_clear, p);
+    p.group = GDN_GROUP_NON_SPEC;
+    launch(ch, ks, plan.replay_count_non_spec, p);
     if (!ch.in_order) ch.last.wait_and_throw();
   });
 }

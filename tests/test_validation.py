@@ -467,9 +467,10 @@ def struct_kw(which, mutate):
     return {{"cfg": "mutate_cfg", "batch": "mutate_batch", "tensors": "mutate_tensors"}[which]: mutate}
 
 
-# Version 1 of each struct (libgdn_xpu 0.1.0): gdn_batch_t's ends where its version-2 fields begin.
-V1_SIZE = {"cfg": ffi.sizeof("gdn_config_t"), "batch": ffi.offsetof("gdn_batch_t", "non_spec_read_state_indices"),
-           "tensors": ffi.sizeof("gdn_tensors_t")}
+# Version 1 of each struct (libgdn_xpu 0.1.0): each ends where its version-2 fields begin.
+V1_SIZE = {"cfg": ffi.offsetof("gdn_config_t", "replay_tokens"),
+           "batch": ffi.offsetof("gdn_batch_t", "non_spec_read_state_indices"),
+           "tensors": ffi.offsetof("gdn_tensors_t", "replay_ring")}
 
 
 def test_version_1_sizes_are_pinned():
@@ -511,6 +512,27 @@ def test_version_1_caller_gets_the_defaults(s):
     (garbage here) are never read, the version-2 fields take their defaults (no read slots, no
     checkpoints) and the call computes what it always did."""
     s.raw(mutate_batch=version_1_batch)
+    s.check_reference(written=range(1, 9))
+
+
+def version_1_struct(which):
+    """mutate_*: a version-1 caller's cfg or tensors (0.1.0: no replay-mode fields), garbage after it."""
+    def mutate(c):
+        n = ffi.sizeof(STRUCTS[which])
+        buf = ffi.new("unsigned char[]", n)
+        ffi.memmove(buf, b"\xa5" * n, n)
+        ffi.memmove(buf, c, V1_SIZE[which])
+        p = ffi.cast(STRUCTS[which] + " *", buf)
+        p.struct_size = V1_SIZE[which]
+        mutate.keep = buf
+        return p
+    return mutate
+
+
+def test_version_1_cfg_and_tensors_get_the_defaults(s):
+    """Callers of the 0.1.0 header's gdn_config_t and gdn_tensors_t: the per-token mode (replay_tokens
+    0, no rings), whatever follows their structs in memory."""
+    s.raw(mutate_cfg=version_1_struct("cfg"), mutate_tensors=version_1_struct("tensors"))
     s.check_reference(written=range(1, 9))
 
 

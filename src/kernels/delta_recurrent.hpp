@@ -134,5 +134,4 @@ static inline void recurrent_tile(const GdnDeltaParams &p, const sycl::sub_group
     if (to != p.pad_slot_id) store_tile(p, to, hv, v0, lane, s);
   }
   if (r.final_slot != p.pad_slot_id) store_tile(p, r.final_slot, hv, v0, lane, s);
-  if (r.ring_out && hv == 0 && v0 == 0 && lane == 0) p.ring_count[r.read_slot] = r.len;
 }

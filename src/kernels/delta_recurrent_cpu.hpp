@@ -64,13 +64,9 @@ static inline vf16 v_at16(const GdnDeltaParams &p, const RecurrentSeq &rs, int64
 }
 static inline bool emits(const RecurrentSeq &rs) { return !rs.ring_in; }
 
-// Replay mode: the item's columns [v, v + n) of (seq, hv) take ring writes (RecurrentSeq), and the
-// item of column 0 of v-head 0 sets the slot's ring count once the walk is done (ring_done).
+// Replay mode: the item's columns [v, v + n) of (seq, hv) take ring writes (RecurrentSeq).
 static inline void ring_item(const GdnDeltaParams &p, RecurrentSeq &rs, int32_t hv, int32_t v, int32_t n) {
   rs.ring_v0 = v, rs.ring_vn = sycl::min(n, p.V - v), rs.ring_k = v == 0 && hv % (p.HV / p.H) == 0;
-}
-static inline void ring_done(const GdnDeltaParams &p, const RecurrentSeq &rs, int32_t hv, int32_t v) {
-  if (rs.ring_out && hv == 0 && v == 0) p.ring_count[rs.read_slot] = rs.len;
 }
 
 // The replay of a sequence with nothing to replay and another read slot (RecurrentSeq, len 0):

@@ -189,7 +189,6 @@ static inline void recurrent_columns_kv(const GdnDeltaParams &p, int32_t seq, in
     constexpr int NW = KD <= 128 || NV < GDN_KV_VECS ? NV : GDN_KV_VECS;
     for (int j = 0; j < NV; j += NW) walk_columns_kv<NW>(p, rs, hv, v + 16 * j, h);
   }
-  ring_done(p, rs, hv, v);
 }
 
 // The state columns of a work-item: 16 gdn_kv_cpu_vecs(V) from v of (seq, hv).

@@ -282,5 +282,4 @@ GDN_NOINLINE void recurrent_item(const GdnDeltaParams &p, int32_t seq, int32_t h
   if (!rs.skip && rs.form_len <= GDN_WALK_TOKENS) pt.prepare(p, rs, h, hv);
   // (rs by value: each pass advances its own copy of the checkpoint cursor)
   for (int32_t r = v; r < sycl::min(p.V, v + GDN_VK_ITEM_ROWS); r += GDN_VK_ROWS) recurrent_rows_vk(p, rs, pt, hv, r, h);
-  ring_done(p, rs, hv, v);
 }
