@@ -331,3 +331,14 @@ def test_replay_validation(queue):
     # After the flush the decode may read the slot.
     tw.flush_and_compare(blocks, [2, 1], [0, 1])
     tw.step(spec_meta([2], blocks[:1], [2], 2, decode_slot=3))
+
+
+def test_replay_warmup_and_workspace(queue):
+    """gdn_warmup compiles replay mode's kernels too; the workspace does not depend on the mode."""
+    cfg = make_config(1, 2, 16, 16, 2, 10, "f32", "vk", replay=3)
+    pygdn.warmup(queue, cfg)
+    meta = spec_meta([3, 2], [[0, 1, 2], [3, 4, 5]], [1, 1], 2, decode_slot=6)
+    counts = to_device(meta, queue)
+    per_token = make_config(1, 2, 16, 16, 2, 10, "f32", "vk")
+    assert pygdn.workspace_size(cfg, counts) == pygdn.workspace_size(per_token, counts)
+    assert cfg.replay_ring_shape == (10, 3, 16 + 2 * 16 + 2 * 2)
