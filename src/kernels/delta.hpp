@@ -86,7 +86,7 @@ static inline float *ring_entry(const GdnDeltaParams &p, int32_t slot) {
   return p.ring + (int64_t)slot * p.ring_tokens * p.ring_floats;
 }
 
-// The replay launch's view of spec sequence seq (GDN_REPLAY_APPLY; gdn_xpu.h "Replay mode"): false
+// The replay's view of spec sequence seq (GDN_REPLAY_APPLY; gdn_xpu.h "Replay mode"): false
 // when there is nothing to do (padding, no tokens, nothing to replay with the state already in
 // place). len 0: copy the read slot's state (zeros: pad) to the committed slot.
 static inline bool replay_seq(const GdnDeltaParams &p, int32_t seq, RecurrentSeq *r) {
@@ -123,7 +123,7 @@ static inline bool recurrent_seq(const GdnDeltaParams &p, int32_t seq, Recurrent
   r->final_slot = spec ? p.pad_slot_id : r->cols[0];
   r->ring_in = nullptr, r->ring_out = nullptr;
   r->ring_v0 = r->ring_vn = 0, r->ring_k = false;
-  if (r->mode == GDN_REPLAY_WALK) {  // the replay launch made [n][0] current
+  if (r->mode == GDN_REPLAY_WALK) {  // the replay (its launch, or gdn_fused_cpu's work-item) made [n][0] current
     r->read_slot = r->cols[0];
     r->skip = r->read_slot == p.pad_slot_id;
     r->init = !r->skip;
@@ -149,7 +149,7 @@ static inline float v_at(const GdnDeltaParams &p, const RecurrentSeq &r, int64_t
 }
 
 // Replay WALK: token t's g and beta of v-head hv and the v of the item's columns to its ring entry
-// (k: ring_write_k). GDN_REPLAY_APPLY reads them back bit for bit (v widened to f32 exactly).
+// (k: the CPU walks' token_in). GDN_REPLAY_APPLY reads them back bit for bit (v widened to f32 exactly).
 static inline void ring_write_v(const GdnDeltaParams &p, const RecurrentSeq &r, int32_t t, int64_t row, int32_t hv,
                                 float g, float beta) {
   float *e = r.ring_out + (int64_t)t * p.ring_floats;
