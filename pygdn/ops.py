@@ -437,6 +437,8 @@ def _marshal(fn, queue, cfg: Config, batch: Batch, arrays: dict):
             continue
         if field not in specs:
             raise TypeError(f"unknown array argument {field!r}")
+        if field.startswith("replay_") and not cfg.replay_tokens:
+            raise ValueError(f"{field}: given, but cfg.replay_tokens = 0 (the per-token mode has no rings)")
         dtype, lead, inner = specs[field]
         written = field in _WRITTEN and not (reads_conv_out and field == "conv_out")
         address, shape, got, hold, stride = _view(obj, field, queue, written,
