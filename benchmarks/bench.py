@@ -65,8 +65,8 @@ import peers as P
 from cases import H, HV, K, V, W, chunked_flops, make_case, run_case, traffic_bytes
 from machine import c_host_overhead, cpu_model, host_overhead, measure_bandwidth, measure_peak
 from prefill_sweep import CHECKPOINT_INTERVAL, checkpoint_line, run_checkpoint_case, run_sweep, sweep_line
-from report import HEADER, Log, beside_GBps, c_abi_us, plain_call_us, plot, prepared_call_us, row_line, targets, \
-    variants_lines
+from report import HEADER, Log, beside_GBps, c_abi_us, plain_call_us, plot, prepared_call_us, replay_lines, row_line, \
+    targets, variants_lines
 from table import table_lines, table_rows
 from timing import FOREIGN_FLAG, CpuWatch, wait_quiet
 
@@ -485,6 +485,12 @@ def main(argv=None) -> int:
     cpu = "" if facts["host"]["cpu"] == dev["name"] else f", {facts['host']['cpu']}"
     log_table(f"pygdn {pygdn.__version__} on {on}{cpu}, {facts['host']['cores']} cores; Qwen3-Next TP=1 shapes, "
               f"{args.dtype} activations, {'--quick' if args.quick else 'full run'}", plan, foreign, rows)
+    log("")
+    log("spec decode, per-token mode against replay mode (cfg.replay_tokens: one state read and written per step), "
+        "same rounds; speedup = per-token / replay time; %pass = a bare pass reading and writing each state once / "
+        "the replay's time ('!': replay outputs differ from the per-token step's):")
+    for line in replay_lines(ok_records):
+        log(line)
     return 0
 
 

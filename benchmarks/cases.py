@@ -13,7 +13,7 @@ from pygdn.batch import make_batch, to_device
 
 from machine import StatePass, reference_passes
 from peers import CHUNK
-from report import REFERENCE_PASSES, STATE_PASSES, progress_line, row_line
+from report import REFERENCE_PASSES, REPLAY_PASSES, STATE_PASSES, progress_line, row_line
 from timing import LATE_BUDGET_S, RETRY_SHARE, first_call_s, timed_blocks, wait_quiet
 
 H, HV, K, V, W = 16, 32, 128, 128, 4          # Qwen3-Next-80B-A3B linear attention, TP=1
@@ -117,22 +117,33 @@ def make_case(kind, act, batch=1, num_spec=0, lens=(), seed=0, lean=False):
 STATE_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
 
 
-def traffic_bytes(case, state_dtype="f32"):
+def traffic_bytes(case, state_dtype="f32", replay=False):
     """Useful memory traffic of one step: each ssm state touched read once per sequence and
     written once per state written back (decode/prefill: once; spec: once per token, the
-    per-token write-backs), in the state dtype's bytes; conv state read + written; mixed_qkv
-    and a/b in, core_attn_out out, conv weight. Workspace intermediates are not counted."""
-    return sum(traffic_split(case, state_dtype))
+    per-token write-backs; spec in replay mode: once, plus the ring entries replayed (read) and
+    the step's tokens' entries (written), f32), in the state dtype's bytes; conv state read +
+    written; mixed_qkv and a/b in, core_attn_out out, conv weight. Workspace intermediates are
+    not counted."""
+    return sum(traffic_split(case, state_dtype, replay))
 
 
-def traffic_split(case, state_dtype="f32"):
+def ring_entry_bytes(case):
+    """Bytes of one replay-mode ring entry: k [H, K], v [HV, V], g and beta [HV], f32."""
+    return 4 * (case.H * case.K + case.HV * case.V + 2 * case.HV)
+
+
+def traffic_split(case, state_dtype="f32", replay=False):
     """traffic_bytes as (bytes read, bytes written)."""
     act = 2 if case.act == "bf16" else 4
     C, T, n = case.C, case.rows, case.batch
     sb = case.HV * case.K * case.V * STATE_BYTES[state_dtype]
     read = T * C * act + 2 * T * case.HV * act + C * case.W * act + n * sb + n * (case.W - 1) * C * act
     written = T * case.HV * case.V * act
-    if case.kind == "spec":
+    if case.kind == "spec" and replay:
+        accepted = int(np.sum(case.meta["num_accepted_tokens"]))
+        read += accepted * ring_entry_bytes(case) + 4 * n
+        written += n * sb + T * ring_entry_bytes(case) + 4 * n + n * (case.W - 2 + case.num_spec + 1) * C * act
+    elif case.kind == "spec":
         written += n * (case.num_spec + 1) * sb + n * (case.W - 2 + case.num_spec + 1) * C * act
     else:
         written += n * sb + n * (case.W - 1) * C * act
@@ -188,15 +199,27 @@ class Ours:
 
     name = "ours"
 
-    def __init__(self, queue, case, ssm_layout="vk", state_dtype="f32", checkpoint_interval=0, own_workspace=False):
-        self.q, self.case, self.layout, self.state_dtype = queue, case, ssm_layout, state_dtype
+    def __init__(self, queue, case, ssm_layout="vk", state_dtype="f32", checkpoint_interval=0, own_workspace=False,
+                 replay=False):
+        self.q, self.case, self.layout, self.state_dtype, self.replay = queue, case, ssm_layout, state_dtype, replay
         meta, extra = case.meta, 0
+        if replay:  # one slot per sequence, holding the state its per-token twin reads
+            if "replay_tokens" not in {f.name for f in dc.fields(pygdn.Config)}:
+                raise Unsupported("pygdn.Config has no replay_tokens (replay mode)")
+            cols = np.asarray(meta["spec_state_indices"]).reshape(case.batch, -1)
+            first = cols[np.arange(case.batch), np.asarray(meta["num_accepted_tokens"]) - 1]
+            lines = cols[:, 0]
+            rows = np.full_like(cols, meta.get("pad_slot_id", -1))
+            rows[:, 0] = np.arange(case.batch)
+            meta = dict(meta, spec_state_indices=rows.reshape(-1))
         if checkpoint_interval:
             if "checkpoint_interval" not in _batch_fields():
                 raise Unsupported("pygdn.Batch has no checkpoint_interval (block checkpoints)")
             meta, extra = checkpoint_meta(meta, checkpoint_interval, case.num_slots)
-        slots = case.num_slots + extra
+        slots = case.batch if replay else case.num_slots + extra
         dtype_kw = {} if state_dtype == "f32" else {"state_dtype": state_dtype}  # older builds: no such field
+        if replay:
+            dtype_kw["replay_tokens"] = case.num_spec + 1
         try:
             self.cfg = pygdn.Config(num_k_heads=case.H, num_v_heads=case.HV, head_k_dim=case.K, head_v_dim=case.V,
                                     num_slots=slots, conv_width=case.W, act_dtype=case.act, ssm_layout=ssm_layout,
@@ -209,6 +232,8 @@ class Ours:
         U = lambda v: pygdn.UsmArray.from_numpy(v, queue)  # noqa: E731
         ssm = case.ssm0 if ssm_layout == "vk" else np.swapaxes(case.ssm0, 2, 3)
         conv = enc(case.conv0)
+        if replay:
+            ssm, conv = ssm[first], conv[lines]
         if extra:  # checkpoint slots start as zeros
             ssm = np.concatenate([ssm, np.zeros((extra,) + ssm.shape[1:], ssm.dtype)])
             conv = np.concatenate([conv, np.zeros((extra,) + conv.shape[1:], conv.dtype)])
@@ -218,6 +243,9 @@ class Ours:
                            conv_weight=U(enc(case.conv_w)), A_log=U(case.A_log), dt_bias=U(case.dt_bias),
                            conv_state=U(conv), ssm_state=U(ssm),
                            core_attn_out=pygdn.UsmArray((case.rows, case.HV, case.V), act_np, queue))
+        if replay:
+            self.arrays.update(replay_ring=U(np.zeros(self.cfg.replay_ring_shape, np.float32)),
+                               replay_count=U(np.zeros(self.cfg.replay_count_shape, np.int32)))
         self._conv_out = None  # the breakdown's conv output, made when first needed
         self.batch = to_device(meta, queue)
         if own_workspace:
@@ -316,12 +344,55 @@ def rel_err(got, want):
 # Our step in other cache formats, measured beside the default (vk layout, f32 state) on every
 # decode / spec case: (record key, ssm layout, state dtype).
 VARIANTS = (("ours_kv_layout", "kv", "f32"), ("ours_bf16_state", "vk", "bf16"), ("ours_bf16_state_kv", "kv", "bf16"))
+# Spec rows also in replay mode (gdn_xpu.h "Replay mode"), f32 and bf16 state, vk layout: (record
+# key, state dtype). Timed in the same rounds as the per-token step.
+REPLAY_VARIANTS = (("ours_replay", "f32"), ("ours_replay_bf16_state", "bf16"))
 # Timed in interleaved rounds (timing.timed_blocks): the variants, and the state passes and the
 # reference's stream kernels their times are read against.
-TOGETHER = ("ours",) + tuple(v[0] for v in VARIANTS) + tuple(p[0] for p in STATE_PASSES + REFERENCE_PASSES)
+TOGETHER = ("ours",) + tuple(v[0] for v in VARIANTS + REPLAY_VARIANTS) \
+    + tuple(p[0] for p in STATE_PASSES + REPLAY_PASSES + REFERENCE_PASSES)
 # A bf16 state cache is rounded once per stored state (relative 2^-9): its outputs and states
 # against the f32-state step, max |diff| / max |f32|, must stay well inside this.
 STATE_TOL = 2e-2
+
+
+def add_replay(queue, case, rec, impls, agreement, ref_out, plan, log, reps):
+    """The spec step in replay mode (REPLAY_VARIANTS) and the bare passes of the state bytes it
+    moves (REPLAY_PASSES: each state read once and written once), into impls. Every cache copy
+    takes one step first, so each timed step replays the accepted tokens of the one before (the
+    steady state: the step repeats its batch, whose tokens fill the ring)."""
+    for (name, sd), (pname, _) in zip(REPLAY_VARIANTS, REPLAY_PASSES):
+        if name in plan["unsupported"]:
+            continue
+        try:
+            rot = Rotating(lambda: Ours(queue, case, state_dtype=sd, replay=True), replay_set_bytes(case, sd))
+            run = rot.call("step")
+            first = first_call_s(run)  # copy 0's first step: nothing to replay, the per-token twin's outputs
+            out, _ = rot.first.result()
+            for _ in range(len(rot) - 1):
+                run()
+        except Unsupported as e:
+            plan["unsupported"][name] = str(e)
+            log(f"  replay mode ({sd} state): not supported by this build ({e})")
+            continue
+        a = {"out": rel_err(out, ref_out), "ssm": 0.0}
+        a["ok"] = bool(a["out"] <= (STATE_TOL if sd != "f32" else 0.0))
+        agreement[name] = a
+        impls[name] = (run, reps, first)
+        rec[f"bytes_{name}"] = traffic_bytes(case, sd, replay=True)
+        rec[f"bytes_read_written_{name}"] = traffic_split(case, sd, replay=True)
+        try:
+            sp = StatePass(queue, case.batch * case.HV, case.K * case.V * STATE_BYTES[sd], 1)
+            impls[pname] = (sp.step, reps, first_call_s(sp.step))
+        except Exception as e:  # noqa: BLE001 (the rows stand without it)
+            log(f"  replay state pass ({sd}): not measured ({type(e).__name__}: {e})")
+
+
+def replay_set_bytes(case, state_dtype):
+    """Bytes of the caches a replay-mode step touches: one ssm slot, one conv line and a ring per sequence."""
+    act = 2 if case.act == "bf16" else 4
+    return case.batch * (case.HV * case.K * case.V * STATE_BYTES[state_dtype] + case.state_len * case.C * act
+                         + (case.num_spec + 1) * ring_entry_bytes(case))
 
 
 def run_case(queue, case, peers, plan, log, missing=()):
@@ -382,6 +453,8 @@ def run_case(queue, case, peers, plan, log, missing=()):
                 a = {"out": rel_err(out, ref_out), "ssm": rel_err(ssm, ref_ssm)}
                 a["ok"] = bool(a["out"] <= STATE_TOL and a["ssm"] <= STATE_TOL)
                 agreement[name] = a
+        if case.kind == "spec":
+            add_replay(queue, case, rec, impls, agreement, ref_out, plan, log, reps_ours)
         for name, sd in STATE_PASSES:
             if name in plan["unsupported"] or (sd == "bf16" and "ours_bf16_state" not in impls):
                 continue
@@ -461,6 +534,14 @@ def run_case(queue, case, peers, plan, log, missing=()):
     for name, sd in STATE_PASSES:
         if name in rec:
             rec[name]["GBps"] = rec["bytes" + of_dtype(sd)] / rec[name]["median_s"] / 1e9
+    for (name, sd), (pname, _) in zip(REPLAY_VARIANTS, REPLAY_PASSES):
+        if name in rec:
+            rec[name]["GBps"] = rec[f"bytes_{name}"] / rec[name]["median_s"] / 1e9
+            rec[name]["bytes_read_written"] = rec[f"bytes_read_written_{name}"]
+            rec[name]["speedup"] = rec[("ours" if sd == "f32" else "ours_bf16_state")]["median_s"] / rec[name]["median_s"] \
+                if "median_s" in rec.get("ours" if sd == "f32" else "ours_bf16_state", {}) else None
+        if pname in rec:  # the replay's bytes had the step taken as long as its bare pass
+            rec[pname]["GBps"] = rec[f"bytes_{name}"] / rec[pname]["median_s"] / 1e9
     for name, kind in REFERENCE_PASSES:  # the best of the repeats, as the run's are the best of 5
         if name in rec:
             rec[name]["GBps"] = plan["reference_passes"][kind][1] / rec[name]["min_s"] / 1e9

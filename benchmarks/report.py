@@ -144,6 +144,33 @@ VARIANT_LABELS = (("ours", "f32 vk"), ("ours_kv_layout", "f32 kv"), ("ours_bf16_
 # Each decode / spec row's state traffic alone, moved by bare stream kernels (machine.StatePass),
 # in f32 and in bf16 bytes: name, state dtype.
 STATE_PASSES = (("state_pass", "f32"), ("state_pass_bf16", "bf16"))
+# A spec row's replay-mode state traffic alone (each state read once, written once), per
+# cases.REPLAY_VARIANTS entry: name, state dtype.
+REPLAY_PASSES = (("state_pass_replay", "f32"), ("state_pass_replay_bf16", "bf16"))
+
+
+def replay_lines(records):
+    """Spec rows in the per-token mode against replay mode (same rounds), f32 and bf16 state:
+    times, the speedup (per-token / replay), and the replay's share of its bare pass (the time
+    a pass reading and writing each state once takes / the replay's time)."""
+    lines = [f"{'case':<18s} " + " | ".join(f"{sd + ' per-token ms':>17s} {'replay ms':>10s} {'speedup':>7s} {'%pass':>5s}"
+                                           for sd in ("f32", "bf16"))]
+    for r in records:
+        if r["kind"] != "spec" or "ours_replay" not in r:
+            continue
+        cells = []
+        for pt, name, pname in (("ours", "ours_replay", "state_pass_replay"),
+                                ("ours_bf16_state", "ours_replay_bf16_state", "state_pass_replay_bf16")):
+            v, p = r.get(name, {}), r.get(pname, {})
+            if "median_s" not in v or "median_s" not in r.get(pt, {}):
+                cells.append(f"{'-':>17s} {'':>10s} {'':>7s} {'':>5s}")
+                continue
+            bad = "" if v.get("agreement_vs_ours", {}).get("ok", True) else "!"
+            share = f"{100 * p['median_s'] / v['median_s']:4.0f}%" if "median_s" in p else "    -"
+            cells.append(f"{r[pt]['median_s'] * 1e3:17.3f} {v['median_s'] * 1e3:9.3f}{bad:1s} "
+                         f"{r[pt]['median_s'] / v['median_s']:6.2f}x {share:>5s}")
+        lines.append(f"{r['label']:<18s} " + " | ".join(cells))
+    return lines
 
 
 def variants_lines(records, plan):

@@ -59,7 +59,8 @@
  *    whose fields unknown to this library are all zero. Versions of gdn_batch_t: 1 (0.1.0, ends
  *    after spec_token_indx), 2 (0.2.0: adds the state-cache fields from non_spec_read_state_indices on).
  *    Versions of gdn_config_t and gdn_tensors_t: 1 (0.1.0, ending after flags / workspace_bytes),
- *    2 (adds the packed projections: packed_order, and qkvz through z_out_stride).
+ *    2 (adds the packed projections -- packed_order; qkvz through z_out_stride -- and replay mode
+ *    -- replay_tokens; replay_ring, replay_count: "Replay mode" below).
  *
  * Python (pygdn) reads the text between GDN_CDEF_BEGIN and GDN_CDEF_END with cffi, so that
  * region holds plain C declarations only: no #if, no function-like macros.
@@ -235,6 +236,34 @@ enum {
  * decode or prefill), never per chunk or per token inside a call. F16 states overflow to inf
  * above 65504; BF16 keeps f32's range with 8 significant bits. */
 
+/* Replay mode ("lazy commit" spec decoding: cfg->replay_tokens > 0; docs/op.md "Replay mode")
+ * -------------------------------------------------------------------------------------------
+ * A spec sequence keeps ONE ssm slot, c = spec_state_indices[n][0], holding its COMMITTED state
+ * (the state before the tokens of its last step), and in that slot's ring the inputs of the last
+ * step's tokens. A step writes the state once instead of once per token:
+ *   1. the read slot r (spec_read_state_indices[n], NULL array: c) holds R = replay_count[r] ring
+ *      entries. R > 0: the first A = num_accepted_tokens[n] of them (A <= R, else
+ *      GDN_ERROR_BAD_ACCEPTED under GDN_VALIDATE_FULL) are replayed onto r's state, with the
+ *      arithmetic of the per-token mode's walk over R tokens, and the result -- exactly the state
+ *      the per-token mode stores to its column A-1 -- is written to c. R = 0: r's state is current
+ *      (A is checked as in the per-token mode but not used); it is copied to c when r != c (zeros
+ *      when r is pad_slot_id).
+ *   2. this step's tokens walk from c's state in registers: outputs only, no state stored; their
+ *      inputs go to c's ring, entries 0 .. len-1, and replay_count[c] = len.
+ * Columns [n][1..] of spec_state_indices are neither read nor written by the delta rule (they are
+ * still range- and conflict-checked); c = pad_slot_id makes the sequence padding (zero outputs,
+ * nothing read or written). The conv is unchanged: GDN_CONV_SPEC_ROLLED keeps its meaning, and
+ * replay mode requires it (GDN_CONV_SPEC_SNAPSHOT: GDN_ERROR_UNSUPPORTED).
+ * Non-spec sequences run as in the per-token mode and set replay_count of their write slot (and
+ * of every checkpoint slot they store) to 0. Their read slot must hold no ring entries: checked
+ * under GDN_VALIDATE_FULL (GDN_ERROR_BAD_STATE_INDEX, "flush it first"), trusted under COUNTS.
+ * The ring entry of one token is gdn_replay_token_floats(cfg) f32 values, in this order:
+ * normalized k [H, K], v [HV, V] (the conv output's v, widened to f32), g [HV], beta [HV].
+ * replay_count is owned by the library: the engine zero-fills it with its caches and never writes
+ * it otherwise. A slot's exact state (for a prefix-cache checkpoint, a preemption, or to go back
+ * to the per-token mode) is taken with gdn_flush_replay. Spec sequences store no block
+ * checkpoints in either mode. */
+
 /* Model dimensions, dtypes and cache layouts: constant for a layer. */
 typedef struct gdn_config {
   size_t struct_size;       /* = sizeof(gdn_config_t)                                         */
@@ -259,6 +288,9 @@ typedef struct gdn_config {
   /* ---- version 2: packed projections (a version-1 caller gets GDN_PACKED_NONE) ---- */
   int32_t packed_order;     /* gdn_packed_order_t: NONE (default) reads mixed_qkv, a, b, z; else
                                the op reads qkvz and ba in that order (gdn_tensors_t, version 2) */
+  /* version 2, replay mode ("Replay mode" above); a version-1 caller gets 0 */
+  int32_t replay_tokens;    /* 0: per-token mode. > 0: replay mode, ring entries per slot
+                               (>= 1 + batch->num_spec of every call; at most 65)             */
 } gdn_config_t;
 
 /* One step's mixed batch: prefills + plain decodes (the "non-spec" sequences) and speculative
@@ -352,6 +384,10 @@ typedef struct gdn_tensors {
   void *z_out;                 /* [rows, HV, V] act, or NULL: the conv copies each addressed row's
                                   z columns here (the caller's gated norm: vllm-xpu-kernels' z)  */
   int64_t z_out_stride;        /*   row stride (0 = HV*V)                                       */
+  /* version 2, replay mode ("Replay mode" above): needed by the delta rule when
+   * cfg->replay_tokens > 0, not read otherwise */
+  float *replay_ring;          /* [num_slots, replay_tokens, gdn_replay_token_floats] f32     */
+  int32_t *replay_count;       /* [num_slots] int32: ring entries each slot holds (library-owned) */
 } gdn_tensors_t;
 
 /* ---- library information ---- */
@@ -433,6 +469,22 @@ GDN_API gdn_status_t gdn_malloc_shared(void *queue, size_t bytes, void **ptr);
 GDN_API void gdn_free(void *queue, void *ptr);
 /* Name of the queue's device, written into buf (truncated to len-1 characters). */
 GDN_API gdn_status_t gdn_device_name(void *queue, char *buf, size_t len);
+
+/* ---- replay mode ("Replay mode" above) ----
+ * gdn_replay_token_floats: f32 values of one ring entry, H*K + HV*V + 2*HV, from the dims alone
+ * (0 when one is outside its range or cfg is NULL). A slot's ring is replay_tokens of them.
+ * gdn_flush_replay: for i < num_flush, replays the first num_tokens[i] ring entries of slot
+ * slots[i] onto its state (0 <= num_tokens[i] <= replay_count[slots[i]]: typically the accepted
+ * count of the slot's last step; with replay_count[slots[i]] = 0 the state is current and
+ * num_tokens[i] >= 0 is not used) and sets replay_count[slots[i]] = 0; -1 entries are skipped. The slot then holds the state the per-token mode would have stored to column
+ * num_tokens[i]-1 (num_tokens[i] = 0: the committed state, the ring dropped). Reads and writes
+ * ssm_state, replay_ring and replay_count only (slots and num_tokens int32 [num_flush]); always
+ * reads slots, num_tokens and the addressed counts back to check them (slots in range, distinct).
+ * Needs cfg->replay_tokens > 0. */
+GDN_API int32_t gdn_replay_token_floats(const gdn_config_t *cfg);
+GDN_API gdn_status_t gdn_flush_replay(void *queue, const gdn_config_t *cfg, int32_t num_flush, const int32_t *slots,
+                                      const int32_t *num_tokens, void *ssm_state, float *replay_ring,
+                                      int32_t *replay_count);
 
 /* Drop cached kernels and workspaces (e.g. before unloading). Kernels on disk stay cached. The
  * library keeps one workspace per queue it was called on without tensors->workspace, grown to the

@@ -3,6 +3,11 @@
 float64 reference on a subset of heads, and timed per phase.
 
     python -m pygdn demo [--tp 1] [--prefills 4 --prefill-len 512] [--spec 16 --num-spec 2] ...
+                         [--spec-mode replay]
+
+--spec-mode replay runs the spec sequences in replay mode (docs/op.md "Replay mode"): two steps,
+the second replaying the first's accepted tokens, each against the reference's per-token
+semantics, then gdn_flush_replay and the flushed states against the reference's.
 """
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ import dpctl
 from . import reference as ref
 from ._usm import UsmArray, from_bf16_bits, to_bf16_bits
 from .batch import make_batch, to_device
-from .ops import Config, attention, causal_conv1d, gated_delta_rule, warmup
+from .ops import Config, attention, causal_conv1d, flush_replay, gated_delta_rule, warmup
 from ._lib import version
 
 
@@ -78,6 +83,8 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="bf16", choices=["bf16", "f16", "f32"])
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--spec-mode", default="per-token", choices=["per-token", "replay"],
+                   help="spec decoding writing each token's state (per-token) or one state per step (replay)")
     args = p.parse_args(argv)
 
     H, HV, K, V, W = 16 // args.tp, 32 // args.tp, 128, 128, 4
@@ -96,10 +103,10 @@ def main(argv=None) -> int:
     T = meta["num_actual_tokens"]
     cfg = Config(num_k_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V, num_slots=num_slots, conv_width=W,
                  act_dtype=args.dtype, ssm_layout="vk", conv_layout="time_major", conv_spec_layout="rolled",
-                 conv_state_len=W - 1 + args.num_spec)
+                 conv_state_len=W - 1 + args.num_spec, replay_tokens=cols if args.spec_mode == "replay" else 0)
     C = cfg.conv_dim
     _say(f"Qwen3-Next-80B-A3B GDN layer, TP={args.tp}: H={H} HV={HV} K={K} V={V} W={W}, {args.dtype} activations, "
-         f"f32 state")
+         f"f32 state, spec decoding: {args.spec_mode} mode")
     _say(f"batch: {args.prefills} prefills x {args.prefill_len} tokens, {args.decodes} decodes, {args.spec} spec "
          f"sequences (<= {args.num_spec} drafts, ragged), {T} tokens interleaved, {num_slots} state slots")
 
@@ -115,6 +122,10 @@ def main(argv=None) -> int:
     dt_bias = rng.uniform(-1, 1, HV).astype(np.float32)
     conv0 = _Act(rng.standard_normal((num_slots, cfg.state_len, C)), args.dtype)      # time-major
     ssm0 = (rng.standard_normal((num_slots, HV, V, K)) * 0.1).astype(np.float32)      # vk
+    replay = {}
+    if cfg.replay_tokens:  # the rings, and the state each spec sequence's committed slot [n][0] starts from
+        replay = dict(replay_ring=UsmArray.from_numpy(np.zeros(cfg.replay_ring_shape, np.float32), q),
+                      replay_count=UsmArray.from_numpy(np.zeros(cfg.replay_count_shape, np.int32), q))
     up = lambda arr: UsmArray.from_numpy(arr, q, usm_type="device")
     d = dict(mixed_qkv=up(x.store), a=up(a.store), b=up(b.store), conv_weight=up(w.store), conv_bias=up(bias.store),
              A_log=up(A_log), dt_bias=up(dt_bias), z=up(z.store), norm_weight=up(norm_w.store))
@@ -129,6 +140,15 @@ def main(argv=None) -> int:
     warmup(q, cfg)
     t_compile = time.perf_counter() - t0
     _say(f"  kernels ready in {t_compile:.2f} s")
+
+    if replay:
+        ok, batch = _replay_check(q, cfg, meta, rng, x, a, b, z, w, bias, norm_w, A_log, dt_bias, conv0, ssm0, d,
+                                  replay, T)
+        _say(f"timing ({args.repeat} repeats, median) ...")
+        t_all = _median_ms(lambda: attention(q, cfg, batch, conv_state=conv_state, ssm_state=ssm_state,
+                                             core_attn_out=out, **d, **replay), args.repeat)
+        _say(f"  gdn_attention, replay mode (whole op, fused norm): {t_all:9.2f} ms  -> {T / t_all * 1e3:,.0f} tokens/s")
+        return 0 if ok else 1
 
     # ---- one checked step
     t0 = time.perf_counter()
@@ -160,6 +180,56 @@ def main(argv=None) -> int:
     _say(f"  gated delta rule (prep+recurrent+chunk): {t_delta:9.2f} ms")
     _say(f"  gdn_attention (whole op, fused norm)   : {t_all:9.2f} ms  -> {T / t_all * 1e3:,.0f} tokens/s")
     return 0 if ok else 1
+
+
+def _replay_check(q, cfg, meta, rng, x, a, b, z, w, bias, norm_w, A_log, dt_bias, conv0, ssm0, d, replay, T):
+    """Replay mode: two steps of the batch (the second replays the first's accepted tokens), each
+    step's outputs against the reference's (per-token semantics) on k-head 0's v-heads, then the
+    spec sequences' committed slots flushed and their states against the reference's. Returns
+    (ok, a batch to time: the last acceptance, which the rings hold enough tokens for)."""
+    n_spec = meta["num_spec_decodes"]
+    slots = np.asarray(meta["spec_state_indices"], np.int32).reshape(n_spec, -1)
+    accepted = np.asarray(meta["num_accepted_tokens"], np.int32)
+    lens = np.diff(np.asarray(meta["spec_query_start_loc"]))
+    # Replay mode keeps a spec sequence's state in [n][0]: start it from what the per-token mode reads.
+    ssm_r = ssm0.copy()
+    ssm_r[slots[:, 0]] = ssm0[slots[np.arange(n_spec), accepted - 1]]
+    conv_state, ssm_state = UsmArray.from_numpy(conv0.store, q), UsmArray.from_numpy(ssm_r, q)
+    out = UsmArray((T, cfg.num_v_heads, cfg.head_v_dim), x.store.dtype, q)
+    H, HV, K, V = cfg.num_k_heads, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim
+    r = HV // H
+    ch = np.r_[0:K, H * K:H * K + K, 2 * H * K:2 * H * K + r * V]          # q0 | k0 | v of heads 0..r-1
+    ref_conv = np.swapaxes(conv0.f64, 1, 2)[:, ch, :]                       # the reference's caches, k-head 0
+    ref_ssm = np.swapaxes(ssm0[:, :r].astype(np.float64), 2, 3)
+    ok, tol = True, 2e-3 if cfg.act_dtype == "f32" else 5e-2
+    for step in range(2):
+        if step:  # new tokens; this step's acceptance of the last step's drafts
+            accepted = np.array([rng.integers(1, n + 1) for n in lens], np.int32)
+            meta = dict(meta, num_accepted_tokens=accepted)
+            x = _Act(rng.standard_normal(x.store.shape), cfg.act_dtype)
+            d["mixed_qkv"] = UsmArray.from_numpy(x.store, q, usm_type="device")
+        attention(q, cfg, to_device(meta, q), conv_state=conv_state, ssm_state=ssm_state, core_attn_out=out, **d,
+                  **replay)
+        got = out.to_numpy()
+        got = from_bf16_bits(got).astype(np.float64) if cfg.act_dtype == "bf16" else got.astype(np.float64)
+        o, ref_conv, ref_ssm = ref.gdn_attention(x.f64[:, ch], a.f64[:, :r], b.f64[:, :r], w.f64[ch], bias.f64[ch],
+                                                 A_log[:r], dt_bias[:r], ref_conv, ref_ssm, meta, 1, r, K, V,
+                                                 spec_layout=cfg.conv_spec_layout, z=z.f64[:, :r],
+                                                 norm_weight=norm_w.f64)
+        err = float(np.max(np.abs(got[:, :r] - o)) / max(np.max(np.abs(o)), 1e-12))
+        ok = ok and err <= tol
+        _say(f"  replay mode, step {step + 1}: max relative output error {err:.2e} against the reference "
+             f"(tolerance {tol:g}) -> {'OK' if err <= tol else 'FAILED'}")
+    final = np.array([rng.integers(1, n + 1) for n in lens], np.int32)  # the next step's acceptance
+    flush_replay(q, cfg, UsmArray.from_numpy(slots[:, 0].copy(), q), UsmArray.from_numpy(final, q),
+                 ssm_state=ssm_state, **replay)
+    got = np.swapaxes(ssm_state.to_numpy()[slots[:, 0], :r].astype(np.float64), 2, 3)
+    want = ref_ssm[slots[np.arange(n_spec), final - 1]]
+    err = float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-12)) if n_spec else 0.0
+    ok = ok and err <= tol
+    _say(f"  replay mode, flushed states against the reference's per-token states: max relative error {err:.2e} -> "
+         f"{'OK' if err <= tol else 'FAILED'}")
+    return ok, to_device(dict(meta, num_accepted_tokens=final), q)
 
 
 def _check_subset(cfg, meta, x, a, b, z, w, bias, norm_w, A_log, dt_bias, conv0, ssm0, got_out, got_ssm):

@@ -124,6 +124,7 @@ class Config:
     # Packed projections (gdn_xpu.h gdn_packed_order_t): "grouped" (Qwen3-Next) or "contiguous"
     # (Qwen3.5) reads qkvz / ba instead of mixed_qkv / a / b / z; "none" the unpacked arrays.
     packed_order: str = "none"
+    replay_tokens: int = 0             # > 0: replay mode, ring entries per slot (>= 1 + num_spec); gdn_xpu.h "Replay mode"
 
     @property
     def conv_dim(self) -> int:
@@ -144,6 +145,24 @@ class Config:
         k, v = self.head_k_dim, self.head_v_dim
         inner = (k, v) if self.ssm_layout == "kv" else (v, k)
         return (self.num_slots, self.num_v_heads) + inner
+
+    @property
+    def replay_token_floats(self) -> int:
+        """f32 values of one ring entry (k [H, K] | v [HV, V] | g [HV] | beta [HV])."""
+        n = _lib.gdn_replay_token_floats(self._to_c())
+        if n == 0:
+            raise ValueError("num_k_heads, num_v_heads, head_k_dim or head_v_dim out of range")
+        return n
+
+    @property
+    def replay_ring_shape(self):
+        """Shape of replay_ring (f32): [num_slots, replay_tokens, replay_token_floats]."""
+        return (self.num_slots, self.replay_tokens, self.replay_token_floats)
+
+    @property
+    def replay_count_shape(self):
+        """Shape of replay_count (int32, zero-filled with the caches, then the library's own)."""
+        return (self.num_slots,)
 
     def __setattr__(self, name, value):
         object.__setattr__(self, name, value)
@@ -184,6 +203,7 @@ class Config:
         c.conv_spec_layout = _choice(_CONV_SPEC, self.conv_spec_layout, "conv_spec_layout")
         c.packed_order = _choice(_PACKED, self.packed_order, "packed_order")
         c.conv_state_len = _int32(self.state_len, "cfg.conv_state_len")
+        c.replay_tokens = _int32(self.replay_tokens, "cfg.replay_tokens")
         for f in ("conv_slot_stride", "ssm_slot_stride"):
             setattr(c, f, _int64(getattr(self, f), f"cfg.{f}"))
         c.scale, c.l2norm_eps, c.norm_eps = (_float(getattr(self, f), f"cfg.{f}") for f in ("scale", "l2norm_eps", "norm_eps"))
@@ -385,6 +405,8 @@ def _tensor_specs(cfg: Config, rows: int):
         "ssm_state": (cfg.state_dtype, cfg.num_slots, per_slot_ssm), "core_attn_out": (act, rows, hv * v),
         "z": (act, rows, hv * v), "norm_weight": (act, v, 1), "workspace": (None, None, None),
         "qkvz": (act, rows, cfg.conv_dim + hv * v), "ba": (act, rows, 2 * hv), "z_out": (act, rows, hv * v),
+        "replay_ring": ("f32", cfg.num_slots, cfg.replay_tokens * _lib.gdn_replay_token_floats(cfg._to_c())),
+        "replay_count": ("i32", cfg.num_slots, 1),
     }
 
 
@@ -393,7 +415,8 @@ _lib.gdn_tensors_init(_TENSORS_INIT)
 
 
 # The arrays a call writes (but gdn_gated_delta_rule reads conv_out).
-_WRITTEN = frozenset(("conv_state", "conv_out", "ssm_state", "core_attn_out", "workspace", "z_out"))
+_WRITTEN = frozenset(("conv_state", "conv_out", "ssm_state", "core_attn_out", "workspace", "z_out", "replay_ring",
+                      "replay_count"))
 # Arrays whose leading stride is free: token arrays (their gdn_tensors_t row-stride field) and the
 # caches (the slot stride of the config, which the array must match: engines page their caches).
 _ROW_STRIDES = {"mixed_qkv": "mixed_qkv_stride", "conv_out": "conv_out_stride", "a": "ab_stride", "b": "ab_stride",
@@ -422,6 +445,8 @@ def _marshal(fn, queue, cfg: Config, batch: Batch, arrays: dict):
             continue
         if field not in specs:
             raise TypeError(f"unknown array argument {field!r}")
+        if field.startswith("replay_") and not cfg.replay_tokens:
+            raise ValueError(f"{field}: given, but cfg.replay_tokens = 0 (the per-token mode has no rings)")
         dtype, lead, inner = specs[field]
         written = field in _WRITTEN and not (reads_conv_out and field == "conv_out")
         address, shape, got, hold, stride = _view(obj, field, queue, written,
@@ -483,28 +508,66 @@ def causal_conv1d(queue, cfg: Config, batch: Batch, *, conv_weight, conv_state, 
 
 
 def gated_delta_rule(queue, cfg: Config, batch: Batch, *, conv_out, ssm_state, core_attn_out, a=None, b=None,
-                     A_log=None, dt_bias=None, g=None, beta=None, workspace=None, ba=None, wait=True):
-    """Gated delta rule over q|k|v rows of conv_out; gates from a/b (packed: ba)/A_log/dt_bias or given g/beta."""
+                     A_log=None, dt_bias=None, g=None, beta=None, workspace=None, ba=None, replay_ring=None,
+                     replay_count=None, wait=True):
+    """Gated delta rule over q|k|v rows of conv_out; gates from a/b (packed: ba)/A_log/dt_bias or given g/beta.
+    replay_ring / replay_count: the rings of replay mode (cfg.replay_tokens > 0)."""
     _call(_lib.gdn_gated_delta_rule, queue, cfg, batch, dict(conv_out=conv_out, ssm_state=ssm_state,
                                                               core_attn_out=core_attn_out, a=a, b=b, A_log=A_log,
                                                               dt_bias=dt_bias, g=g, beta=beta, workspace=workspace,
-                                                              ba=ba), wait)
+                                                              ba=ba, replay_ring=replay_ring,
+                                                              replay_count=replay_count), wait)
 
 
 def attention(queue, cfg: Config, batch: Batch, *, conv_weight, A_log, dt_bias, conv_state, ssm_state, core_attn_out,
               mixed_qkv=None, a=None, b=None, conv_bias=None, z=None, norm_weight=None, conv_out=None, workspace=None,
-              qkvz=None, ba=None, z_out=None, wait=True):
+              qkvz=None, ba=None, z_out=None, replay_ring=None, replay_count=None, wait=True):
     """The whole GDN op of one step: conv -> gates -> gated delta rule (-> gated RMSNorm with z).
 
     Unpacked (cfg.packed_order == "none"): mixed_qkv, a, b (and z for the norm). Packed: qkvz and
     ba as the in-projections produce them (include/gdn_xpu.h, gdn_packed_order_t); the norm runs
-    with norm_weight on qkvz's z columns, and z_out, if given, receives those columns [rows, HV, V]."""
+    with norm_weight on qkvz's z columns, and z_out, if given, receives those columns [rows, HV, V].
+    replay_ring / replay_count: the rings of replay mode (cfg.replay_tokens > 0)."""
     _call(_lib.gdn_attention, queue, cfg, batch, dict(mixed_qkv=mixed_qkv, a=a, b=b, conv_weight=conv_weight,
                                                        A_log=A_log, dt_bias=dt_bias, conv_state=conv_state,
                                                        ssm_state=ssm_state, core_attn_out=core_attn_out,
                                                        conv_bias=conv_bias, z=z, norm_weight=norm_weight,
                                                        conv_out=conv_out, workspace=workspace, qkvz=qkvz, ba=ba,
-                                                       z_out=z_out), wait)
+                                                       z_out=z_out, replay_ring=replay_ring,
+                                                       replay_count=replay_count), wait)
+
+
+def flush_replay(queue, cfg: Config, slots, num_tokens, *, ssm_state, replay_ring, replay_count, wait=True):
+    """Replay mode: replays the first num_tokens[i] ring entries of slot slots[i] onto its state and
+    empties its ring (gdn_flush_replay): the slot then holds the per-token mode's state. slots and
+    num_tokens: int32 arrays of one length (-1 in slots: skipped)."""
+    queue = _as_queue(queue)
+    keep, ptrs, n = [], [], None
+    specs = cfg._tensor_specs(0)
+    for name, obj in (("slots", slots), ("num_tokens", num_tokens), ("ssm_state", ssm_state),
+                      ("replay_ring", replay_ring), ("replay_count", replay_count)):
+        address, shape, got, hold, stride = _view(obj, name, queue, name not in ("slots", "num_tokens"),
+                                                  name == "ssm_state")
+        if name in ("slots", "num_tokens"):
+            if got != "i32":
+                raise TypeError(f"{name}: dtype {got}, expected i32")
+            if n is not None and _math.prod(shape) != n:
+                raise ValueError(f"num_tokens: {_math.prod(shape)} elements, slots has {n}")
+            n = _math.prod(shape)
+        else:
+            dtype, lead, inner = specs[name]
+            if got != dtype:
+                raise TypeError(f"{name}: dtype {got}, expected {dtype}")
+            if not shape or shape[0] < lead or _math.prod(shape[1:]) != inner:
+                raise ValueError(f"{name}: shape {shape}, expected [{lead}, ...{inner} elements per slot]")
+            if stride is not None:
+                _apply_strides(cfg, None, {name: (stride, inner, shape[0])})
+        keep.append(hold)
+        ptrs.append(_ffi.cast(_VOIDP, address))
+    c_cfg = cfg._to_c(_dlpack.host_memory_ok(queue))
+    _check(_lib.gdn_flush_replay(_ffi.cast(_VOIDP, queue.addressof_ref()), c_cfg, _int32(n, "len(slots)"), *ptrs))
+    if wait:
+        queue.wait()
 
 
 class PreparedCall:

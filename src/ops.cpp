@@ -106,6 +106,12 @@ void enqueue_delta(Chain &ch, Checked &c, const Plan &plan, const Kernels &ks, c
   p.H = cfg.num_k_heads, p.HV = cfg.num_v_heads, p.K = cfg.head_k_dim, p.V = cfg.head_v_dim;
   p.v_offset = 2 * cfg.num_k_heads * cfg.head_k_dim;
   p.pad_slot_id = c.batch.pad_slot_id;
+  p.ring = t.replay_ring, p.ring_count = t.replay_count, p.ring_tokens = cfg.replay_tokens;
+  p.ring_floats = gdn_ring_floats(cfg.num_k_heads, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim);
+  if (plan.replay_count_non_spec.on) {  // (no walk reads the ring count of a slot a non-spec sequence writes)
+    bind_group(p, c, false);
+    launch(ch, ks, plan.replay_count_non_spec, p);
+  }
   if (plan.recurrent_non_spec.on) {
     bind_group(p, c, false);
     p.group = GDN_GROUP_NON_SPEC;
@@ -140,13 +146,17 @@ void enqueue_delta(Chain &ch, Checked &c, const Plan &plan, const Kernels &ks, c
     launch(ch, ks, l, f);
   };
   if (plan.fused_non_spec.on) fused(plan.fused_non_spec, false);
-  if (plan.fused_spec.on) fused(plan.fused_spec, true);
-  if (plan.recurrent_spec.on) {
-    bind_group(p, c, true);
-    p.group = GDN_GROUP_SPEC;
-    p.chunked = nullptr;
-    launch(ch, ks, plan.recurrent_spec, p);
+  bind_group(p, c, true);
+  p.group = GDN_GROUP_SPEC;
+  p.chunked = nullptr;
+  if (plan.replay_spec.on) {  // replay mode: the replay, then the group's walk (p.replay: WALK)
+    p.replay = GDN_REPLAY_APPLY;
+    launch(ch, ks, plan.replay_spec, p);
   }
+  p.replay = cfg.replay_tokens > 0 ? GDN_REPLAY_WALK : GDN_REPLAY_OFF;
+  if (plan.fused_spec.on) fused(plan.fused_spec, true);
+  if (plan.recurrent_spec.on) launch(ch, ks, plan.recurrent_spec, p);
+  if (plan.replay_count_spec.on) launch(ch, ks, plan.replay_count_spec, p);
 }
 
 void enqueue_norm(Chain &ch, Checked &c, const Plan &plan, const Kernels &ks) {

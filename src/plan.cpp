@@ -108,6 +108,12 @@ Launch recurrent(const gdn_config_t &cfg, const Target &t, int64_t num_seqs) {
   return l;
 }
 
+Launch replay_count(const gdn_config_t &cfg, int64_t seqs) {
+  Launch l = kernel(Family::DeltaPrep, head_option(cfg), "gdn_replay_count");
+  shape1(l, seqs, GDN_SUB_GROUP);
+  return l;
+}
+
 void plan_delta(Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b, const Target &t) {
   const int64_t HV = cfg.num_v_heads, V = cfg.head_v_dim, rows = b.num_actual_tokens;
   const int64_t non_spec_seqs = (int64_t)b.num_prefills + b.num_decodes;
@@ -146,11 +152,16 @@ void plan_delta(Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b, const Ta
     }
   }
   if (b.num_spec_decodes > 0 && b.spec_token_count > 0) p.recurrent_spec = recurrent(cfg, t, b.num_spec_decodes);
+  if (cfg.replay_tokens > 0) {  // the replay: the spec walk's own kernel and shape, a launch before it
+    p.replay_spec = p.recurrent_spec;
+    if (non_spec_seqs > 0 && b.non_spec_token_count > 0) p.replay_count_non_spec = replay_count(cfg, non_spec_seqs);
+    if (p.replay_spec.on) p.replay_count_spec = replay_count(cfg, b.num_spec_decodes);
+  }
   // A call without chunk kernels whose recurrent kernels are CPU variants launches no gdn_prep:
   // they prepare each token's q, k and gates themselves (GdnDeltaParams.prep_inline), one launch
   // less per decode step (a launch costs the CPU device's runtime microseconds of host time).
   // The workspace layout keeps the prep outputs all the same (it does not depend on the target).
-  auto cpu_or_off = [](const Launch &l) { return !l.on || l.family == Family::DeltaRecurrentCpu; };
+  auto cpu_or_off = [](const Launch &l) { return !l.on || l.family == Family::DeltaRecurrentCpu; };  // (replay_spec: as recurrent_spec)
   p.prep_inline = p.seq_capacity == 0 && cfg.head_k_dim % GDN_CPU_LANES == 0 && cpu_or_off(p.recurrent_non_spec) &&
                   cpu_or_off(p.recurrent_spec);
   if (p.prep_inline) p.prep.on = false;
@@ -191,15 +202,25 @@ Layout plan_layout(const Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b,
 // Every launch of a plan, on or off (Plan::launches keeps those that are on).
 template <class P>
 auto all_launches(P &p) {
-  return std::array{&p.conv_non_spec, &p.conv_spec,  &p.prep,           &p.chunk_plan,     &p.recurrent_non_spec,
-                    &p.chunk_prep,    &p.chunk_scan, &p.fused_non_spec, &p.recurrent_spec, &p.fused_spec,
-                    &p.norm};
+  return std::array{&p.conv_non_spec, &p.conv_spec,      &p.prep,           &p.chunk_plan,   &p.recurrent_non_spec,
+                    &p.chunk_prep,    &p.chunk_scan,     &p.fused_non_spec, &p.replay_count_non_spec,
+                    &p.replay_spec,   &p.recurrent_spec, &p.fused_spec,     &p.replay_count_spec, &p.norm};
 }
 
 // The CPU-device variants (*_cpu.cpp), which plan.cpp picks when target.cpu_variants allows.
 bool cpu_family(Family f) {
   return f == Family::Conv1dCpu || f == Family::DeltaPrepCpu || f == Family::DeltaRecurrentCpu ||
          f == Family::DeltaChunkCpu;
+}
+
+// Every CPU-variant build may round bf16 by AVX512-BF16's instructions (common.hpp, to_bf16x32,
+// store_bf16x16) and prefetch by x86 instructions (common.hpp, prefetch_bytes).
+void cpu_options(Plan &p, const Target &t) {
+  for (Launch *l : all_launches(p))
+    if (l->on && cpu_family(l->family)) {
+      if (t.bf16_instructions) l->options += " -DGDN_CPU_BF16_INSN";
+      if (t.x86) l->options += " -DGDN_CPU_X86";
+    }
 }
 
 }  // namespace
@@ -255,13 +276,8 @@ Plan make_plan(const gdn_config_t &cfg, const gdn_batch_t &b, const PlanInputs &
   };
   if (b.num_prefills == 0) fuse(p.fused_non_spec, p.conv_non_spec, p.recurrent_non_spec, b.num_decodes);
   fuse(p.fused_spec, p.conv_spec, p.recurrent_spec, b.num_spec_decodes);
-  // Every CPU-variant build may round bf16 by AVX512-BF16's instructions (common.hpp, to_bf16x32,
-  // store_bf16x16) and prefetch by x86 instructions (common.hpp, prefetch_bytes).
-  for (Launch *l : all_launches(p))
-    if (l->on && cpu_family(l->family)) {
-      if (t.bf16_instructions) l->options += " -DGDN_CPU_BF16_INSN";
-      if (t.x86) l->options += " -DGDN_CPU_X86";
-    }
+  if (p.fused_spec.on) p.replay_spec.on = false;  // (gdn_fused_cpu replays in its work-items)
+  cpu_options(p, t);
   p.conv_out_in_workspace = in.op == Op::Attention && !in.conv_out_given;
   p.layout = plan_layout(p, cfg, b, delta);
   return p;
@@ -272,6 +288,14 @@ std::vector<const Launch *> Plan::launches() const {
   for (const Launch *l : all_launches(*this))
     if (l->on) all.push_back(l);
   return all;
+}
+
+Plan make_flush_plan(const gdn_config_t &cfg, int32_t num_flush, const Target &t) {
+  Plan p;
+  p.replay_spec = recurrent(cfg, t, num_flush);
+  p.replay_count_non_spec = replay_count(cfg, num_flush);
+  cpu_options(p, t);
+  return p;
 }
 
 }  // namespace gdn

@@ -54,6 +54,10 @@ struct Plan {
   // non-spec group of a step without prefills, the spec group of a step without chunk kernels;
   // the group's conv and recurrent launches are then off.
   Launch fused_non_spec, fused_spec;
+  // Replay mode (gdn_xpu.h "Replay mode"): the spec group's replay, the recurrent kernel with
+  // GDN_REPLAY_APPLY before the group's walk (fused_spec replays in its own work-items instead);
+  // each group's ring counts after its walks (gdn_replay_count).
+  Launch replay_spec, replay_count_non_spec, replay_count_spec;
   int32_t conv_tile = 0;          // tokens per time tile of the non-spec conv
   int32_t chunk_capacity = 0;     // rows of the device-built chunk table (0: no chunked path)
   int32_t seq_capacity = 0;       // rows of its sequence table
@@ -74,5 +78,8 @@ struct PlanInputs {
 
 // cfg: validated (normalized); batch: counts validated.
 Plan make_plan(const gdn_config_t &cfg, const gdn_batch_t &batch, const PlanInputs &in, const Target &target);
+// gdn_flush_replay: the replay (replay_spec) of num_flush slots, then their ring counts emptied
+// (replay_count_non_spec).
+Plan make_flush_plan(const gdn_config_t &cfg, int32_t num_flush, const Target &target);
 
 }  // namespace gdn

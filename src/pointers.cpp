@@ -8,6 +8,7 @@
 
 #include "alloc_extent.hpp"
 #include "errors.hpp"
+#include "kernels/params.hpp"
 #include "validate.hpp"
 
 namespace gdn {
@@ -63,14 +64,6 @@ int64_t rows_bytes(int64_t count, int64_t stride, int64_t width, size_t elem) {
   return mul_add(elems, (int64_t)elem, 0);
 }
 
-// What the call may touch of one array: `bytes` from its pointer, for `count` of `unit` (named in
-// the message). bytes 0: the call does not read or write the array.
-struct Need {
-  int64_t bytes;
-  int64_t count;
-  const char *unit;
-};
-
 // [p, p + need.bytes) lies inside e, the allocation holding p, when the backend could tell.
 void check_extent(const alloc_extent::Extent &e, const void *p, const Need &need, const char *field) {
   if (need.bytes <= 0 || !e.base) return;  // not touched, or the backend cannot say: sizes trusted
@@ -109,13 +102,8 @@ void check_pointers(const Checked &c, Op op) {
   auto slots = [&](bool used, int64_t stride, int64_t width, size_t elem) {
     return Need{used ? rows_bytes(cfg.num_slots, stride, width, elem) : 0, cfg.num_slots, "slots: num_slots"};
   };
-  struct Array {
-    const void *p;
-    const char *field;
-    size_t align;      // the element size
-    const char *what;  // the element type, for the message
-    Need need;
-  };
+  const bool replay = delta && cfg.replay_tokens > 0;
+  const int64_t ring = (int64_t)cfg.replay_tokens * gdn_ring_floats(cfg.num_k_heads, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim);
   const char *act_t = cfg.act_dtype == GDN_DTYPE_F32 ? "f32 act_dtype" : cfg.act_dtype == GDN_DTYPE_F16 ? "f16 act_dtype" : "bf16 act_dtype";
   const Array arrays[] = {
       {b.non_spec_query_start_loc, "batch->non_spec_query_start_loc", 4, "int32",
@@ -155,12 +143,18 @@ void check_pointers(const Checked &c, Op op) {
       {t.qkvz, "tensors->qkvz", act, act_t, rows(conv || norm, t.qkvz_stride, C + ov, act)},
       {t.ba, "tensors->ba", act, act_t, rows(gates, t.ba_stride, 2 * hv, act)},
       {t.z_out, "tensors->z_out", act, act_t, rows(conv, t.z_out_stride, ov, act)},
-      {t.workspace, "tensors->workspace", 4, "f32 and int32 scratch", Need{delta ? ws : 0, ws, "workspace_bytes"}}};
+      {t.workspace, "tensors->workspace", 4, "f32 and int32 scratch", Need{delta ? ws : 0, ws, "workspace_bytes"}},
+      {t.replay_ring, "tensors->replay_ring", 4, "f32", slots(replay, ring, ring, 4)},
+      {t.replay_count, "tensors->replay_count", 4, "int32", slots(replay, 1, 1, 4)}};
+  check_arrays(q, cfg.flags, arrays, sizeof arrays / sizeof arrays[0]);
+}
+
+void check_arrays(const sycl::queue &q, int32_t flags, const Array *arrays, size_t n) {
   const sycl::context ctx = q.get_context();  // once: each get_context() copies a shared_ptr
   const bool several_devices = ctx.get_devices().size() > 1;
   const alloc_extent::Lookup lookup(ctx);
-  const bool host_ok = (cfg.flags & GDN_FLAG_HOST_MEMORY) && q.get_device().has(sycl::aspect::usm_system_allocations);
-  for (const Array &a : arrays) {
+  const bool host_ok = (flags & GDN_FLAG_HOST_MEMORY) && q.get_device().has(sycl::aspect::usm_system_allocations);
+  for (const Array &a : sycl::span<const Array>(arrays, n)) {
     if (!a.p) continue;
     const alloc_extent::Extent e = a.need.bytes > 0 ? lookup.of(a.p) : alloc_extent::Extent{};
     // An allocation the backend found in this context is USM of it (proves_usm): the runtime's

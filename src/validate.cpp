@@ -129,6 +129,10 @@ gdn_config_t validate_config(const gdn_config_t *in) {
   GDN_REQUIRE(cfg.norm_eps > 0.0f, GDN_ERROR_BAD_SHAPE, "cfg->norm_eps = " + fstr(cfg.norm_eps) + " must be > 0");
   GDN_REQUIRE((cfg.flags & ~GDN_FLAG_ALL) == 0, GDN_ERROR_UNSUPPORTED, "cfg->flags has unknown bits: " + str(cfg.flags));
   check_range(cfg.packed_order, GDN_PACKED_NONE, GDN_PACKED_CONTIGUOUS, GDN_ERROR_BAD_LAYOUT, "cfg->packed_order");
+  check_range(cfg.replay_tokens, 0, GDN_REPLAY_MAX_TOKENS, GDN_ERROR_BAD_COUNT, "cfg->replay_tokens");
+  GDN_REQUIRE(cfg.replay_tokens == 0 || cfg.conv_spec_layout == GDN_CONV_SPEC_ROLLED, GDN_ERROR_UNSUPPORTED,
+          "cfg->conv_spec_layout = GDN_CONV_SPEC_SNAPSHOT with replay_tokens = " + str(cfg.replay_tokens) +
+              ": replay mode keeps one slot per spec sequence and needs GDN_CONV_SPEC_ROLLED");
   return cfg;
 }
 
@@ -224,6 +228,13 @@ Checked validate_call(void *queue, const gdn_config_t *cfg_in, const gdn_batch_t
     need(t.ssm_state, "tensors->ssm_state", "the delta rule reads and writes it");
     need(t.core_attn_out, "tensors->core_attn_out", "the delta rule writes it");
     if (op == Op::Attention && t.z) need(t.norm_weight, "tensors->norm_weight", "z is given (fused gated RMSNorm)");
+    if (cfg.replay_tokens > 0) {  // gdn_xpu.h "Replay mode"
+      need(t.replay_ring, "tensors->replay_ring", "cfg->replay_tokens > 0 (replay mode)");
+      need(t.replay_count, "tensors->replay_count", "cfg->replay_tokens > 0 (replay mode)");
+      GDN_REQUIRE(cfg.replay_tokens >= 1 + b.num_spec, GDN_ERROR_BAD_COUNT,
+              "cfg->replay_tokens = " + str(cfg.replay_tokens) + " < 1 + batch->num_spec = " + str(1 + b.num_spec) +
+                  ": a slot's ring holds a step's tokens");
+    }
   }
   if (!work) return c;
 
@@ -239,6 +250,7 @@ Checked validate_call(void *queue, const gdn_config_t *cfg_in, const gdn_batch_t
     return c;
   }
   check_metadata(c);
+  if (delta && cfg.replay_tokens > 0) check_replay_counts(c);
   return c;
 }
 

@@ -68,6 +68,26 @@ inline bool checkpoints(const Checked &c) { return c.batch.checkpoint_interval >
 // from its pointer to the end of its allocation.
 void check_pointers(const Checked &c, Op op);
 
+// What a call may touch of one array: `bytes` from its pointer, for `count` of `unit` (named in
+// the message). bytes 0: the call does not read or write the array.
+struct Need {
+  int64_t bytes;
+  int64_t count;
+  const char *unit;
+};
+struct Array {
+  const void *p;     // NULL: not given, not checked
+  const char *field;
+  size_t align;      // the element size
+  const char *what;  // the element type, for the message
+  Need need;
+};
+// check_pointers' checks of a list of arrays (flags: cfg->flags, for GDN_FLAG_HOST_MEMORY).
+void check_arrays(const sycl::queue &q, int32_t flags, const Array *arrays, size_t n);
+
+// replay.cpp: replay mode's checks of a call's ring counts (GDN_VALIDATE_FULL, after check_metadata).
+void check_replay_counts(Checked &c);
+
 // metadata.cpp: the metadata arrays' contents, read to the host and checked (GDN_VALIDATE_FULL);
 // under GDN_VALIDATE_COUNTS only the start locations of a batch with prefills.
 void check_metadata(Checked &c);

@@ -521,6 +521,27 @@ def test_version_1_caller_gets_the_defaults(s, which):
     s.check_reference(written=range(1, 9))
 
 
+def version_1_struct(which):
+    """mutate_*: a version-1 caller's cfg or tensors (0.1.0: no replay-mode fields), garbage after it."""
+    def mutate(c):
+        n = ffi.sizeof(STRUCTS[which])
+        buf = ffi.new("unsigned char[]", n)
+        ffi.memmove(buf, b"\xa5" * n, n)
+        ffi.memmove(buf, c, V1_SIZE[which])
+        p = ffi.cast(STRUCTS[which] + " *", buf)
+        p.struct_size = V1_SIZE[which]
+        mutate.keep = buf
+        return p
+    return mutate
+
+
+def test_version_1_cfg_and_tensors_get_the_defaults(s):
+    """Callers of the 0.1.0 header's gdn_config_t and gdn_tensors_t: the per-token mode (replay_tokens
+    0, no rings), whatever follows their structs in memory."""
+    s.raw(mutate_cfg=version_1_struct("cfg"), mutate_tensors=version_1_struct("tensors"))
+    s.check_reference(written=range(1, 9))
+
+
 @pytest.mark.parametrize("which", list(STRUCTS))
 def test_struct_size_newer_caller_with_fields_set(s, which):
     n = ffi.sizeof(STRUCTS[which])

@@ -69,20 +69,94 @@ struct RecurrentSeq : SeqSlots {
   int32_t j0, len;        // compact tokens [j0, j0 + len)
   bool spec;
   Checkpoints ckpt;       // non-spec: its block checkpoints
+  // Replay mode (GDN_REPLAY_*). mode APPLY walks len = A ring entries from ring_in (token t: entry
+  // t, its "row" t), no outputs, as a walk of form_len = R tokens would (the per-token mode's walk
+  // whose states it reproduces: a CPU walk's form depends on its length). mode WALK writes each
+  // token's inputs to ring_out (entry t): k by the item with ring_k, v of the item's columns
+  // [ring_v0, ring_v0 + ring_vn), g and beta by the item with ring_v0 == 0.
+  int32_t mode, form_len;
+  int32_t final_slot;     // where the state after the walk goes (pad: nowhere)
+  const float *ring_in;
+  float *ring_out;
+  int32_t ring_v0, ring_vn;
+  bool ring_k;
 };
+
+static inline float *ring_entry(const GdnDeltaParams &p, int32_t slot) {
+  return p.ring + (int64_t)slot * p.ring_tokens * p.ring_floats;
+}
+
+// The replay's view of spec sequence seq (GDN_REPLAY_APPLY; gdn_xpu.h "Replay mode"): false
+// when there is nothing to do (padding, no tokens, nothing to replay with the state already in
+// place). len 0: copy the read slot's state (zeros: pad) to the committed slot.
+static inline bool replay_seq(const GdnDeltaParams &p, int32_t seq, RecurrentSeq *r) {
+  if (p.query_start_loc && p.query_start_loc[seq + 1] == p.query_start_loc[seq]) return false;
+  r->cols = p.state_indices + (int64_t)seq * p.slot_cols;
+  const int32_t c = r->cols[0];
+  if (c == p.pad_slot_id) return false;
+  r->read_slot = p.slots.read_indices ? p.slots.read_indices[seq] : c;
+  r->init = r->read_slot != p.pad_slot_id;
+  const int32_t R = r->init ? sycl::clamp(p.ring_count[r->read_slot], 0, p.ring_tokens) : 0;
+  r->len = sycl::min(p.num_accepted[seq], R);  // (A <= R: checked under GDN_VALIDATE_FULL)
+  if (r->len <= 0 && r->read_slot == c) return false;
+  r->len = sycl::max(r->len, 0);
+  r->skip = false, r->start = 0, r->j0 = 0, r->spec = true;
+  r->ckpt = Checkpoints{nullptr, -1, 0, 0, 0, p.pad_slot_id};
+  r->mode = GDN_REPLAY_APPLY, r->form_len = R, r->final_slot = c;
+  r->ring_in = r->len > 0 ? ring_entry(p, r->read_slot) : nullptr;
+  r->ring_out = nullptr;
+  return true;
+}
 
 // False when the recurrent kernels have nothing to do for this sequence: no tokens, or a
 // prefill the chunk kernels take (gdn_chunk_plan marked it).
 static inline bool recurrent_seq(const GdnDeltaParams &p, int32_t seq, RecurrentSeq *r) {
+  const bool spec = p.group == GDN_GROUP_SPEC;
+  if (spec && p.replay == GDN_REPLAY_APPLY) return replay_seq(p, seq, r);
   r->j0 = p.query_start_loc[seq];
   r->len = p.query_start_loc[seq + 1] - r->j0;
-  r->spec = p.group == GDN_GROUP_SPEC;
+  r->spec = spec;
   if (r->len == 0 || (!r->spec && p.chunked && p.chunked[seq])) return false;
   *static_cast<SeqSlots *>(r) = seq_slots(p, seq, r->spec);
   r->ckpt = r->spec ? Checkpoints{nullptr, -1, 0, 0, 0, p.pad_slot_id} : checkpoints(p.slots, seq, r->start, 0, p.pad_slot_id);
+  r->mode = spec ? p.replay : GDN_REPLAY_OFF, r->form_len = r->len;
+  r->final_slot = spec ? p.pad_slot_id : r->cols[0];
+  r->ring_in = nullptr, r->ring_out = nullptr;
+  r->ring_v0 = r->ring_vn = 0, r->ring_k = false;
+  if (r->mode == GDN_REPLAY_WALK) {  // the replay (its launch, or gdn_fused_cpu's work-item) made [n][0] current
+    r->read_slot = r->cols[0];
+    r->skip = r->read_slot == p.pad_slot_id;
+    r->init = !r->skip;
+    if (!r->skip) r->ring_out = ring_entry(p, r->read_slot);
+  }
   return true;
 }
 
 // The slot the walk stores the state after token t to (t ascending; pad_slot_id: none): spec
-// sequences their column t, non-spec sequences their checkpoint at a boundary.
-static inline int32_t token_store_slot(RecurrentSeq &r, int32_t t) { return r.spec ? r.cols[t] : r.ckpt.after(t); }
+// sequences their column t (in replay mode none), non-spec sequences their checkpoint at a boundary.
+static inline int32_t token_store_slot(RecurrentSeq &r, int32_t t) {
+  return r.mode != GDN_REPLAY_OFF ? r.ckpt.pad : r.spec ? r.cols[t] : r.ckpt.after(t);
+}
+
+// Token `row`'s v at column v of v-head hv: index into the conv output (row: a global row), or in
+// a replay into the read slot's ring (row: the entry).
+static inline int64_t v_index(const GdnDeltaParams &p, const RecurrentSeq &r, int64_t row, int32_t hv, int32_t v) {
+  const int64_t col = (int64_t)hv * p.V + v;
+  return r.ring_in ? row * p.ring_floats + gdn_ring_v(p.H, KD) + col : row * p.qkv_stride + p.v_offset + col;
+}
+static inline float v_at(const GdnDeltaParams &p, const RecurrentSeq &r, int64_t i) {
+  return r.ring_in ? r.ring_in[i] : load_act(p.qkv, i);
+}
+
+// Replay WALK: token t's g and beta of v-head hv and the v of the item's columns to its ring entry
+// (k: the CPU walks' token_in). GDN_REPLAY_APPLY reads them back bit for bit (v widened to f32 exactly).
+static inline void ring_write_v(const GdnDeltaParams &p, const RecurrentSeq &r, int32_t t, int64_t row, int32_t hv,
+                                float g, float beta) {
+  float *e = r.ring_out + (int64_t)t * p.ring_floats;
+  if (r.ring_v0 == 0) {
+    e[gdn_ring_g(p.H, p.HV, KD, p.V) + hv] = g;
+    e[gdn_ring_beta(p.H, p.HV, KD, p.V) + hv] = beta;
+  }
+  const int64_t src = row * p.qkv_stride + p.v_offset + (int64_t)hv * p.V, dst = gdn_ring_v(p.H, KD) + (int64_t)hv * p.V;
+  for (int32_t v = r.ring_v0; v < r.ring_v0 + r.ring_vn; ++v) e[dst + v] = load_act(p.qkv, src + v);
+}

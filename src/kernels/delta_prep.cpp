@@ -80,3 +80,28 @@ GDN_SUB_GROUP_KERNEL(1) void gdn_chunk_plan(GdnDeltaParams p) {
   for (; seqs < p.seq_capacity; ++seqs)
     for (int f = 0; f < GDN_TABLE_INTS; ++f) p.seq_table[(int64_t)seqs * GDN_TABLE_INTS + f] = 0;
 }
+
+// Replay mode (gdn_xpu.h "Replay mode"): the ring counts of the slots a group wrote, after its
+// walks (a launch of its own: every work-item of a spec sequence reads its read slot's count
+// before its replay, and that may be the slot written here). Spec group: the committed slot's
+// ring holds the step's tokens. Non-spec group: the write slots and the checkpoint slots stored
+// hold exact states, their rings are emptied; gdn_flush_replay binds its slots here as a non-spec
+// group without start locations (every slot), after its replay.
+// Global num_seqs rounded up to GDN_SUB_GROUP, local GDN_SUB_GROUP: a work-item per sequence.
+GDN_SUB_GROUP_KERNEL(1) void gdn_replay_count(GdnDeltaParams p) {
+  const int32_t i = (int32_t)item1().get_global_id(0);
+  if (i >= p.num_seqs) return;
+  const int64_t len = p.query_start_loc ? p.query_start_loc[i + 1] - p.query_start_loc[i] : 1;
+  const int32_t slot = p.state_indices[(int64_t)i * p.slot_cols];
+  if (len == 0 || slot == p.pad_slot_id) return;  // nothing written (padding stores no checkpoints)
+  if (p.group == GDN_GROUP_SPEC) {
+    p.ring_count[slot] = (int32_t)len;
+    return;
+  }
+  p.ring_count[slot] = 0;
+  const int64_t start = p.slots.start_pos ? p.slots.start_pos[i] : 0;
+  for (Checkpoints w = checkpoints(p.slots, i, start, 0, p.pad_slot_id); w.row && w.next < len;) {
+    const int32_t to = w.after(w.next);
+    if (to != p.pad_slot_id) p.ring_count[to] = 0;
+  }
+}

@@ -92,6 +92,17 @@ GDN_KERNEL(2) void gdn_fused_cpu(GdnFusedParams fp) {  // (see fused_conv)
     const KHeadChannels next_head = k_head_channels(p, next % p.H);
     for (const auto &r : next_head.r) conv_prefetch(fp.conv, next / p.H, r[0], r[1], p.group == GDN_GROUP_SPEC);
   }
+  // Replay mode's walk (gdn_xpu.h "Replay mode"): the replay of the k-head's v-heads first, in
+  // this work-item, in place of a replay launch: it alone reads and writes the ring entries of k-head
+  // h (k; g, beta and v of its v-heads), so every replay reads them before any walk overwrites
+  // them, and the walks find their committed states in this core's caches: a step moves each state
+  // from memory once each way.
+  if (p.replay == GDN_REPLAY_WALK) {
+    GdnDeltaParams a = p;
+    a.replay = GDN_REPLAY_APPLY;
+    for (int32_t hv = h * (p.HV / p.H); hv < (h + 1) * (p.HV / p.H); ++hv)
+      for (int32_t v = 0; v < p.V; v += item_span(p)) recurrent_item(a, seq, hv, v);
+  }
   for (int32_t hv = h * (p.HV / p.H); hv < (h + 1) * (p.HV / p.H); ++hv)
     for (int32_t v = 0; v < p.V; v += item_span(p)) recurrent_item(p, seq, hv, v);
 }

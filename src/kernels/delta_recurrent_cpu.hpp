@@ -27,6 +27,13 @@ static inline void prefetch_states(const state_t *p, size_t n) { prefetch_bytes(
 // struct: the struct form ran 1.5x slower.
 static inline int64_t token_in(const GdnDeltaParams &p, const RecurrentSeq &rs, int32_t t, int32_t h, int32_t hv,
                                float *kb, float *qb, const float *&kn, const float *&qn, float &decay, float &beta) {
+  if (rs.ring_in) {  // a replay (GDN_REPLAY_APPLY): ring entry t; no q (k stands in), no outputs
+    const float *e = rs.ring_in + (int64_t)t * p.ring_floats;
+    kn = qn = e + h * KD;
+    decay = sycl::exp(e[gdn_ring_g(p.H, p.HV, KD, p.V) + hv]);
+    beta = e[gdn_ring_beta(p.H, p.HV, KD, p.V) + hv];
+    return t;
+  }
   const int64_t row = global_row(p.token_indx, rs.j0 + t);
   float g;
   if (KD % 16 == 0 && p.prep_inline) {
@@ -43,8 +50,41 @@ static inline int64_t token_in(const GdnDeltaParams &p, const RecurrentSeq &rs, 
     g = p.g[row * p.HV + hv], beta = p.beta[row * p.HV + hv];
   }
   decay = sycl::exp(g);
+  if (rs.ring_out) {  // replay mode's walk: the token's inputs to the ring (RecurrentSeq)
+    if (rs.ring_k)
+      for (int k = 0; k < KD; ++k) rs.ring_out[(int64_t)t * p.ring_floats + h * KD + k] = kn[k];
+    ring_write_v(p, rs, t, row, hv, g, beta);
+  }
   return row;
 }
+
+// v of the 16 columns from index i (v_index) and a walk's outputs (none in a replay).
+static inline vf16 v_at16(const GdnDeltaParams &p, const RecurrentSeq &rs, int64_t i) {
+  return rs.ring_in ? vload(rs.ring_in + i) : load_act16(p.qkv, i);
+}
+static inline bool emits(const RecurrentSeq &rs) { return !rs.ring_in; }
+
+// Replay mode: the item's columns [v, v + n) of (seq, hv) take ring writes (RecurrentSeq).
+static inline void ring_item(const GdnDeltaParams &p, RecurrentSeq &rs, int32_t hv, int32_t v, int32_t n) {
+  rs.ring_v0 = v, rs.ring_vn = sycl::min(n, p.V - v), rs.ring_k = v == 0 && hv % (p.HV / p.H) == 0;
+}
+
+// The replay of a sequence with nothing to replay and another read slot (RecurrentSeq, len 0):
+// the item's state columns [v, v + n) of the read slot (zeros: none) to the committed slot.
+static inline void copy_state(const GdnDeltaParams &p, const RecurrentSeq &rs, int32_t hv, int32_t v, int32_t n) {
+  for (int32_t j = v; j < sycl::min(p.V, v + n); ++j) {
+    const state_t *S = state_column(p, rs.read_slot, hv, j);
+    state_t *D = state_column(p, rs.final_slot, hv, j);
+    for (int k = 0; k < KD; ++k) D[k * K_STRIDE] = rs.init ? S[k * K_STRIDE] : state_t(0);
+  }
+}
+
+// S' = d S + xy: a held walk's state update (walk_rows_vk, walk_columns_kv), one explicit FMA over
+// the rounded product xy at both places a held walk updates (the next token's read pass, the
+// last update). Left to -ffp-contract=fast the compiler contracts either product, differently at
+// the two places, and a replay (gdn_xpu.h "Replay mode"), whose walk ends where the per-token
+// mode's continued, must round each state as the per-token walk did.
+static inline vf16 held_update(const vf16 &s, float d, const vf16 &xy) { return sycl::fma(s, vf16(d), xy); }
 
 // The state of (slot, hv) from column / row v (state_column), nullptr for pad_slot_id: where a
 // walk stores a state.

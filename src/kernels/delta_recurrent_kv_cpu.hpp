@@ -46,7 +46,7 @@ static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int
     float kb[KD], qb[KD], decay, beta;
     const float *kn, *qn;
     const int64_t row = token_in(p, rs, t, h, hv, kb, qb, kn, qn, decay, beta);
-    const int64_t vrow = row * p.qkv_stride + p.v_offset + (int64_t)hv * p.V + v;
+    const int64_t vrow = v_index(p, rs, row, hv, v);
     const int64_t orow = row * p.out_stride + (int64_t)hv * p.V + v;
     const float kdotq = dot_kd(kn, qn);
     vf16 ak[NV], aq[NV], u[NV];
@@ -54,15 +54,15 @@ static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int
     for (int k = 0; k < KD; ++k) {
       for (int j = 0; j < NV; ++j) {  // row k of the block before the token
         if (t == 0) s[k][j] = rs.init ? vload_state(S + k * p.V + 16 * j) : vf16(0.0f);
-        else s[k][j] = s[k][j] * dp + up[j] * kp[k];
+        else s[k][j] = held_update(s[k][j], dp, up[j] * kp[k]);
         ak[j] += s[k][j] * kn[k];
         aq[j] += s[k][j] * qn[k];
       }
       if (Ap) vstore_states(Ap + k * p.V, s[k], NV, stream_p);
     }
     for (int j = 0; j < NV; ++j) {
-      u[j] = beta * (load_act16(p.qkv, vrow + 16 * j) - decay * ak[j]);
-      store_act16(p.out, orow + 16 * j, decay * aq[j] + u[j] * kdotq);
+      u[j] = beta * (v_at16(p, rs, vrow + 16 * j) - decay * ak[j]);
+      if (emits(rs)) store_act16(p.out, orow + 16 * j, decay * aq[j] + u[j] * kdotq);
     }
     // Applied by the next token's read pass, or after the walk; the state after the token goes
     // to its store slot (a spec write-back or a checkpoint). Nothing in this call reads the
@@ -72,14 +72,14 @@ static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int
     for (int j = 0; j < NV; ++j) up[j] = u[j];
     dp = decay, Ap = slot_state(p, to, hv, v), stream_p = streaming_to(rs, to);
   }
-  // The last token's update, also to a non-spec sequence's slot.
-  state_t *const B = rs.spec ? nullptr : state_column(p, rs.cols[0], hv, v);
+  // The last token's update, also to the walk's final slot (a non-spec sequence's, a replay's).
+  state_t *const B = slot_state(p, rs.final_slot, hv, v);
   const bool ahead = ask_next_head(p, rs, hv);
   for (int k = 0; k < KD; ++k) {
     if (ahead) prefetch_states(next_head(p, S) + k * p.V, 16 * NV);
-    for (int j = 0; j < NV; ++j) s[k][j] = s[k][j] * dp + up[j] * kp[k];
+    for (int j = 0; j < NV; ++j) s[k][j] = held_update(s[k][j], dp, up[j] * kp[k]);
     if (Ap) vstore_states(Ap + k * p.V, s[k], NV, stream_p);
-    if (B) vstore_states(B + k * p.V, s[k], NV, streaming_to(rs, rs.cols[0]));
+    if (B) vstore_states(B + k * p.V, s[k], NV, streaming_to(rs, rs.final_slot));
   }
 }
 
@@ -130,19 +130,19 @@ static inline void walk_columns_kv_wy(const GdnDeltaParams &p, RecurrentSeq &rs,
           a[j] += x * pt.kn[t][k];
           b[j] += x * pt.qn[t][k];
         }
-    const int64_t vrow = pt.row[t] * p.qkv_stride + p.v_offset + (int64_t)hv * p.V + v;
+    const int64_t vrow = v_index(p, rs, pt.row[t], hv, v);
     const int64_t orow = pt.row[t] * p.out_stride + (int64_t)hv * p.V + v;
     for (int j = 0; j < NV; ++j) {
-      vf16 w = load_act16(p.qkv, vrow + 16 * j) - P[t] * a[j];
+      vf16 w = v_at16(p, rs, vrow + 16 * j) - P[t] * a[j];
       for (int32_t i = 0; i < t; ++i) w -= ck[t][i] * u[i][j];
       u[t][j] = pt.beta[t] * w;
       vf16 o = P[t] * b[j];
       for (int32_t i = 0; i <= t; ++i) o += cq[t][i] * u[i][j];
-      store_act16(p.out, orow + 16 * j, o);
+      if (emits(rs)) store_act16(p.out, orow + 16 * j, o);
     }
   }
-  // Where each state goes (a spec write-back or a checkpoint; a non-spec sequence's last state
-  // also to its slot). Nothing in this call reads them again: streaming stores unless in place.
+  // Where each state goes (a spec write-back or a checkpoint; the last state also to the walk's
+  // final slot). Nothing in this call reads them again: streaming stores unless in place.
   state_t *A[GDN_WALK_TOKENS];
   bool stream_a[GDN_WALK_TOKENS];
   for (int32_t t = 0; t < L; ++t) {
@@ -150,8 +150,8 @@ static inline void walk_columns_kv_wy(const GdnDeltaParams &p, RecurrentSeq &rs,
     A[t] = slot_state(p, to, hv, v);
     stream_a[t] = streaming_to(rs, to);
   }
-  state_t *const B = rs.spec ? nullptr : state_column(p, rs.cols[0], hv, v);
-  const bool stream_b = !rs.spec && streaming_to(rs, rs.cols[0]);
+  state_t *const B = slot_state(p, rs.final_slot, hv, v);
+  const bool stream_b = streaming_to(rs, rs.final_slot);
   const bool ahead = ask_next_head(p, rs, hv);
   for (int k = 0; k < KD; ++k) {
     if (ahead) prefetch_states(next_head(p, S) + k * p.V, 16 * NV);
@@ -166,9 +166,10 @@ static inline void walk_columns_kv_wy(const GdnDeltaParams &p, RecurrentSeq &rs,
   }
 }
 
-// The 16 NV columns from v of (seq, hv): up to GDN_WALK_TOKENS tokens in WY form; longer walks
-// held, all NV vectors at once while that block is at most 64 KB (K <= 128), else GDN_KV_VECS
-// vectors at a time (rs copied: each walk advances its own checkpoints).
+// The 16 NV columns from v of (seq, hv): walks of up to GDN_WALK_TOKENS tokens (a replay: of a
+// walk of up to that many, RecurrentSeq.form_len) in WY form; longer walks held, all NV vectors at
+// once while that block is at most 64 KB (K <= 128), else GDN_KV_VECS vectors at a time (rs
+// copied: each walk advances its own checkpoints).
 template <int NV>
 static inline void recurrent_columns_kv(const GdnDeltaParams &p, int32_t seq, int32_t hv, int32_t v) {
   RecurrentSeq rs;
@@ -177,14 +178,17 @@ static inline void recurrent_columns_kv(const GdnDeltaParams &p, int32_t seq, in
     for (int32_t l = 0; l < 16 * NV; ++l) zero_outputs(p, rs.j0, rs.len, hv, v + l);
     return;
   }
+  if (rs.len == 0) return copy_state(p, rs, hv, v, 16 * NV);  // a replay with nothing to replay
+  ring_item(p, rs, hv, v, 16 * NV);
   const int32_t h = hv / (p.HV / p.H);
-  if (rs.len <= GDN_WALK_TOKENS) {
+  if (rs.form_len <= GDN_WALK_TOKENS) {
     PreparedTokens pt;
     pt.prepare(p, rs, h, hv);
-    return walk_columns_kv_wy<NV>(p, rs, pt, hv, v);
+    walk_columns_kv_wy<NV>(p, rs, pt, hv, v);
+  } else {
+    constexpr int NW = KD <= 128 || NV < GDN_KV_VECS ? NV : GDN_KV_VECS;
+    for (int j = 0; j < NV; j += NW) walk_columns_kv<NW>(p, rs, hv, v + 16 * j, h);
   }
-  constexpr int NW = KD <= 128 || NV < GDN_KV_VECS ? NV : GDN_KV_VECS;
-  for (int j = 0; j < NV; j += NW) walk_columns_kv<NW>(p, rs, hv, v + 16 * j, h);
 }
 
 // The state columns of a work-item: 16 gdn_kv_cpu_vecs(V) from v of (seq, hv).

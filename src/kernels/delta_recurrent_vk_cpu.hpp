@@ -47,6 +47,13 @@ static inline void store_rows(void *p, int64_t i, int32_t nr, const vf16 &x) {
   if (nr == 16) store_act16(p, i, x);
   else for (int32_t r = 0; r < nr; ++r) store_act(p, i + r, x[r]);
 }
+// The 16 rows' v from index i (v_index): the conv output's, or in a replay the ring's.
+static inline vf16 v_rows(const GdnDeltaParams &p, const RecurrentSeq &rs, int64_t i, int32_t nr) {
+  if (!rs.ring_in) return load_rows(p.qkv, i, nr);
+  vf16 x;
+  for (int32_t r = 0; r < 16; ++r) x[r] = r < nr ? rs.ring_in[i + r] : 0.0f;
+  return x;
+}
 // The state rows of a slot from row v0 of head hv to the slot's end (this head's and the later
 // heads'): how far ahead of row v0 a walk may ask for rows (prefetch_states).
 static inline int32_t slot_rows_from(const GdnDeltaParams &p, int32_t hv, int32_t v0) { return (p.HV - hv) * p.V - v0; }
@@ -90,7 +97,7 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
   // Row r, vector c of the state before the token (HOLD: after applying the pending update).
   auto state_in = [&](int32_t t, int32_t r, int c) -> vf16 {
     if constexpr (HOLD) {
-      if (t > 0) s[r][c] = s[r][c] * dp + kp[c] * up[r];
+      if (t > 0) s[r][c] = held_update(s[r][c], dp, kp[c] * up[r]);
       return s[r][c];
     } else {
       return rs.init && r < nr ? vload_state(S + r * KD + 16 * c) : vf16(0.0f);
@@ -100,7 +107,7 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
     float kb[KD], qb[KD], decay, beta;
     const float *kn, *qn;
     const int64_t row = pt.n ? pt.get(t, kn, qn, decay, beta) : token_in(p, rs, t, h, hv, kb, qb, kn, qn, decay, beta);
-    const int64_t vrow = row * p.qkv_stride + p.v_offset + (int64_t)hv * p.V + v0;
+    const int64_t vrow = v_index(p, rs, row, hv, v0);
     const int64_t orow = row * p.out_stride + (int64_t)hv * p.V + v0;
     vf16 k[KC], q[KC], kq(0.0f);
     for (int c = 0; c < KC; ++c) {
@@ -118,12 +125,12 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
       }
       if (HOLD && Ap && r < nr) vstore_states(Ap + r * KD, s[r], KC, stream_p);
     }
-    const vf16 u = beta * (load_rows(p.qkv, vrow, nr) - decay * row_sums(ak));
-    store_rows(p.out, orow, nr, decay * row_sums(aq) + u * hsum(kq));
+    const vf16 u = beta * (v_rows(p, rs, vrow, nr) - decay * row_sums(ak));
+    if (emits(rs)) store_rows(p.out, orow, nr, decay * row_sums(aq) + u * hsum(kq));
     // Where the state after the token goes: its store slot (a spec write-back or a checkpoint)
-    // and, for the one token of a non-spec sequence, the sequence's slot. Nothing in this call
-    // reads the stored states again: streaming stores unless in place.
-    const int32_t to = token_store_slot(rs, t), last = !HOLD && !rs.spec ? rs.cols[0] : p.pad_slot_id;
+    // and, for a one-token walk, the walk's final slot (a non-spec sequence's, a replay's).
+    // Nothing in this call reads the stored states again: streaming stores unless in place.
+    const int32_t to = token_store_slot(rs, t), last = !HOLD ? rs.final_slot : p.pad_slot_id;
     state_t *const A = slot_state(p, to, hv, v0), *const B = slot_state(p, last, hv, v0);
     const bool stream_a = streaming_to(rs, to), stream_b = streaming_to(rs, last);
     if constexpr (HOLD) {  // applied by the next token's read pass, or after the walk
@@ -140,12 +147,12 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
     }
   }
   if constexpr (HOLD) {  // the last token's update
-    state_t *const B = rs.spec ? nullptr : slot_state(p, rs.cols[0], hv, v0);
+    state_t *const B = slot_state(p, rs.final_slot, hv, v0);
     for (int32_t r = 0; r < nr; ++r) {
       if (ahead) prefetch_states(S + (walk_ahead + r) * KD, KD);
-      for (int c = 0; c < KC; ++c) s[r][c] = s[r][c] * dp + kp[c] * up[r];
+      for (int c = 0; c < KC; ++c) s[r][c] = held_update(s[r][c], dp, kp[c] * up[r]);
       if (Ap) vstore_states(Ap + r * KD, s[r], KC, stream_p);
-      if (B) vstore_states(B + r * KD, s[r], KC, streaming_to(rs, rs.cols[0]));
+      if (B) vstore_states(B + r * KD, s[r], KC, streaming_to(rs, rs.final_slot));
     }
   }
 }
@@ -196,17 +203,16 @@ static inline void walk_rows_vk_by_row(const GdnDeltaParams &p, RecurrentSeq &rs
     const float *k, *q;
     float d, b;
     const int64_t row = pt.get(t, k, q, d, b);
-    const int64_t vrow = row * p.qkv_stride + p.v_offset + (int64_t)hv * p.V + v0;
     orow[t] = row * p.out_stride + (int64_t)hv * p.V + v0;
-    vstore(vs[t], load_rows(p.qkv, vrow, nr));
+    vstore(vs[t], v_rows(p, rs, v_index(p, rs, row, hv, v0), nr));
     kq[t] = dot_kd(k, q);
     const int32_t to = token_store_slot(rs, t);
     A[t] = slot_state(p, to, hv, v0);
     stream_a[t] = streaming_to(rs, to);
   }
-  // A non-spec sequence's state after its last token also goes to its slot.
-  state_t *const B = rs.spec ? nullptr : slot_state(p, rs.cols[0], hv, v0);
-  const bool stream_b = !rs.spec && streaming_to(rs, rs.cols[0]);
+  // The state after the last token also goes to the walk's final slot (a non-spec sequence's, a replay's).
+  state_t *const B = slot_state(p, rs.final_slot, hv, v0);
+  const bool stream_b = streaming_to(rs, rs.final_slot);
   vf16 k1[KC], q1[KC];  // LC == 1: the token's k and q
   if constexpr (LC == 1)
     for (int c = 0; c < KC; ++c) k1[c] = vload(pt.kn[0] + 16 * c), q1[c] = vload(pt.qn[0] + 16 * c);
@@ -237,7 +243,8 @@ static inline void walk_rows_vk_by_row(const GdnDeltaParams &p, RecurrentSeq &rs
     }
     if (B) vstore_states(B + r * KD, s, KC, stream_b);
   }
-  for (int32_t t = 0; t < L; ++t) store_rows(p.out, orow[t], nr, vload(os[t]));
+  if (emits(rs))
+    for (int32_t t = 0; t < L; ++t) store_rows(p.out, orow[t], nr, vload(os[t]));
 }
 
 static inline void recurrent_rows_vk(const GdnDeltaParams &p, RecurrentSeq rs, const PreparedTokens &pt, int32_t hv,
@@ -247,11 +254,13 @@ static inline void recurrent_rows_vk(const GdnDeltaParams &p, RecurrentSeq rs, c
     for (int32_t r = 0; r < nr; ++r) zero_outputs(p, rs.j0, rs.len, hv, v0 + r);
     return;
   }
+  // (The form follows RecurrentSeq.form_len: a replay walks as the walk whose states it reproduces,
+  // in the same instance: the compiler may contract each instance's products its own way.)
   if constexpr (sizeof(state_t) == 4) {  // f32: walk_rows_vk<false> is not built (one token: by row)
-    if (pt.n == 1) walk_rows_vk_by_row<1>(p, rs, pt, hv, v0, nr);
+    if (rs.form_len == 1) walk_rows_vk_by_row<1>(p, rs, pt, hv, v0, nr);
     else if (pt.n) walk_rows_vk_by_row<0>(p, rs, pt, hv, v0, nr);
     else walk_rows_vk<true>(p, rs, pt, hv, v0, nr, h);  // (pt.n = 0: longer than GDN_WALK_TOKENS)
-  } else if (rs.len == 1) {
+  } else if (rs.form_len == 1) {
     walk_rows_vk<false>(p, rs, pt, hv, v0, nr, h);
   } else {
     walk_rows_vk<true>(p, rs, pt, hv, v0, nr, h);
@@ -265,10 +274,12 @@ static inline int32_t item_span(const GdnDeltaParams &) { return GDN_VK_ITEM_ROW
 GDN_NOINLINE void recurrent_item(const GdnDeltaParams &p, int32_t seq, int32_t hv, int32_t v) {
   RecurrentSeq rs;
   if (seq >= p.num_seqs || !recurrent_seq(p, seq, &rs)) return;
+  if (rs.len == 0) return copy_state(p, rs, hv, v, GDN_VK_ITEM_ROWS);  // a replay with nothing to replay
+  ring_item(p, rs, hv, v, GDN_VK_ITEM_ROWS);
   const int32_t h = hv / (p.HV / p.H);
   PreparedTokens pt;
   pt.n = 0;
-  if (!rs.skip && rs.len <= GDN_WALK_TOKENS) pt.prepare(p, rs, h, hv);
+  if (!rs.skip && rs.form_len <= GDN_WALK_TOKENS) pt.prepare(p, rs, h, hv);
   // (rs by value: each pass advances its own copy of the checkpoint cursor)
   for (int32_t r = v; r < sycl::min(p.V, v + GDN_VK_ITEM_ROWS); r += GDN_VK_ROWS) recurrent_rows_vk(p, rs, pt, hv, r, h);
 }

@@ -29,6 +29,20 @@ enum { GDN_MAX_CONV_WIDTH = 8 };
 // Which token group a state-carrying kernel walks (GdnDeltaParams.group).
 enum { GDN_GROUP_NON_SPEC = 0, GDN_GROUP_SPEC = 1 };
 
+// Replay mode (gdn_xpu.h "Replay mode"), GdnDeltaParams.replay: what a spec walk does.
+//   OFF:   the per-token mode (each token's state to its column).
+//   WALK:  from the committed slot [n][0], outputs only; the tokens' inputs to that slot's ring.
+//   APPLY: the replay launch, before the WALK: the read slot's ring entries 0..A-1 onto its state,
+//          stored to [n][0] (gdn_replay, gdn_replay_*_cpu; also gdn_flush_replay, no tokens bound).
+enum { GDN_REPLAY_OFF = 0, GDN_REPLAY_WALK = 1, GDN_REPLAY_APPLY = 2 };
+// The most ring entries a slot may hold: 1 + the largest batch->num_spec.
+enum { GDN_REPLAY_MAX_TOKENS = 65 };
+// A ring entry (f32): k [H, K] | v [HV, V] | g [HV] | beta [HV]. Offsets of v, g, beta, and its size.
+static inline int64_t gdn_ring_v(int32_t H, int32_t K) { return (int64_t)H * K; }
+static inline int64_t gdn_ring_g(int32_t H, int32_t HV, int32_t K, int32_t V) { return (int64_t)H * K + (int64_t)HV * V; }
+static inline int64_t gdn_ring_beta(int32_t H, int32_t HV, int32_t K, int32_t V) { return gdn_ring_g(H, HV, K, V) + HV; }
+static inline int64_t gdn_ring_floats(int32_t H, int32_t HV, int32_t K, int32_t V) { return gdn_ring_beta(H, HV, K, V) + HV; }
+
 // Shapes of the CPU-device kernel variants, used by the host for launch ranges and by the kernels.
 enum {
   GDN_CPU_LANES = 16,        // channels / state columns per vector (vf16)
@@ -164,6 +178,12 @@ struct GdnDeltaParams {
                                             // each token's q, k and gates themselves, from prep
   GdnSlotUse slots;
   GdnPrepParams prep;                       // (prep_inline only; its outputs qn, kn, g, beta unused)
+  // Replay mode (GDN_REPLAY_*): the spec group's rings, [num_slots][ring_tokens][ring_floats] f32,
+  // and their counts [num_slots]; null in the per-token mode.
+  float *ring;
+  int32_t *ring_count;
+  int64_t ring_floats;                      // gdn_ring_floats of the config
+  int32_t ring_tokens, replay;              // entries per slot; GDN_REPLAY_*
 };
 
 // gdn_fused_cpu (delta_recurrent_cpu.cpp, the CPU device): one token group's conv and

@@ -42,7 +42,8 @@ ALL_VARIANTS = tuple(f"{a}/{s}/{k}/{l}" for a in ("f32", "f16", "bf16") for s in
                      for k in (64, 128, 256) for l in ("vk", "kv"))
 
 # One process per variant: the runtime numbers its dumps per process, and an empty kernel cache makes
-# it compile (and so dump) every kernel file the config can launch.
+# it compile (and so dump) every kernel file the config can launch. Replay mode (replay_tokens > 0)
+# adds its launches: gdn_recurrent's replay and ring paths, gdn_replay_count.
 _WARMUP = """
 import dpctl, sys
 from pygdn.ops import Config, warmup
@@ -50,7 +51,7 @@ act, state, k, layout = sys.argv[1].split("/")
 k = int(k)
 q = dpctl.SyclQueue("cpu", property="in_order")
 warmup(q, Config(num_k_heads=2, num_v_heads=4, head_k_dim=k, head_v_dim=k, num_slots=1, conv_width=4,
-                 act_dtype=act, state_dtype=state, ssm_layout=layout))
+                 act_dtype=act, state_dtype=state, ssm_layout=layout, replay_tokens=2))
 """
 
 

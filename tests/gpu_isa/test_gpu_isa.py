@@ -12,9 +12,10 @@ pytestmark = pytest.mark.skipif(not (isa_table.tool("ocloc") and isa_table.tool(
 
 # Every kernel a warmup of the generic kernels builds (pygdn warmup compiles every kernel a config can launch).
 EXPECTED = {"gdn_conv_non_spec", "gdn_conv_spec", "gdn_prep", "gdn_chunk_plan", "gdn_recurrent", "gdn_chunk_prep",
-            "gdn_chunk_scan", "gdn_gated_rmsnorm"}
-# No spill and no private/scratch memory: the per-token kernels of decode and spec decode.
-NO_SCRATCH = {"gdn_recurrent", "gdn_conv_spec", "gdn_conv_non_spec"}
+            "gdn_chunk_scan", "gdn_gated_rmsnorm", "gdn_replay_count"}
+# No spill and no private/scratch memory: the per-token kernels of decode and spec decode (gdn_recurrent
+# also as replay mode's replay and walk).
+NO_SCRATCH = {"gdn_recurrent", "gdn_conv_spec", "gdn_conv_non_spec", "gdn_replay_count"}
 NO_SPILL = NO_SCRATCH | {"gdn_chunk_prep", "gdn_chunk_scan"}
 JUDGED = ("dg2", "pvc")
 
