@@ -301,6 +301,9 @@ def test_replay_validation(queue):
     with pytest.raises(pygdn.GdnError, match="tensors->replay_ring is NULL"):
         pygdn.attention(queue, tw.rcfg, to_device(ok, queue), mixed_qkv=x, a=a, b=b, conv_state=tw.rp.d_conv,
                         ssm_state=tw.rp.d_ssm, core_attn_out=out, **tw.rp.d)
+    with pytest.raises(ValueError, match="replay_ring: given, but cfg.replay_tokens = 0"):
+        pygdn.attention(queue, tw.cfg, to_device(ok, queue), mixed_qkv=x, a=a, b=b, conv_state=tw.pt.d_conv,
+                        ssm_state=tw.pt.d_ssm, core_attn_out=out, **tw.pt.d, **tw.rp.rings())
     # More accepted tokens than the ring holds (slot 3 holds 2).
     expect_error(tw, spec_meta([2, 2], blocks, [1, 3], 2), lib.GDN_ERROR_BAD_ACCEPTED,
                  ["num_accepted_tokens[1] = 3", "replay_count[3]"])
