@@ -236,6 +236,9 @@ def _batch_table():
 BATCH_COUNTS, BATCH_ARRAYS = _batch_table()  # in struct order
 
 
+_COUNTS_CACHE = {}  # (counts, pad_slot_id, validate) -> Batch._counts_c() of them (read-only once made)
+
+
 @_dc.dataclass
 class Batch:
     """One step's mixed batch (gdn_batch_t). Arrays are SUAI objects or DLPack producers (int32;
@@ -282,6 +285,12 @@ class Batch:
         the ints only change through setattr. The arrays are read on every call (_to_c)."""
         cached = getattr(self, "_counts_cache", None)
         if cached is None:
+            # Batches of the same counts (an engine's steps) share one: a key of plain ints and the
+            # validate string only (3.0 == 3 must still be refused by _int32).
+            key = (*(getattr(self, f) for f in BATCH_COUNTS), self.pad_slot_id, self.validate)
+            plain = all(type(v) is int for v in key[:-1])
+            cached = _COUNTS_CACHE.get(key) if plain else None
+        if cached is None:
             c = _ffi.new(_BATCH_P)
             _lib.gdn_batch_init(c)
             for f in BATCH_COUNTS:
@@ -292,7 +301,11 @@ class Batch:
             counts = vars(self)
             needs = tuple((field, f"batch.{field}", dtype, length(counts)) for field, (dtype, length) in BATCH_ARRAYS.items())
             cached = (c, needs)
-            object.__setattr__(self, "_counts_cache", cached)
+            if plain:
+                if len(_COUNTS_CACHE) >= 256:
+                    _COUNTS_CACHE.clear()
+                _COUNTS_CACHE[key] = cached
+        object.__setattr__(self, "_counts_cache", cached)
         return cached
 
     def bind(self, queue) -> "Batch":

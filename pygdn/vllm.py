@@ -38,7 +38,7 @@ ENV = "GDN_XPU_VLLM"  # "1": serve vLLM's CPU GDN core with libgdn_xpu
 L2NORM_EPS = 1e-5     # vLLM's CPU kernels' q/k l2norm eps
 
 _log = logging.getLogger("vllm.pygdn")
-_state = {"queue": None, "layers": [], "announced": False, "step": None}
+_state = {"queue": None, "layers": [], "dtypes": ("?", "?"), "announced": False, "step": None}
 
 
 def register() -> None:
@@ -141,8 +141,10 @@ def _config(layer, num_slots=1, conv=None, ssm=None):
 
 def _warm_up(layer) -> None:
     import pygdn
-    pygdn.warmup(_queue(), _config(layer))
+    cfg = _config(layer)
+    pygdn.warmup(_queue(), cfg)
     _state["layers"].append(layer.prefix)
+    _state["dtypes"] = (cfg.act_dtype, cfg.state_dtype)
 
 
 class _Served:
@@ -230,6 +232,6 @@ def gdn_attention_core(mixed_qkv, b, a, core_attn_out, layer_name) -> None:
 def _announce() -> None:
     if not _state["announced"]:
         _state["announced"] = True
-        _log.info("libgdn_xpu %s (pygdn, %s=1) serves the GDN attention core of %d layers on %s: %s",
-                  _version(), ENV, len(_state["layers"]), _queue().sycl_device.name,
-                  ", ".join(_state["layers"]))
+        _log.info("libgdn_xpu %s (pygdn, %s=1) serves the GDN attention core of %d layers on %s (%s activations, "
+                  "%s SSM state): %s", _version(), ENV, len(_state["layers"]), _queue().sycl_device.name,
+                  *_state["dtypes"], ", ".join(_state["layers"]))

@@ -3,14 +3,14 @@ as JSON. Run in a process of its own (conftest.run_vllm), with GDN_XPU_VLLM=1 fo
 it for vLLM's own CPU kernels:
 
     python run_vllm.py OUT.json MODEL_DIR [--mtp K] [--prefix-caching] [--force TOKENS.json] [--noise X] [--shadow]
-        [--accept-cycle]
+        [--accept-cycle] [--ssm-dtype DTYPE]
 
 --force: a logits processor makes the engine emit the given tokens (the other run's), so both runs walk
 the same trajectory; the logprobs vLLM reports are the raw model's (before processors), so each step
 compares the two implementations' model on the same history. --noise: Gaussian noise of X times the
 output's RMS added to every GDN core output (a deliberately perturbed core, to show the comparison
 notices one). --shadow: every served core call is also run by vLLM's own core on the same inputs and
-cache contents (see shadow()); the differences are in the JSON.
+cache contents (see shadow()); the differences are in the JSON. --ssm-dtype: vLLM's mamba_ssm_cache_dtype.
 """
 import argparse
 import json
@@ -164,6 +164,7 @@ def main():
     p.add_argument("--noise", type=float, default=0.0)
     p.add_argument("--shadow", action="store_true", help="compare every served core call with vLLM's own")
     p.add_argument("--accept-cycle", action="store_true", help="accept 0..K drafts in turn (with --mtp K)")
+    p.add_argument("--ssm-dtype", help="vLLM's mamba_ssm_cache_dtype (default: vLLM's)")
     args = p.parse_args()
 
     from vllm import LLM, SamplingParams
@@ -186,6 +187,8 @@ def main():
               kv_cache_memory_bytes=KV_CACHE_BYTES)
     if args.prefix_caching:
         kw["mamba_cache_mode"] = "align"
+    if args.ssm_dtype:
+        kw["mamba_ssm_cache_dtype"] = args.ssm_dtype
     if args.mtp:
         kw["speculative_config"] = {"method": "qwen3_next_mtp", "num_speculative_tokens": args.mtp}
     if forced is not None:

@@ -12,7 +12,8 @@ The criteria.
   vLLM's trajectory (run_vllm.py --force: both models see the same history), must give every step's
   logprob within LOGPROB_BOUND of vLLM's (logits are bf16: ~0.03 apart at these magnitudes).
 - MTP k=2 with the verifier's acceptance cycled through 1..3 tokens (run_vllm.py --accept-cycle); prefix
-  caching in vLLM's 'align' mode (without MTP: vLLM 0.32's CPU build cannot run both)."""
+  caching in vLLM's 'align' mode (without MTP: vLLM 0.32's CPU build cannot run both); a bf16 SSM state
+  cache (mamba_ssm_cache_dtype, which vLLM's CPU build keeps on hosts with AVX512-BF16)."""
 import numpy as np
 import pytest
 
@@ -91,3 +92,12 @@ def test_prefix_caching_align(model_dir, tmp_path):
     assert SERVES in log and "'enable_prefix_caching': True" in log
     calls, out, conv, ssm = shadow_max(got)
     assert out <= OUT_BOUND and conv == 0 and ssm <= OUT_BOUND, (out, conv, ssm)
+
+
+def test_bf16_ssm_cache(model_dir, tmp_path):
+    got, log = run_vllm(tmp_path, model_dir, "plugin_bf16_state", True, "--ssm-dtype", "bfloat16", "--shadow")
+    if "Reset SSM cache type to float32" in log:
+        pytest.skip("vLLM's CPU build keeps an f32 SSM cache on this host")
+    assert SERVES in log and "bf16 SSM state" in log, log[-3000:]
+    calls, out, conv, ssm = shadow_max(got)
+    assert calls == 3 * 64 and out <= OUT_BOUND and conv == 0 and ssm <= OUT_BOUND, (out, conv, ssm)
