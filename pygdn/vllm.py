@@ -177,26 +177,24 @@ def _step_batch(md):
     import pygdn
     import torch
 
-    def i32(t):  # int32, contiguous: a no-op for what already is
-        return None if t is None else t.to(torch.int32).contiguous()
+    def i32(t):  # int32, contiguous: a no-op for what already is (asked first: .to() costs µs even then)
+        return t if t is None or (t.dtype is torch.int32 and t.is_contiguous()) else t.to(torch.int32).contiguous()
 
-    batch = pygdn.Batch(num_actual_tokens=md.num_actual_tokens, num_prefills=md.num_prefills,
-                        num_decodes=md.num_decodes, validate="counts",
-                        non_spec_token_count=md.num_prefill_tokens + md.num_decode_tokens)
+    fields = dict(num_actual_tokens=md.num_actual_tokens, num_prefills=md.num_prefills, num_decodes=md.num_decodes,
+                  validate="counts", non_spec_token_count=md.num_prefill_tokens + md.num_decode_tokens)
     if md.num_prefills or md.num_decodes:
-        batch.non_spec_query_start_loc = i32(md.non_spec_query_start_loc)
-        batch.non_spec_state_indices = i32(md.non_spec_state_indices_tensor)
-        batch.has_initial_state = md.has_initial_state
+        fields.update(non_spec_query_start_loc=i32(md.non_spec_query_start_loc),
+                      non_spec_state_indices=i32(md.non_spec_state_indices_tensor),
+                      has_initial_state=md.has_initial_state)
     if md.spec_sequence_masks is not None and md.num_spec_decodes:
         spec = md.spec_state_indices_tensor
-        batch.num_spec_decodes, batch.num_spec = md.num_spec_decodes, spec.shape[1] - 1
-        batch.spec_token_count = md.num_spec_decode_tokens
-        batch.spec_query_start_loc = i32(md.spec_query_start_loc)
-        batch.spec_state_indices = i32(spec[:md.num_spec_decodes])
-        batch.num_accepted_tokens = i32(md.num_accepted_tokens)
+        fields.update(num_spec_decodes=md.num_spec_decodes, num_spec=spec.shape[1] - 1,
+                      spec_token_count=md.num_spec_decode_tokens, spec_query_start_loc=i32(md.spec_query_start_loc),
+                      spec_state_indices=i32(spec[:md.num_spec_decodes]),
+                      num_accepted_tokens=i32(md.num_accepted_tokens))
         if md.num_prefills or md.num_decodes:  # interleaved rows; spec only: rows in order
-            batch.non_spec_token_indx = i32(md.non_spec_token_indx)
-            batch.spec_token_indx = i32(md.spec_token_indx)
+            fields.update(non_spec_token_indx=i32(md.non_spec_token_indx), spec_token_indx=i32(md.spec_token_indx))
+    batch = pygdn.Batch(**fields)
     batch.bind(_queue())
     _state["step"] = (md, batch)
     return batch
