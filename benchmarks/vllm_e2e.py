@@ -1,5 +1,7 @@
 """vLLM's CPU GDN core vs libgdn_xpu through the plugin (pygdn.vllm), inside vLLM, at Qwen3-Next's GDN shapes
-(TP=1: 16 k-heads, 32 v-heads, dims 128, conv width 4; 3 GDN layers, dummy weights).
+(TP=1: 16 k-heads, 32 v-heads, dims 128, conv width 4; dummy weights). 16 layers, every 4th full attention,
+as Qwen3-Next's 48: vLLM puts the 12 GDN layers in 3 KV-cache groups of 4 (Qwen3-Next-80B: 3 of 12), and
+the layers of a group share one step's metadata, which the plugin maps once per group.
 
 Per-call times: in each case a vLLM engine (in-process, plugin on) generates; every GDN core call is run by
 both implementations on the same inputs and cache contents, in alternating order (the touched cache slots
@@ -28,11 +30,11 @@ from conftest import CONFIG, engine_env  # noqa: E402
 SHAPES = dict(hidden_size=1024, linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
               linear_value_head_dim=128, num_attention_heads=8, num_key_value_heads=2, head_dim=128,
               intermediate_size=512, moe_intermediate_size=128, shared_expert_intermediate_size=128,
-              max_position_embeddings=8192)
-CASES = {  # name: (prompt lengths, tokens to generate, MTP draft tokens)
-    "decode B=1": ([16], 48, 0), "decode B=8": ([16] * 8, 32, 0), "decode B=32": ([16] * 32, 24, 0),
-    "MTP k=2 B=8": ([16] * 8, 32, 2), "prefill 512": ([512], 1, 0), "prefill 2048": ([2048], 1, 0),
-}
+              max_position_embeddings=8192, num_hidden_layers=16)
+CASES = {  # name: (prompt lengths, tokens to generate, MTP draft tokens, generate calls)
+    "decode B=1": ([16], 48, 0, 1), "decode B=8": ([16] * 8, 32, 0, 1), "decode B=32": ([16] * 32, 24, 0, 1),
+    "MTP k=2 B=8": ([16] * 8, 32, 2, 1), "prefill 512": ([512], 1, 0, 7), "prefill 2048": ([2048], 1, 0, 5),
+}  # (a prefill is one call per layer: repeated generate calls give the prefill rows their samples)
 
 
 def child(spec):
@@ -80,7 +82,7 @@ def child(spec):
     cpu_ops.cpu_gdn_attention_core = timed
     run_vllm.widen_dummy_weights()
     kw = dict(model=spec["model"], load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16", enforce_eager=True,
-              max_model_len=4096, max_num_seqs=32, max_num_batched_tokens=4096, kv_cache_memory_bytes=1 << 30,
+              max_model_len=4096, max_num_seqs=32, max_num_batched_tokens=4096, kv_cache_memory_bytes=4 << 30,
               enable_prefix_caching=False)
     if spec["mtp"]:
         kw["speculative_config"] = {"method": "qwen3_next_mtp", "num_speculative_tokens": spec["mtp"]}
@@ -88,7 +90,9 @@ def child(spec):
     llm = LLM(**kw)
     prompts = [TokensPrompt(prompt_token_ids=[(7 * i + j) % 1000 + 1 for j in range(n)])
                for i, n in enumerate(spec["prompts"])]
-    llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=spec["tokens"], ignore_eos=True), use_tqdm=False)
+    for _ in range(spec["repeats"]):
+        llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=spec["tokens"], ignore_eos=True),
+                     use_tqdm=False)
     json.dump(times, open(spec["out"], "w"))
 
 
@@ -99,7 +103,7 @@ def tokens_per_s(spec):
     import run_vllm
     run_vllm.widen_dummy_weights()
     llm = LLM(model=spec["model"], load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
-              enforce_eager=True, max_model_len=1024, max_num_seqs=8, kv_cache_memory_bytes=1 << 30,
+              enforce_eager=True, max_model_len=1024, max_num_seqs=8, kv_cache_memory_bytes=2 << 30,
               enable_prefix_caching=False)
     prompts = [TokensPrompt(prompt_token_ids=[(5 * i + j) % 1000 + 1 for j in range(32)]) for i in range(8)]
     sp = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
@@ -143,8 +147,9 @@ def main():
     print("| case | calls | vLLM CPU core ms (p25-p75) | libgdn_xpu via plugin ms (p25-p75) | vLLM / plugin |")
     print("|---|---|---|---|---|")
     cases = {k: v for k, v in CASES.items() if not args.quick or k in ("decode B=1", "MTP k=2 B=8", "prefill 512")}
-    for name, (prompts, tokens, mtp) in cases.items():
-        times = spawn("child", dict(model=model, prompts=prompts, tokens=tokens, mtp=mtp, out=os.path.join(tmp, "t.json")))
+    for name, (prompts, tokens, mtp, repeats) in cases.items():
+        times = spawn("child", dict(model=model, prompts=prompts, tokens=tokens, mtp=mtp, repeats=repeats,
+                                    out=os.path.join(tmp, "t.json")))
         want = ((sum(prompts), 1, 0, 0) if name.startswith("prefill") else (None, 0, 0, len(prompts)) if mtp
                 else (len(prompts), 0, len(prompts), 0))  # (tokens, prefills, decodes, spec decodes) of a call
         rows = [t for t in times if all(w is None or w == g for w, g in zip(want, t))]

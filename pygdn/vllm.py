@@ -38,7 +38,8 @@ ENV = "GDN_XPU_VLLM"  # "1": serve vLLM's CPU GDN core with libgdn_xpu
 L2NORM_EPS = 1e-5     # vLLM's CPU kernels' q/k l2norm eps
 
 _log = logging.getLogger("vllm.pygdn")
-_state = {"queue": None, "layers": [], "dtypes": ("?", "?"), "announced": False, "step": None}
+STEP_GROUPS = 8       # metadata objects whose batches are kept: more than a step's KV-cache groups of GDN layers
+_state = {"queue": None, "layers": [], "dtypes": ("?", "?"), "announced": False, "steps": []}
 
 
 def register() -> None:
@@ -169,11 +170,13 @@ class _Served:
 
 
 def _step_batch(md):
-    """pygdn.Batch of one step's GDNAttentionMetadata, made and checked once per step (the metadata
-    object is the same for every GDN layer of the step)."""
-    step = _state["step"]
-    if step is not None and step[0] is md:
-        return step[1]
+    """pygdn.Batch of one step's GDNAttentionMetadata, made and checked once per step and KV-cache group:
+    vLLM builds one metadata object per group, for the group's layers, and a model's layers alternate
+    between groups (Qwen3-Next: 3 groups, layer i in group i % 3). The batches of the last few objects are
+    kept, holding the objects, so an identity is never that of a freed one."""
+    for seen, batch in _state["steps"]:
+        if seen is md:
+            return batch
     import pygdn
     import torch
 
@@ -196,7 +199,10 @@ def _step_batch(md):
             fields.update(non_spec_token_indx=i32(md.non_spec_token_indx), spec_token_indx=i32(md.spec_token_indx))
     batch = pygdn.Batch(**fields)
     batch.bind(_queue())
-    _state["step"] = (md, batch)
+    steps = _state["steps"]
+    steps.append((md, batch))
+    if len(steps) > STEP_GROUPS:
+        del steps[0]
     return batch
 
 

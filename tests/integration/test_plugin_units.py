@@ -128,3 +128,30 @@ def test_torch_tensors_dlpack_would_refuse_go_through_dlpack(queue):
         assert _dlpack.torch_host_view(t, queue) is None
     with pytest.raises(Exception, match="(?i)grad"):
         _usm.usm_view(torch.zeros(3, requires_grad=True), "x", queue)
+
+
+def decode_metadata(B, first_slot):
+    return types.SimpleNamespace(
+        num_actual_tokens=B, num_prefills=0, num_decodes=B, num_prefill_tokens=0, num_decode_tokens=B,
+        non_spec_query_start_loc=torch.arange(B + 1, dtype=torch.int32),
+        non_spec_state_indices_tensor=torch.arange(first_slot, first_slot + 2 * B, dtype=torch.int32).reshape(B, 2)[:, 0],
+        has_initial_state=None, spec_sequence_masks=None, num_spec_decodes=0)
+
+
+def test_a_steps_batches_are_made_once_per_kv_cache_group(monkeypatch, queue):
+    """vLLM gives each KV-cache group of GDN layers its own metadata object and runs the layers of the
+    groups in turn (layer i in group i % groups): each object's batch is made once a step."""
+    monkeypatch.setattr(plugin, "_state", dict(plugin._state, steps=[]))
+    made = []
+    monkeypatch.setattr(pygdn, "Batch", lambda **kw: made.append(pygdn.ops.Batch(**kw)) or made[-1])
+    groups = [decode_metadata(4, 10 * g) for g in range(3)]
+    for layer in range(12):
+        batch = plugin._step_batch(groups[layer % 3])
+        assert batch is made[layer % 3]
+    assert len(made) == 3
+    # the block-table column became int32 contiguous, its values kept
+    assert made[1].non_spec_state_indices.tolist() == [10, 12, 14, 16]
+    for g in range(plugin.STEP_GROUPS):  # later steps' objects push the first step's out
+        plugin._step_batch(decode_metadata(1, g))
+    plugin._step_batch(groups[0])
+    assert len(made) == 3 + plugin.STEP_GROUPS + 1
