@@ -14,8 +14,8 @@ of the SYCL CPU device:
 - activation and SSM state dtypes are the layer's: its weights' dtype, vLLM's SSM cache dtype;
 - the SSM memory is used as [HV, K, V] ("kv"), as vLLM's CPU kernels use it; l2norm eps 1e-5;
 - int64 or strided metadata (token indices, accepted counts, a block-table column) becomes int32
-  contiguous once per step, checked once and shared by every layer of the step (Batch.bind); dt_bias
-  and A_log are read as f32 once per layer;
+  contiguous once per step and KV-cache group, checked once and shared by the group's layers
+  (Batch.bind); dt_bias and A_log are read as f32 once per layer;
 - kernels are compiled (or read from the disk cache) when a layer is built, not in the serving loop;
 - nothing is read back to the host to run a step (GDN_VALIDATE_COUNTS).
 
@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import os
 
-ENV = "GDN_XPU_VLLM"  # "1": serve vLLM's CPU GDN core with libgdn_xpu
+ENV = "GDN_XPU_VLLM"  # "1": serve vLLM's CPU (or XPU) GDN core with libgdn_xpu
 L2NORM_EPS = 1e-5     # vLLM's CPU kernels' q/k l2norm eps
 
 _log = logging.getLogger("vllm.pygdn")
