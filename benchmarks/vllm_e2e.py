@@ -1,5 +1,7 @@
 """vLLM's CPU GDN core vs libgdn_xpu through the plugin (pygdn.vllm), inside vLLM, at Qwen3-Next's GDN shapes
-(TP=1: 16 k-heads, 32 v-heads, dims 128, conv width 4; 3 GDN layers, dummy weights).
+(TP=1: 16 k-heads, 32 v-heads, dims 128, conv width 4; dummy weights). 16 layers, every 4th full attention,
+as Qwen3-Next's 48: vLLM puts the 12 GDN layers in 3 KV-cache groups of 4 (Qwen3-Next-80B: 3 of 12), and
+the layers of a group share one step's metadata, which the plugin maps once per group.
 
 Per-call times: in each case a vLLM engine (in-process, plugin on) generates; every GDN core call is run by
 both implementations on the same inputs and cache contents, in alternating order (the touched cache slots
@@ -28,11 +30,12 @@ from conftest import CONFIG, engine_env  # noqa: E402
 SHAPES = dict(hidden_size=1024, linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
               linear_value_head_dim=128, num_attention_heads=8, num_key_value_heads=2, head_dim=128,
               intermediate_size=512, moe_intermediate_size=128, shared_expert_intermediate_size=128,
-              max_position_embeddings=8192)
-CASES = {  # name: (prompt lengths, tokens to generate, MTP draft tokens)
-    "decode B=1": ([16], 48, 0), "decode B=8": ([16] * 8, 32, 0), "decode B=32": ([16] * 32, 24, 0),
-    "MTP k=2 B=8": ([16] * 8, 32, 2), "prefill 512": ([512], 1, 0), "prefill 2048": ([2048], 1, 0),
-}
+              max_position_embeddings=8192, num_hidden_layers=16)
+KV_CACHE_GIB = 4
+CASES = {  # name: (prompt lengths, tokens to generate, MTP draft tokens, generate calls)
+    "decode B=1": ([16], 48, 0, 1), "decode B=8": ([16] * 8, 32, 0, 1), "decode B=32": ([16] * 32, 24, 0, 1),
+    "MTP k=2 B=8": ([16] * 8, 32, 2, 1), "prefill 512": ([512], 1, 0, 7), "prefill 2048": ([2048], 1, 0, 5),
+}  # (a prefill is one call per layer: repeated generate calls give the prefill rows their samples)
 
 
 def child(spec):
@@ -80,7 +83,8 @@ def child(spec):
     cpu_ops.cpu_gdn_attention_core = timed
     run_vllm.widen_dummy_weights()
     kw = dict(model=spec["model"], load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16", enforce_eager=True,
-              max_model_len=4096, max_num_seqs=32, max_num_batched_tokens=4096, kv_cache_memory_bytes=1 << 30,
+              max_model_len=4096, max_num_seqs=32, max_num_batched_tokens=4096,
+              kv_cache_memory_bytes=KV_CACHE_GIB << 30,
               enable_prefix_caching=False)
     if spec["mtp"]:
         kw["speculative_config"] = {"method": "qwen3_next_mtp", "num_speculative_tokens": spec["mtp"]}
@@ -88,7 +92,9 @@ def child(spec):
     llm = LLM(**kw)
     prompts = [TokensPrompt(prompt_token_ids=[(7 * i + j) % 1000 + 1 for j in range(n)])
                for i, n in enumerate(spec["prompts"])]
-    llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=spec["tokens"], ignore_eos=True), use_tqdm=False)
+    for _ in range(spec["repeats"]):
+        llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=spec["tokens"], ignore_eos=True),
+                     use_tqdm=False)
     json.dump(times, open(spec["out"], "w"))
 
 
@@ -99,7 +105,7 @@ def tokens_per_s(spec):
     import run_vllm
     run_vllm.widen_dummy_weights()
     llm = LLM(model=spec["model"], load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
-              enforce_eager=True, max_model_len=1024, max_num_seqs=8, kv_cache_memory_bytes=1 << 30,
+              enforce_eager=True, max_model_len=1024, max_num_seqs=8, kv_cache_memory_bytes=KV_CACHE_GIB << 30,
               enable_prefix_caching=False)
     prompts = [TokensPrompt(prompt_token_ids=[(5 * i + j) % 1000 + 1 for j in range(32)]) for i in range(8)]
     sp = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
@@ -110,7 +116,10 @@ def tokens_per_s(spec):
 
 
 def spawn(fn, spec, plugin=True):
-    p = subprocess.run([sys.executable, __file__, "--child", fn, json.dumps(spec)], env=engine_env(plugin),
+    # (vLLM's CPU build sizes its KV cache from VLLM_CPU_KVCACHE_SPACE, GiB, over kv_cache_memory_bytes:
+    # 32 sequences of 16 layers need more than the tests' 1)
+    env = dict(engine_env(plugin), VLLM_CPU_KVCACHE_SPACE=str(KV_CACHE_GIB))
+    p = subprocess.run([sys.executable, __file__, "--child", fn, json.dumps(spec)], env=env,
                        capture_output=True, text=True, timeout=3600)
     if p.returncode:
         sys.exit(f"{fn} failed:\n{(p.stdout + p.stderr)[-5000:]}")
@@ -143,11 +152,15 @@ def main():
     print("| case | calls | vLLM CPU core ms (p25-p75) | libgdn_xpu via plugin ms (p25-p75) | vLLM / plugin |")
     print("|---|---|---|---|---|")
     cases = {k: v for k, v in CASES.items() if not args.quick or k in ("decode B=1", "MTP k=2 B=8", "prefill 512")}
-    for name, (prompts, tokens, mtp) in cases.items():
-        times = spawn("child", dict(model=model, prompts=prompts, tokens=tokens, mtp=mtp, out=os.path.join(tmp, "t.json")))
+    for name, (prompts, tokens, mtp, repeats) in cases.items():
+        times = spawn("child", dict(model=model, prompts=prompts, tokens=tokens, mtp=mtp, repeats=repeats,
+                                    out=os.path.join(tmp, "t.json")))
         want = ((sum(prompts), 1, 0, 0) if name.startswith("prefill") else (None, 0, 0, len(prompts)) if mtp
                 else (len(prompts), 0, len(prompts), 0))  # (tokens, prefills, decodes, spec decodes) of a call
         rows = [t for t in times if all(w is None or w == g for w, g in zip(want, t))]
+        if not rows:  # (e.g. the KV cache held fewer sequences than asked for)
+            print(f"| {name} | 0 | - | - | - |", flush=True)
+            continue
         v, p_ = stats([r[4] for r in rows]), stats([r[5] for r in rows])
         print(f"| {name} | {len(rows)} | {v[0]:.3f} ({v[1]:.3f}-{v[2]:.3f}) | {p_[0]:.3f} ({p_[1]:.3f}-{p_[2]:.3f}) "
               f"| {v[0] / p_[0]:.2f}x |", flush=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes as _ctypes
 import os as _os
+import sys as _sys
 
 import cffi as _cffi
 import dpctl as _dpctl
@@ -208,6 +209,30 @@ def consume(obj, name, queue):
         raise ValueError(f"{name}: lives in another SYCL context than the queue (its DLPack data pointer is not "
                          "USM memory of the queue's context)")
     return held, address, shape, strides, dtype
+
+
+_TORCH_DTYPES = {}  # torch dtype -> pygdn dtype name, as DTYPES maps the DLPack types torch exports them as
+
+
+def torch_host_view(obj, queue):
+    """(hold, address, shape, strides, dtype name) of a torch CPU tensor, read from the tensor (~1 us)
+    instead of through a DLPack capsule (~10 us; a serving engine passes a few per layer step), or None
+    for anything else: consume() then decides, with its errors. Taken only where consume() would take
+    the tensor as it is: torch already imported by the process, a strided CPU tensor without autograd
+    and without a conjugate or negative bit (torch exports none of those), a queue whose device
+    addresses host memory. hold is a detached alias of the tensor: like a capsule, it keeps the memory
+    alive even if the tensor object is later pointed elsewhere (set_)."""
+    torch = _sys.modules.get("torch")
+    if (torch is None or not isinstance(obj, torch.Tensor) or not obj.is_cpu or obj.requires_grad
+            or obj.layout is not torch.strided or obj.is_conj() or obj.is_neg() or not host_memory_ok(queue)):
+        return None
+    if not _TORCH_DTYPES:
+        _TORCH_DTYPES.update({torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.int32: "i32",
+                              torch.uint8: "u8", torch.bool: "u8", torch.int64: "i64"})
+    dtype = _TORCH_DTYPES.get(obj.dtype)
+    if dtype is None:
+        return None
+    return obj.detach(), obj.data_ptr(), tuple(obj.shape), obj.stride(), dtype
 
 
 def queue_from_pointer(address):

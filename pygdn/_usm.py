@@ -139,6 +139,10 @@ def usm_view(obj, name, queue):
             raise TypeError(f"{name}: unsupported element type {typestr!r}")
         q = syclobj if isinstance(syclobj, _dpctl.SyclQueue) else _queue_of(syclobj, obj)
         return address, tuple(shape), dtype, None, q, obj, False
+    fast = _dlpack.torch_host_view(obj, queue)
+    if fast is not None:
+        hold, address, shape, strides, dtype = fast
+        return address, shape, dtype, strides, None, hold, None
     try:
         s = obj.__sycl_usm_array_interface__
     except AttributeError:

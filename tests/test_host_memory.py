@@ -112,3 +112,18 @@ def test_bf16_dt_bias_is_refused_by_name(queue):
     arrays["dt_bias"] = pygdn.to_bf16_bits(arrays["dt_bias"])
     with pytest.raises(TypeError, match=r"^dt_bias: dtype bf16, expected f32 \(the ABI's gate parameters are f32"):
         pygdn.attention(queue, cfg, batch, conv_state=conv, ssm_state=ssm, **arrays)
+
+
+def test_bound_batch_is_checked_once_per_field_change(queue):
+    """Batch.bind(): host metadata arrays checked once, their checked struct reused by the next calls
+    on the queue object (an engine's layers sharing a step's metadata) until a field is set."""
+    cfg, meta, batch, arrays, conv0, ssm0 = case()
+    pages, conv, ssm = paged_caches(conv_from_canonical(conv0, "time_major"), ssm0)
+    assert batch.bind(queue) is batch
+    kept = batch._views_cache
+    assert kept is not None and kept[0] is queue
+    pygdn.attention(queue, cfg, batch, conv_state=conv, ssm_state=ssm, **arrays)
+    assert batch._views_cache is kept
+    batch.spec_state_indices = meta["spec_state_indices"][:1]  # too short: checked again, refused by name
+    with pytest.raises(ValueError, match="batch.spec_state_indices: .* elements, the counts need"):
+        pygdn.attention(queue, cfg, batch, conv_state=conv, ssm_state=ssm, **arrays)

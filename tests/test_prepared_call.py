@@ -154,3 +154,56 @@ def test_prepared_conv_and_delta_rule_equal_the_plain_calls(queue):
         results.append([conv_out.to_numpy(), loop.d["core_attn_out"].to_numpy()] + list(loop.states()))
     for plain, prep in zip(*results):
         assert np.array_equal(plain, prep)
+
+
+def test_rebind_steps_of_changing_shape_match_reference(queue):
+    """An engine's layer: weights and caches bound once, each step's batch (other counts) and token
+    arrays (new objects) rebound; the rebound arrays' own addresses reach the C call, the others stay."""
+    rng = np.random.default_rng(11)
+    loop = Loop(queue, rng)
+    first = pygdn.prepare(pygdn.attention, queue, loop.cfg, loop.batch, **loop.d)
+    bound = {k: getattr(first._c_t, k) for k in ("conv_weight", "conv_state", "ssm_state", "A_log")}
+    address = lambda p: int(pygdn.ffi.cast("uintptr_t", p))  # noqa: E731
+    shapes = [dict(num_decodes=1), dict(prefill_lens=[9, 3], num_decodes=2), dict(spec_lens=[3, 1], num_spec=S),
+              dict(num_decodes=4, spec_lens=[2], num_spec=S, order="random")]
+    C = loop.cfg.conv_dim
+    for i, shape in enumerate(shapes):
+        meta = make_batch(rng, num_slots=SLOTS, **shape)
+        T = meta["num_actual_tokens"]
+        x, a, b = (rng.standard_normal(s).astype(np.float32) for s in ((T, C), (T, HV), (T, HV)))
+        step = dict(mixed_qkv=usm(queue, x), a=usm(queue, a), b=usm(queue, b),
+                    core_attn_out=usm(queue, np.zeros((T, HV, V), np.float32)))
+        conv0, ssm0 = loop.states()
+        call = first.rebind(to_device(meta, queue, validate="counts"), **step)
+        for name, arr in step.items():
+            assert address(getattr(call._c_t, name)) == arr.memory._pointer, f"step {i}: {name}"
+        for name, ptr in bound.items():
+            assert getattr(call._c_t, name) == ptr, f"step {i}: {name} moved"
+        call.run()
+        want_o, want_conv, want_ssm = ref.gdn_attention(x, a, b, loop.w.astype(np.float64), loop.bias.astype(np.float64),
+                                                        loop.A_log, loop.dt_bias, conv0, ssm0, meta, H, HV, K, V,
+                                                        spec_layout="rolled")
+        assert_close(step["core_attn_out"].to_numpy(), want_o, 2e-4, f"step {i}: core_attn_out")
+        conv, ssm = loop.states()
+        assert np.array_equal(conv, want_conv), f"step {i}: conv_state"
+        assert_close(ssm, want_ssm, 2e-4, f"step {i}: ssm_state")
+    assert address(first._c_t.mixed_qkv) == loop.d["mixed_qkv"].memory._pointer  # the prepared call unchanged
+
+
+def test_rebind_errors(queue):
+    rng = np.random.default_rng(12)
+    loop = Loop(queue, rng)
+    first = pygdn.prepare(pygdn.attention, queue, loop.cfg, loop.batch, **loop.d)
+    with pytest.raises(TypeError, match="rebind: z not bound by this call"):
+        first.rebind(z=loop.d["core_attn_out"])
+    with pytest.raises(TypeError, match=r"rebind: a=None"):
+        first.rebind(a=None)
+    with pytest.raises(TypeError, match="^a: dtype f16, expected f32"):
+        first.rebind(a=usm(queue, np.zeros((loop.T, HV), np.float16)))
+    more = to_device(make_batch(rng, num_slots=SLOTS, prefill_lens=[loop.T + 4]), queue)
+    with pytest.raises(ValueError, match=f"^a: bound with {loop.T} rows, the batch has num_actual_tokens={loop.T + 4}"):
+        first.rebind(more, mixed_qkv=usm(queue, np.zeros((loop.T + 4, loop.cfg.conv_dim), np.float32)))
+    with pytest.raises(ValueError, match=r"^b: shape \(2, 2\), expected \[>=\d+"):
+        first.rebind(b=usm(queue, np.zeros((2, HV), np.float32)))
+    fewer = to_device(make_batch(rng, num_slots=SLOTS, num_decodes=2), queue)
+    first.rebind(fewer).run()  # the bound token arrays have rows enough

@@ -47,11 +47,12 @@ def engine_env(plugin):
     return env
 
 
-def run_vllm(tmp_path, model, name, plugin, *args):
-    """Runs run_vllm.py; returns (its JSON result, its log)."""
+def run_vllm(tmp_path, model, name, plugin, *args, env=None):
+    """Runs run_vllm.py (env: more environment variables); returns (its JSON result, its log)."""
     out = tmp_path / f"{name}.json"
     p = subprocess.run([sys.executable, os.path.join(HERE, "run_vllm.py"), str(out), model, *map(str, args)],
-                       env=engine_env(plugin), capture_output=True, text=True, timeout=1800, cwd=str(tmp_path))
+                       env=dict(engine_env(plugin), **(env or {})), capture_output=True, text=True, timeout=1800,
+                       cwd=str(tmp_path))
     log = p.stdout + p.stderr
     if p.returncode:
         raise AssertionError(f"vLLM run {name} failed ({p.returncode}):\n{log[-6000:]}")

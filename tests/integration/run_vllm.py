@@ -3,14 +3,16 @@ as JSON. Run in a process of its own (conftest.run_vllm), with GDN_XPU_VLLM=1 fo
 it for vLLM's own CPU kernels:
 
     python run_vllm.py OUT.json MODEL_DIR [--mtp K] [--prefix-caching] [--force TOKENS.json] [--noise X] [--shadow]
-        [--accept-cycle]
+        [--accept-cycle] [--ssm-dtype DTYPE] [--tp N]
 
 --force: a logits processor makes the engine emit the given tokens (the other run's), so both runs walk
 the same trajectory; the logprobs vLLM reports are the raw model's (before processors), so each step
 compares the two implementations' model on the same history. --noise: Gaussian noise of X times the
 output's RMS added to every GDN core output (a deliberately perturbed core, to show the comparison
 notices one). --shadow: every served core call is also run by vLLM's own core on the same inputs and
-cache contents (see shadow()); the differences are in the JSON.
+cache contents (see shadow()); the differences are in the JSON. --ssm-dtype: vLLM's mamba_ssm_cache_dtype.
+--tp: tensor_parallel_size (vLLM's worker processes, each loading the plugin; with --shadow each checks
+its own calls, in "shadow_ranks"; --noise wraps this process's core only).
 """
 import argparse
 import json
@@ -20,6 +22,8 @@ import time
 PROMPTS, PROMPT_SEED, MAX_TOKENS = 4, 7, 64
 KV_CACHE_BYTES = 64 << 20
 WEIGHT_RANGE = 0.1  # dummy weights U(-0.1, 0.1): O(1) activations (vLLM's default 1e-3 makes them ~1e-11)
+WIDE_ENV = "RUN_VLLM_WIDE_WEIGHTS"  # set by main(): vLLM's worker processes widen their dummy weights too
+SHADOW_ENV = "RUN_VLLM_SHADOW_DIR"  # set by main() with --shadow --tp N: where each worker writes its rows
 
 
 def prompts(vocab):
@@ -95,6 +99,30 @@ def shadow(native, stats):
     cpu_ops.cpu_gdn_attention_core = checked
 
 
+class _Dumped(list):
+    """shadow()'s rows of a worker process, written to a file of its own after every row (workers end
+    without running exit handlers)."""
+
+    def __init__(self, folder):
+        super().__init__()
+        self.path = os.path.join(folder, f"{os.getpid()}.json")
+
+    def append(self, row):
+        super().append(row)
+        with open(self.path + ".tmp", "w") as f:
+            json.dump(list(self), f)
+        os.replace(self.path + ".tmp", self.path)
+
+
+def worker_shadow(folder):
+    """shadow() in a vLLM worker process: its rows go to folder (see main)."""
+    from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention as cpu_ops
+    from vllm.plugins import load_general_plugins
+    native = cpu_ops.cpu_gdn_attention_core
+    load_general_plugins()
+    shadow(native, _Dumped(folder))
+
+
 def cycle_acceptance():
     """Make the verifier accept (step + request) % (drafts + 1) drafts of each request at each step, so the
     spec path runs with num_accepted_tokens cycling through 1..1+drafts (a dummy-weight draft model's
@@ -118,13 +146,19 @@ def cycle_acceptance():
     rs.rejection_sample = forced
 
 
-def forcing_processor(forced):
-    """A vLLM v1 logits processor class that emits forced[request index][step]."""
+FORCE_ENV = "RUN_VLLM_FORCE"  # the --force file, for the processes that load Force (vLLM's workers)
+
+
+def _force_class():
+    """A vLLM v1 logits processor class that emits the tokens of the file named by FORCE_ENV,
+    [request index][step]. Module level, built at import: vLLM's worker processes (tensor_parallel_size
+    > 1) unpickle it by name, after importing this file as their main module."""
     import torch
     from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 
     class Force(LogitsProcessor):
         def __init__(self, vllm_config, device, is_pin_memory):
+            self.forced = json.load(open(os.environ[FORCE_ENV]))["tokens"]
             self.rows = {}  # batch row -> (trajectory, tokens emitted so far)
 
         def is_argmax_invariant(self):
@@ -136,7 +170,7 @@ def forcing_processor(forced):
             for index in update.removed:  # (in vLLM's order: removed, added, moved)
                 self.rows.pop(index, None)
             for index, params, _, output_ids in update.added:
-                self.rows[index] = (forced[params.extra_args["trajectory"]], output_ids)
+                self.rows[index] = (self.forced[params.extra_args["trajectory"]], output_ids)
             for a, b, direction in update.moved:
                 ra, rb = self.rows.pop(a, None), self.rows.pop(b, None)
                 if ra is not None:
@@ -151,6 +185,7 @@ def forcing_processor(forced):
                     logits[row].fill_(float("-inf"))
                     logits[row, trajectory[step]] = 0.0
             return logits
+    Force.__qualname__ = "Force"
     return Force
 
 
@@ -164,13 +199,20 @@ def main():
     p.add_argument("--noise", type=float, default=0.0)
     p.add_argument("--shadow", action="store_true", help="compare every served core call with vLLM's own")
     p.add_argument("--accept-cycle", action="store_true", help="accept 0..K drafts in turn (with --mtp K)")
+    p.add_argument("--ssm-dtype", help="vLLM's mamba_ssm_cache_dtype (default: vLLM's)")
+    p.add_argument("--tp", type=int, default=1, help="tensor_parallel_size")
     args = p.parse_args()
 
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
+    os.environ[WIDE_ENV] = "1"
     widen_dummy_weights()
     from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention as cpu_ops
     native, stats = cpu_ops.cpu_gdn_attention_core, []
+    if args.shadow and args.tp > 1:  # the workers run the model: they check their calls
+        os.environ[SHADOW_ENV] = shadow_dir = args.out + ".shadow"
+        os.makedirs(shadow_dir, exist_ok=True)
+        args.shadow = False
     if args.noise or args.shadow:  # wrap the core that is served (the plugin's, once it registered)
         from vllm.plugins import load_general_plugins
         load_general_plugins()
@@ -180,16 +222,23 @@ def main():
         shadow(native, stats)
     if args.accept_cycle:
         cycle_acceptance()
-    forced = json.load(open(args.force))["tokens"] if args.force else None
+    if args.force:
+        os.environ[FORCE_ENV] = os.path.abspath(args.force)
+        global Force
+        Force = _force_class()
     kw = dict(model=args.model, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16", enforce_eager=True,
               max_model_len=512, seed=0, enable_prefix_caching=args.prefix_caching, max_num_seqs=8,
               kv_cache_memory_bytes=KV_CACHE_BYTES)
     if args.prefix_caching:
         kw["mamba_cache_mode"] = "align"
+    if args.ssm_dtype:
+        kw["mamba_ssm_cache_dtype"] = args.ssm_dtype
+    if args.tp > 1:
+        kw["tensor_parallel_size"] = args.tp
     if args.mtp:
         kw["speculative_config"] = {"method": "qwen3_next_mtp", "num_speculative_tokens": args.mtp}
-    if forced is not None:
-        kw["logits_processors"] = [forcing_processor(forced)]
+    if args.force:
+        kw["logits_processors"] = [Force]
     t0 = time.perf_counter()
     llm = LLM(**kw)
     t_load = time.perf_counter() - t0
@@ -206,8 +255,20 @@ def main():
         result["tokens"].append(list(c.token_ids))
         result["logprobs"].append([step[t].logprob for t, step in zip(c.token_ids, c.logprobs)])
         result["top"].append([sorted(((v.logprob, k) for k, v in step.items()), reverse=True)[:2] for step in c.logprobs])
+    if os.environ.get(SHADOW_ENV):
+        result["shadow_ranks"] = [json.load(open(os.path.join(shadow_dir, f))) for f in sorted(os.listdir(shadow_dir))
+                                  if f.endswith(".json")]
     json.dump(result, open(args.out, "w"))
 
+
+# vLLM's worker processes (tensor_parallel_size > 1) import this file as their main module: what main()
+# set up in this process, they set up here.
+if os.environ.get(WIDE_ENV):
+    widen_dummy_weights()
+if FORCE_ENV in os.environ:
+    Force = _force_class()
+if os.environ.get(SHADOW_ENV):
+    worker_shadow(os.environ[SHADOW_ENV])
 
 if __name__ == "__main__":
     main()

@@ -12,7 +12,11 @@ The criteria.
   vLLM's trajectory (run_vllm.py --force: both models see the same history), must give every step's
   logprob within LOGPROB_BOUND of vLLM's (logits are bf16: ~0.03 apart at these magnitudes).
 - MTP k=2 with the verifier's acceptance cycled through 1..3 tokens (run_vllm.py --accept-cycle); prefix
-  caching in vLLM's 'align' mode (without MTP: vLLM 0.32's CPU build cannot run both)."""
+  caching in vLLM's 'align' mode (without MTP: vLLM 0.32's CPU build cannot run both); a bf16 SSM state
+  cache (mamba_ssm_cache_dtype, which vLLM's CPU build keeps on hosts with AVX512-BF16); tensor_parallel_size
+  2 (vLLM's two worker processes, each serving its shard and checking its own calls)."""
+import os
+
 import numpy as np
 import pytest
 
@@ -91,3 +95,29 @@ def test_prefix_caching_align(model_dir, tmp_path):
     assert SERVES in log and "'enable_prefix_caching': True" in log
     calls, out, conv, ssm = shadow_max(got)
     assert out <= OUT_BOUND and conv == 0 and ssm <= OUT_BOUND, (out, conv, ssm)
+
+
+def test_bf16_ssm_cache(model_dir, tmp_path):
+    got, log = run_vllm(tmp_path, model_dir, "plugin_bf16_state", True, "--ssm-dtype", "bfloat16", "--shadow")
+    if "Reset SSM cache type to float32" in log:
+        pytest.skip("vLLM's CPU build keeps an f32 SSM cache on this host")
+    assert SERVES in log and "bf16 SSM state" in log, log[-3000:]
+    calls, out, conv, ssm = shadow_max(got)
+    assert calls == 3 * 64 and out <= OUT_BOUND and conv == 0 and ssm <= OUT_BOUND, (out, conv, ssm)
+
+
+def test_tensor_parallel_2(model_dir, tmp_path):
+    """vLLM's distributed engine: two worker processes, each serving its shard of every GDN layer (1 k-head,
+    2 v-heads) through the plugin and checking each of its calls against vLLM's own core. Each worker
+    gets one CPU: vLLM's automatic OpenMP binding wants a NUMA node per worker, so the binding is given."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("tensor_parallel_size=2 needs two CPUs")
+    got, log = run_vllm(tmp_path, model_dir, "plugin_tp2", True, "--tp", 2, "--shadow",
+                        env={"VLLM_CPU_OMP_THREADS_BIND": f"{cpus[0]}|{cpus[1]}"})
+    for rank in (0, 1):
+        assert any(f"Worker_TP{rank}" in line and SERVES in line for line in log.splitlines()), log[-3000:]
+    assert [len(t) for t in got["tokens"]] == [64] * 4 and len(got["shadow_ranks"]) == 2
+    for rows in got["shadow_ranks"]:
+        calls, out, conv, ssm = shadow_max(dict(shadow=rows))
+        assert calls == 3 * 64 and out <= OUT_BOUND and conv == 0 and ssm <= OUT_BOUND, (out, conv, ssm)
