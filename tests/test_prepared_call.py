@@ -201,7 +201,7 @@ def test_rebind_errors(queue):
     with pytest.raises(TypeError, match="^a: dtype f16, expected f32"):
         first.rebind(a=usm(queue, np.zeros((loop.T, HV), np.float16)))
     more = to_device(make_batch(rng, num_slots=SLOTS, prefill_lens=[loop.T + 4]), queue)
-    with pytest.raises(ValueError, match=f"^a: bound with {loop.T} rows, the batch has num_actual_tokens={loop.T + 4}"):
+    with pytest.raises(ValueError, match=rf"^\w+: bound with \d+ rows, the batch has num_actual_tokens={loop.T + 4}"):
         first.rebind(more, mixed_qkv=usm(queue, np.zeros((loop.T + 4, loop.cfg.conv_dim), np.float32)))
     with pytest.raises(ValueError, match=r"^b: shape \(2, 2\), expected \[>=\d+"):
         first.rebind(b=usm(queue, np.zeros((2, HV), np.float32)))
