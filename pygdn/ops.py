@@ -599,7 +599,7 @@ def flush_replay(queue, cfg: Config, slots, num_tokens, *, ssm_state, replay_rin
             if not shape or shape[0] < lead or _math.prod(shape[1:]) != inner:
                 raise ValueError(f"{name}: shape {shape}, expected [{lead}, ...{inner} elements per slot]")
             if stride is not None:
-                _apply_strides(cfg, None, {name: (stride, inner, shape[0])})
+                _apply_strides(cfg, None, {name: (hold, shape[0], stride, inner)})
         keep.append(hold)
         ptrs.append(_ffi.cast(_VOIDP, address))
     c_cfg = cfg._to_c(_dlpack.host_memory_ok(queue))
