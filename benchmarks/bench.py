@@ -497,7 +497,7 @@ def main(argv=None) -> int:
         "same rounds; speedup = per-token / replay time; %pass = a bare pass reading and writing each state once / "
         "the replay's time; %peak = its state arithmetic (report.replay_flops) at the numpy f32 matmul peak / its "
         "time ('!': replay outputs differ from the per-token step's):")
-    for line in replay_lines(ok_records, plan["peak"]["numpy_matmul_GFLOPs"]):
+    for line in replay_lines(ok_records, plan["peak"]["numpy_matmul_GFLOPs"], HV * K * V):
         log(line)
     return 0
 
