@@ -38,6 +38,7 @@ cache-format, sweep and agreement tables and the targets' evidence.
 Writes a JSON record (--json) and a PNG plot (--plot, needs matplotlib). --quick: fewer sizes
 and repeats (~2 min on 2 cores); the full run takes ~10-16 min on the 2-core test host (its
 131072-token points need ~14 GiB of memory each, skipped with a message when it is not there).
+--replay: only the spec rows of the per-token / replay mode table (S = 1, 3, 7 at B = 1, 8, 32).
 
 Run it from a source checkout with the environment pygdn is installed in (the script's folder,
 not the checkout, goes on sys.path, so the installed pygdn is imported):
@@ -86,6 +87,10 @@ FULL_PLAN = dict(batches=(1, 8, 32), specs=tuple((s, (1, 8, 32)) for s in (1, 2,
                  reps_ours={"decode": 15, "spec": 15, "prefill": 5}, reps_peer={"decode": 5, "spec": 5, "prefill": 3},
                  budget_s=20.0, retry_left_s=300.0, quiet_left_s=300.0, sweep_reps=5, sweep_budget_s=30.0,
                  sweep_rounds=2)
+# --replay: the spec rows replay mode is judged on (S = 1, 3, 7 at B = 1, 8, 32) with the full run's
+# repeats, and nothing else (no decode, prefill, sweep or checkpoint rows).
+REPLAY_PLAN = dict(FULL_PLAN, batches=(), specs=tuple((s, (1, 8, 32)) for s in (1, 3, 7)), prefills=[], sweep=[],
+                   checkpoints=[], deadline_s=1800.0, host_calls=300)
 
 
 log = Log()
@@ -94,6 +99,8 @@ log = Log()
 def parse_args(argv):
     ap = argparse.ArgumentParser(prog="python benchmarks/bench.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer sizes and repeats (< 5 min on 2 cores)")
+    ap.add_argument("--replay", action="store_true", help="only the spec rows of the per-token / replay mode "
+                    "table: S = 1, 3, 7 at B = 1, 8, 32 (REPLAY_PLAN)")
     ap.add_argument("--dtype", choices=("bf16", "f32"), default="bf16", help="activation dtype (default bf16)")
     ap.add_argument("--json", default=os.path.join("bench_results", "bench.json"), help="JSON record path")
     ap.add_argument("--plot", default=os.path.join("bench_results", "bench.png"), help="PNG plot path")
@@ -246,10 +253,9 @@ def measure_machine(queue, torch_ok):
     return bw, peak
 
 
-def make_plan(quick, bw, peak, t_start):
-    """(plan, case list): repeats, time budgets and the soft deadline of the run, and its cases as
-    (kind, batch, num_spec, prefill lengths)."""
-    sizes = QUICK_PLAN if quick else FULL_PLAN
+def make_plan(sizes, bw, peak, t_start):
+    """(plan, case list) of a plan's sizes (QUICK_PLAN, FULL_PLAN, REPLAY_PLAN): repeats, time
+    budgets and the soft deadline of the run, and its cases as (kind, batch, num_spec, prefill lengths)."""
     plan = {k: sizes[k] for k in ("reps_ours", "reps_peer", "budget_s", "retry_left_s", "quiet_left_s", "sweep_reps",
                                   "sweep_budget_s", "sweep_rounds", "sweep", "checkpoints")}
     plan.update(bw=bw, peak=peak, deadline=t_start + sizes["deadline_s"], unsupported={})
@@ -445,12 +451,13 @@ def main(argv=None) -> int:
     facts["host"]["peers"] = torch_msg
     compile_s = compile_kernels(queue, args.dtype)
     bw, peak = measure_machine(queue, P.TorchPeer in peers)
-    plan, specs = make_plan(args.quick, bw, peak, t_start)
+    plan, specs = make_plan(REPLAY_PLAN if args.replay else QUICK_PLAN if args.quick else FULL_PLAN, bw, peak, t_start)
     records = run_cases(queue, specs, args.dtype, peers, plan, missing)
     plan.pop("reference_passes", None)  # (their 512 MiB back before the prefills)
     checkpoints = run_checkpoints(queue, plan, args.dtype)
     sweep = run_sweep(queue, plan["sweep"], args.dtype, plan, log)
-    ho = measure_host_overhead(queue, args.dtype, (QUICK_PLAN if args.quick else FULL_PLAN)["host_calls"])
+    ho = measure_host_overhead(queue, args.dtype, (REPLAY_PLAN if args.replay else QUICK_PLAN if args.quick
+                                                   else FULL_PLAN)["host_calls"])
     remeasure_bandwidth(queue, bw)
 
     dev = facts["device"]
@@ -488,8 +495,9 @@ def main(argv=None) -> int:
     log("")
     log("spec decode, per-token mode against replay mode (cfg.replay_tokens: one state read and written per step), "
         "same rounds; speedup = per-token / replay time; %pass = a bare pass reading and writing each state once / "
-        "the replay's time ('!': replay outputs differ from the per-token step's):")
-    for line in replay_lines(ok_records):
+        "the replay's time; %peak = its state arithmetic (report.replay_flops) at the numpy f32 matmul peak / its "
+        "time ('!': replay outputs differ from the per-token step's):")
+    for line in replay_lines(ok_records, plan["peak"]["numpy_matmul_GFLOPs"], HV * K * V):
         log(line)
     return 0
 

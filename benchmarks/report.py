@@ -149,12 +149,26 @@ STATE_PASSES = (("state_pass", "f32"), ("state_pass_bf16", "bf16"))
 REPLAY_PASSES = (("state_pass_replay", "f32"), ("state_pass_replay_bf16", "bf16"))
 
 
-def replay_lines(records):
+# The arithmetic of one token update per state element (FLOPs, an FMA counting 2): with outputs
+# S^T k and S^T q (an FMA each) and the update d S + k u^T (a product and an FMA); a replayed
+# token, state only, has no S^T q.
+TOKEN_FLOPS, REPLAY_TOKEN_FLOPS = 7, 5
+
+
+def replay_flops(r, state_elems):
+    """FLOPs of a spec row's step in replay mode: its 1+S tokens with outputs and the accepted
+    tokens of the step before replayed, on each of its sequences' states (state_elems = HV K V);
+    the state arithmetic only."""
+    return state_elems * (r["batch"] * (r["num_spec"] + 1) * TOKEN_FLOPS + sum(r["num_accepted"]) * REPLAY_TOKEN_FLOPS)
+
+
+def replay_lines(records, peak_gflops=None, state_elems=None):
     """Spec rows in the per-token mode against replay mode (same rounds), f32 and bf16 state:
-    times, the speedup (per-token / replay), and the replay's share of its bare pass (the time
-    a pass reading and writing each state once takes / the replay's time)."""
-    lines = [f"{'case':<18s} " + " | ".join(f"{sd + ' per-token ms':>17s} {'replay ms':>10s} {'speedup':>7s} {'%pass':>5s}"
-                                           for sd in ("f32", "bf16"))]
+    times, the speedup (per-token / replay), the replay's share of its bare pass (the time a pass
+    reading and writing each state once takes / the replay's time) and of the FMA peak (its
+    replay_flops at the numpy f32 matmul peak / its time)."""
+    lines = [f"{'case':<18s} " + " | ".join(f"{sd + ' per-token ms':>17s} {'replay ms':>10s} {'speedup':>7s} {'%pass':>5s} "
+                                           f"{'%peak':>5s}" for sd in ("f32", "bf16"))]
     for r in records:
         if r["kind"] != "spec" or "ours_replay" not in r:
             continue
@@ -163,12 +177,13 @@ def replay_lines(records):
                                 ("ours_bf16_state", "ours_replay_bf16_state", "state_pass_replay_bf16")):
             v, p = r.get(name, {}), r.get(pname, {})
             if "median_s" not in v or "median_s" not in r.get(pt, {}):
-                cells.append(f"{'-':>17s} {'':>10s} {'':>7s} {'':>5s}")
+                cells.append(f"{'-':>17s} {'':>10s} {'':>7s} {'':>5s} {'':>5s}")
                 continue
             bad = "" if v.get("agreement_vs_ours", {}).get("ok", True) else "!"
             share = f"{100 * p['median_s'] / v['median_s']:4.0f}%" if "median_s" in p else "    -"
+            fma = f"{100 * replay_flops(r, state_elems) / 1e9 / peak_gflops / v['median_s']:4.0f}%" if peak_gflops and state_elems else "    -"
             cells.append(f"{r[pt]['median_s'] * 1e3:17.3f} {v['median_s'] * 1e3:9.3f}{bad:1s} "
-                         f"{r[pt]['median_s'] / v['median_s']:6.2f}x {share:>5s}")
+                         f"{r[pt]['median_s'] / v['median_s']:6.2f}x {share:>5s} {fma:>5s}")
         lines.append(f"{r['label']:<18s} " + " | ".join(cells))
     return lines
 

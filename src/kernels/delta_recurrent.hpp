@@ -64,9 +64,13 @@ static inline float sg_sum(const sycl::sub_group &sg, float x) { return sycl::re
 
 // The walk of sequence seq of the bound group for the tile of columns v0..; lane l < TILE_COLS
 // stores column v0 + l's outputs. In replay mode (RecurrentSeq.mode) the same walk is the replay
-// launch (GDN_REPLAY_APPLY: ring entries in, no outputs, the state to the committed slot) and the
-// step's walk (GDN_REPLAY_WALK: outputs, and each token's inputs to the ring: k by the v0 = 0 tile
-// of the k-head's first v-head, v by each tile for its columns, g and beta by the v0 = 0 tile).
+// launch (GDN_REPLAY_APPLY: ring entries in, the state to the committed slot) in its state-only
+// form (state_only, uniform across the sub-group: no q products, no outputs), and the step's walk
+// (GDN_REPLAY_WALK: outputs, and each token's inputs to the ring: k by the v0 = 0 tile of the
+// k-head's first v-head, v by each tile for its columns, g and beta by the v0 = 0 tile). The two
+// forms round every state alike: the products the state depends on are explicit FMAs. It is a
+// run-time flag here, not a template: two inlined instances of the walk in one kernel took 4 bytes
+// of scratch per thread on dg2 and pvc (docs/gpu.md: this kernel keeps everything in registers).
 static inline void recurrent_tile(const GdnDeltaParams &p, const sycl::sub_group &sg, int32_t seq, int32_t hv,
                                   int32_t v0) {
   const int lane = (int)sg.get_local_linear_id();
@@ -79,20 +83,20 @@ static inline void recurrent_tile(const GdnDeltaParams &p, const sycl::sub_group
     return;
   }
   const int32_t h = hv / (p.HV / p.H);
-  const bool outputs = r.mode != GDN_REPLAY_APPLY;
+  const bool state_only = r.ring_in != nullptr;
   state_tile s;
   load_tile(p, r.read_slot, hv, v0, lane, r.init, s);
   for (int32_t t = 0; t < r.len; ++t) {
-    const int64_t row = r.ring_in ? t : global_row(p.token_indx, r.j0 + t);
+    const int64_t row = state_only ? t : global_row(p.token_indx, r.j0 + t);
     const float *e = r.ring_in + (int64_t)t * p.ring_floats;  // (replay only)
     // k stays in registers for the update; q is used in this pass only, one value at a time (at
     // K = 256 both slices beside the tile spill on Xe-HPG). A replay has no q: k stands in.
-    const float *kn = r.ring_in ? e + h * KD : p.kn + (row * p.H + h) * KD;
+    const float *kn = state_only ? e + h * KD : p.kn + (row * p.H + h) * KD;
     float kk[TILE_KS];
     load_slice(kn, lane, kk);
-    const float *qn = r.ring_in ? kn : p.qn + (row * p.H + h) * KD;
-    const float g = r.ring_in ? e[gdn_ring_g(p.H, p.HV, KD, p.V) + hv] : p.g[row * p.HV + hv];
-    const float beta = r.ring_in ? e[gdn_ring_beta(p.H, p.HV, KD, p.V) + hv] : p.beta[row * p.HV + hv];
+    const float *qn = state_only ? kn : p.qn + (row * p.H + h) * KD;
+    const float g = state_only ? e[gdn_ring_g(p.H, p.HV, KD, p.V) + hv] : p.g[row * p.HV + hv];
+    const float beta = state_only ? e[gdn_ring_beta(p.H, p.HV, KD, p.V) + hv] : p.beta[row * p.HV + hv];
     const float decay = sycl::exp(g);
     if (r.ring_out) {
       float *o = r.ring_out + (int64_t)t * p.ring_floats;
@@ -109,29 +113,32 @@ static inline void recurrent_tile(const GdnDeltaParams &p, const sycl::sub_group
     float a[TILE_COLS] = {}, c[TILE_COLS] = {}, kq = 0.0f;
 #pragma unroll
     for (int i = 0; i < TILE_KS; ++i) {
-      const float qi = tile_row(lane, i) ? qn[lane + GDN_SUB_GROUP * i] : 0.0f;
-      kq += kk[i] * qi;
+      const float qi = !state_only && tile_row(lane, i) ? qn[lane + GDN_SUB_GROUP * i] : 0.0f;
+      if (!state_only) kq += kk[i] * qi;
 #pragma unroll
       for (int b = 0; b < TILE_COLS; ++b) {
-        a[b] += s[b][i] * kk[i];
-        c[b] += s[b][i] * qi;
+        a[b] = sycl::fma(s[b][i], kk[i], a[b]);
+        if (!state_only) c[b] += s[b][i] * qi;
       }
     }
-    kq = sg_sum(sg, kq);
+    if (!state_only) kq = sg_sum(sg, kq);
     const int64_t vrow = v_index(p, r, row, hv, v0);
     float o = 0.0f;
 #pragma unroll
     for (int b = 0; b < TILE_COLS; ++b) {
       const float vv = v0 + b < p.V ? v_at(p, r, vrow + b) : 0.0f;  // one address: a broadcast load
-      const float u = beta * (vv - decay * sg_sum(sg, a[b]));
-      const float ob = decay * sg_sum(sg, c[b]) + u * kq;
-      o = lane == b ? ob : o;
+      const float u = beta * sycl::fma(-decay, sg_sum(sg, a[b]), vv);
+      if (!state_only) {
+        const float ob = decay * sg_sum(sg, c[b]) + u * kq;
+        o = lane == b ? ob : o;
+      }
 #pragma unroll
-      for (int i = 0; i < TILE_KS; ++i) s[b][i] = decay * s[b][i] + kk[i] * u;
+      for (int i = 0; i < TILE_KS; ++i) s[b][i] = sycl::fma(s[b][i], decay, kk[i] * u);
     }
-    if (writer && outputs) store_act(p.out, row * p.out_stride + (int64_t)hv * p.V + vl, o);
+    if (writer && !state_only) store_act(p.out, row * p.out_stride + (int64_t)hv * p.V + vl, o);
     const int32_t to = token_store_slot(r, t);  // spec write-back or block checkpoint
     if (to != p.pad_slot_id) store_tile(p, to, hv, v0, lane, s);
   }
   if (r.final_slot != p.pad_slot_id) store_tile(p, r.final_slot, hv, v0, lane, s);
 }
+

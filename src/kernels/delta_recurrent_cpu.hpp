@@ -58,11 +58,10 @@ static inline int64_t token_in(const GdnDeltaParams &p, const RecurrentSeq &rs, 
   return row;
 }
 
-// v of the 16 columns from index i (v_index) and a walk's outputs (none in a replay).
+// v of the 16 columns from index i (v_index).
 static inline vf16 v_at16(const GdnDeltaParams &p, const RecurrentSeq &rs, int64_t i) {
   return rs.ring_in ? vload(rs.ring_in + i) : load_act16(p.qkv, i);
 }
-static inline bool emits(const RecurrentSeq &rs) { return !rs.ring_in; }
 
 // Replay mode: the item's columns [v, v + n) of (seq, hv) take ring writes (RecurrentSeq).
 static inline void ring_item(const GdnDeltaParams &p, RecurrentSeq &rs, int32_t hv, int32_t v, int32_t n) {
@@ -79,11 +78,12 @@ static inline void copy_state(const GdnDeltaParams &p, const RecurrentSeq &rs, i
   }
 }
 
-// S' = d S + xy: a held walk's state update (walk_rows_vk, walk_columns_kv), one explicit FMA over
-// the rounded product xy at both places a held walk updates (the next token's read pass, the
-// last update). Left to -ffp-contract=fast the compiler contracts either product, differently at
-// the two places, and a replay (gdn_xpu.h "Replay mode"), whose walk ends where the per-token
-// mode's continued, must round each state as the per-token walk did.
+// S' = d S + xy: every walk's state update, one explicit FMA over the rounded product xy. Left to
+// -ffp-contract=fast the compiler contracts either product, differently at different places (a
+// held walk updates in the next token's read pass and after its last token) and in different
+// instances, and a replay (gdn_xpu.h "Replay mode"), whose walk ends where the per-token mode's
+// continued and runs in the walk's state-only instance, must round each state as the per-token
+// walk did. The products a state depends on (S^T k, k.k, u) are explicit FMAs for the same reason.
 static inline vf16 held_update(const vf16 &s, float d, const vf16 &xy) { return sycl::fma(s, vf16(d), xy); }
 
 // The state of (slot, hv) from column / row v (state_column), nullptr for pad_slot_id: where a
@@ -96,11 +96,11 @@ static inline state_t *slot_state(const GdnDeltaParams &p, int32_t slot, int32_t
 static inline float dot_kd(const float *a, const float *b) {
   if (KD % 16 == 0) {
     vf16 x(0.0f);
-    for (int c = 0; c < KD / 16; ++c) x += vload(a + 16 * c) * vload(b + 16 * c);
+    for (int c = 0; c < KD / 16; ++c) x = sycl::fma(vload(a + 16 * c), vload(b + 16 * c), x);
     return hsum(x);
   }
   float x = 0.0f;
-  for (int k = 0; k < KD; ++k) x += a[k] * b[k];
+  for (int k = 0; k < KD; ++k) x = sycl::fma(a[k], b[k], x);
   return x;
 }
 

@@ -33,7 +33,7 @@ static inline const state_t *next_head(const GdnDeltaParams &p, const state_t *S
 // measured on spec walks, B=8 f32 S=3 whole steps 3.92 -> 3.51-3.67 ms, 0.2.4). Token 0's read
 // pass loads the block, without a copy pass before it (spec B=8 f32 S=1 1.665 -> 1.592 ms,
 // 0.2.11; the vk 16-row walk gains nothing that way and keeps its load loop).
-template <int NV>
+template <int NV, bool SO>
 static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int32_t hv, int32_t v, int32_t h) {
   const state_t *S = state_column(p, rs.read_slot, hv, v);  // read only when rs.init
   vf16 s[KD][NV];
@@ -48,21 +48,21 @@ static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int
     const int64_t row = token_in(p, rs, t, h, hv, kb, qb, kn, qn, decay, beta);
     const int64_t vrow = v_index(p, rs, row, hv, v);
     const int64_t orow = row * p.out_stride + (int64_t)hv * p.V + v;
-    const float kdotq = dot_kd(kn, qn);
+    const float kdotq = SO ? 0.0f : dot_kd(kn, qn);
     vf16 ak[NV], aq[NV], u[NV];
     for (int j = 0; j < NV; ++j) ak[j] = aq[j] = vf16(0.0f);
     for (int k = 0; k < KD; ++k) {
       for (int j = 0; j < NV; ++j) {  // row k of the block before the token
         if (t == 0) s[k][j] = rs.init ? vload_state(S + k * p.V + 16 * j) : vf16(0.0f);
         else s[k][j] = held_update(s[k][j], dp, up[j] * kp[k]);
-        ak[j] += s[k][j] * kn[k];
-        aq[j] += s[k][j] * qn[k];
+        ak[j] = sycl::fma(s[k][j], vf16(kn[k]), ak[j]);
+        if constexpr (!SO) aq[j] += s[k][j] * qn[k];
       }
       if (Ap) vstore_states(Ap + k * p.V, s[k], NV, stream_p);
     }
     for (int j = 0; j < NV; ++j) {
-      u[j] = beta * (v_at16(p, rs, vrow + 16 * j) - decay * ak[j]);
-      if (emits(rs)) store_act16(p.out, orow + 16 * j, decay * aq[j] + u[j] * kdotq);
+      u[j] = beta * sycl::fma(vf16(-decay), ak[j], v_at16(p, rs, vrow + 16 * j));
+      if constexpr (!SO) store_act16(p.out, orow + 16 * j, decay * aq[j] + u[j] * kdotq);
     }
     // Applied by the next token's read pass, or after the walk; the state after the token goes
     // to its store slot (a spec write-back or a checkpoint). Nothing in this call reads the
@@ -103,7 +103,7 @@ static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int
 // (holding the block spilled it through the stack). A decode walk of its own took the same time
 // (decode B=8 f32 0.879 ms either way, 0.2.13), and the build compiles ~1.6 s faster from cold
 // without one.
-template <int NV>
+template <int NV, bool SO>
 static inline void walk_columns_kv_wy(const GdnDeltaParams &p, RecurrentSeq &rs, const PreparedTokens &pt, int32_t hv,
                                       int32_t v) {
   const state_t *S = state_column(p, rs.read_slot, hv, v);  // read only when rs.init
@@ -115,7 +115,7 @@ static inline void walk_columns_kv_wy(const GdnDeltaParams &p, RecurrentSeq &rs,
     float D = 1.0f;
     for (int32_t i = t; i >= 0; --i) {
       if (i < t) ck[t][i] = D * dot_kd(pt.kn[i], pt.kn[t]);
-      cq[t][i] = D * dot_kd(pt.kn[i], pt.qn[t]);
+      if constexpr (!SO) cq[t][i] = D * dot_kd(pt.kn[i], pt.qn[t]);
       D *= pt.decay[i];
     }
   }
@@ -127,18 +127,20 @@ static inline void walk_columns_kv_wy(const GdnDeltaParams &p, RecurrentSeq &rs,
       for (int k = 0; k < KD; ++k)
         for (int j = 0; j < NV; ++j) {
           const vf16 x = vload_state(S + k * p.V + 16 * j);
-          a[j] += x * pt.kn[t][k];
-          b[j] += x * pt.qn[t][k];
+          a[j] = sycl::fma(x, vf16(pt.kn[t][k]), a[j]);
+          if constexpr (!SO) b[j] += x * pt.qn[t][k];
         }
     const int64_t vrow = v_index(p, rs, pt.row[t], hv, v);
     const int64_t orow = pt.row[t] * p.out_stride + (int64_t)hv * p.V + v;
     for (int j = 0; j < NV; ++j) {
-      vf16 w = v_at16(p, rs, vrow + 16 * j) - P[t] * a[j];
-      for (int32_t i = 0; i < t; ++i) w -= ck[t][i] * u[i][j];
+      vf16 w = sycl::fma(vf16(-P[t]), a[j], v_at16(p, rs, vrow + 16 * j));
+      for (int32_t i = 0; i < t; ++i) w = sycl::fma(vf16(-ck[t][i]), u[i][j], w);
       u[t][j] = pt.beta[t] * w;
-      vf16 o = P[t] * b[j];
-      for (int32_t i = 0; i <= t; ++i) o += cq[t][i] * u[i][j];
-      if (emits(rs)) store_act16(p.out, orow + 16 * j, o);
+      if constexpr (!SO) {
+        vf16 o = P[t] * b[j];
+        for (int32_t i = 0; i <= t; ++i) o += cq[t][i] * u[i][j];
+        store_act16(p.out, orow + 16 * j, o);
+      }
     }
   }
   // Where each state goes (a spec write-back or a checkpoint; the last state also to the walk's
@@ -159,10 +161,27 @@ static inline void walk_columns_kv_wy(const GdnDeltaParams &p, RecurrentSeq &rs,
     for (int j = 0; j < NV; ++j) s[j] = rs.init ? vload_state(S + k * p.V + 16 * j) : vf16(0.0f);
     for (int32_t t = 0; t < L; ++t) {
       const float d = pt.decay[t], kk = pt.kn[t][k];
-      for (int j = 0; j < NV; ++j) s[j] = s[j] * d + u[t][j] * kk;
+      for (int j = 0; j < NV; ++j) s[j] = held_update(s[j], d, u[t][j] * kk);
       if (A[t]) vstore_states(A[t] + k * p.V, s, NV, stream_a[t]);
     }
     if (B) vstore_states(B + k * p.V, s, NV, stream_b);
+  }
+}
+
+// The walk of the 16 NV columns from v in the form of RecurrentSeq.form_len (a replay walks as the
+// walk whose states it reproduces), state only (SO: a replay's tokens, whose q products and
+// outputs nobody reads) or with outputs: the two instances round every state alike (the products
+// the state depends on are explicit FMAs, held_update).
+template <int NV, bool SO>
+static inline void columns_kv(const GdnDeltaParams &p, RecurrentSeq &rs, int32_t hv, int32_t v) {
+  const int32_t h = hv / (p.HV / p.H);
+  if (rs.form_len <= GDN_WALK_TOKENS) {
+    PreparedTokens pt;
+    pt.prepare(p, rs, h, hv);
+    walk_columns_kv_wy<NV, SO>(p, rs, pt, hv, v);
+  } else {
+    constexpr int NW = KD <= 128 || NV < GDN_KV_VECS ? NV : GDN_KV_VECS;
+    for (int j = 0; j < NV; j += NW) walk_columns_kv<NW, SO>(p, rs, hv, v + 16 * j, h);
   }
 }
 
@@ -180,15 +199,8 @@ static inline void recurrent_columns_kv(const GdnDeltaParams &p, int32_t seq, in
   }
   if (rs.len == 0) return copy_state(p, rs, hv, v, 16 * NV);  // a replay with nothing to replay
   ring_item(p, rs, hv, v, 16 * NV);
-  const int32_t h = hv / (p.HV / p.H);
-  if (rs.form_len <= GDN_WALK_TOKENS) {
-    PreparedTokens pt;
-    pt.prepare(p, rs, h, hv);
-    walk_columns_kv_wy<NV>(p, rs, pt, hv, v);
-  } else {
-    constexpr int NW = KD <= 128 || NV < GDN_KV_VECS ? NV : GDN_KV_VECS;
-    for (int j = 0; j < NV; j += NW) walk_columns_kv<NW>(p, rs, hv, v + 16 * j, h);
-  }
+  if (rs.ring_in) columns_kv<NV, true>(p, rs, hv, v);
+  else columns_kv<NV, false>(p, rs, hv, v);
 }
 
 // The state columns of a work-item: 16 gdn_kv_cpu_vecs(V) from v of (seq, hv).

@@ -70,7 +70,7 @@ static inline int32_t slot_rows_from(const GdnDeltaParams &p, int32_t hv, int32_
 // more (from this core's caches by then) for the update and its store, instead of being held:
 // the copy the compiler kept on the stack cost a store and two loads per vector (decode B=8
 // recurrent kernel 1.5 -> 0.9-1.3 ms, 0.2.1).
-template <bool HOLD>
+template <bool HOLD, bool SO>
 static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const PreparedTokens &pt, int32_t hv,
                                 int32_t v0, int32_t nr, int32_t h) {
   const state_t *S = state_column(p, rs.read_slot, hv, v0);  // S[v0, 0]; read only when rs.init
@@ -109,24 +109,27 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
     const int64_t row = pt.n ? pt.get(t, kn, qn, decay, beta) : token_in(p, rs, t, h, hv, kb, qb, kn, qn, decay, beta);
     const int64_t vrow = v_index(p, rs, row, hv, v0);
     const int64_t orow = row * p.out_stride + (int64_t)hv * p.V + v0;
-    vf16 k[KC], q[KC], kq(0.0f);
+    vf16 k[KC], q[SO ? 1 : KC], kq(0.0f);
     for (int c = 0; c < KC; ++c) {
       k[c] = vload(kn + 16 * c);
-      q[c] = vload(qn + 16 * c);
-      kq += k[c] * q[c];
+      if constexpr (!SO) {
+        q[c] = vload(qn + 16 * c);
+        kq += k[c] * q[c];
+      }
     }
-    vf16 ak[16], aq[16];
+    vf16 ak[16], aq[SO ? 1 : 16];
     for (int32_t r = 0; r < 16; ++r) {
-      ak[r] = aq[r] = vf16(0.0f);
+      ak[r] = vf16(0.0f);
+      if constexpr (!SO) aq[r] = vf16(0.0f);
       for (int c = 0; c < KC; ++c) {
         const vf16 x = state_in(t, r, c);
-        ak[r] += x * k[c];
-        aq[r] += x * q[c];
+        ak[r] = sycl::fma(x, k[c], ak[r]);
+        if constexpr (!SO) aq[r] += x * q[c];
       }
       if (HOLD && Ap && r < nr) vstore_states(Ap + r * KD, s[r], KC, stream_p);
     }
-    const vf16 u = beta * (v_rows(p, rs, vrow, nr) - decay * row_sums(ak));
-    if (emits(rs)) store_rows(p.out, orow, nr, decay * row_sums(aq) + u * hsum(kq));
+    const vf16 u = beta * sycl::fma(vf16(-decay), row_sums(ak), v_rows(p, rs, vrow, nr));
+    if constexpr (!SO) store_rows(p.out, orow, nr, decay * row_sums(aq) + u * hsum(kq));
     // Where the state after the token goes: its store slot (a spec write-back or a checkpoint)
     // and, for a one-token walk, the walk's final slot (a non-spec sequence's, a replay's).
     // Nothing in this call reads the stored states again: streaming stores unless in place.
@@ -140,7 +143,7 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
       for (int32_t r = 0; r < nr; ++r) {
         if (ahead) prefetch_states(S + (walk_ahead + r) * KD, KD);
         vf16 x[KC];
-        for (int c = 0; c < KC; ++c) x[c] = state_in(t, r, c) * decay + k[c] * u[r];
+        for (int c = 0; c < KC; ++c) x[c] = held_update(state_in(t, r, c), decay, k[c] * u[r]);
         if (A) vstore_states(A + r * KD, x, KC, stream_a);
         if (B) vstore_states(B + r * KD, x, KC, stream_b);
       }
@@ -189,13 +192,13 @@ static inline vf16 sum_partials(const vf16 *x) {
 // LC: the walk's token count when fixed at compile time (1: a decode step, whose k and q stay in
 // registers across the rows: decode B=8 0.91 -> 0.86 ms against loading them per row, 0.2.10),
 // else 0.
-template <int LC>
+template <int LC, bool SO>
 static inline void walk_rows_vk_by_row(const GdnDeltaParams &p, RecurrentSeq &rs, const PreparedTokens &pt, int32_t hv,
                                        int32_t v0, int32_t nr) {
   const state_t *S = state_column(p, rs.read_slot, hv, v0);  // S[v0, 0]; read only when rs.init
   const int32_t L = LC ? LC : pt.n;
   // Per token: v and o of the 16 rows (lane r: row r), k.q, where the state after it goes.
-  float vs[GDN_WALK_TOKENS][16], os[GDN_WALK_TOKENS][16], kq[GDN_WALK_TOKENS];
+  float vs[GDN_WALK_TOKENS][16], os[SO ? 1 : GDN_WALK_TOKENS][16], kq[GDN_WALK_TOKENS];
   int64_t orow[GDN_WALK_TOKENS];
   state_t *A[GDN_WALK_TOKENS];
   bool stream_a[GDN_WALK_TOKENS];
@@ -205,7 +208,7 @@ static inline void walk_rows_vk_by_row(const GdnDeltaParams &p, RecurrentSeq &rs
     const int64_t row = pt.get(t, k, q, d, b);
     orow[t] = row * p.out_stride + (int64_t)hv * p.V + v0;
     vstore(vs[t], v_rows(p, rs, v_index(p, rs, row, hv, v0), nr));
-    kq[t] = dot_kd(k, q);
+    if constexpr (!SO) kq[t] = dot_kd(k, q);
     const int32_t to = token_store_slot(rs, t);
     A[t] = slot_state(p, to, hv, v0);
     stream_a[t] = streaming_to(rs, to);
@@ -215,7 +218,7 @@ static inline void walk_rows_vk_by_row(const GdnDeltaParams &p, RecurrentSeq &rs
   const bool stream_b = streaming_to(rs, rs.final_slot);
   vf16 k1[KC], q1[KC];  // LC == 1: the token's k and q
   if constexpr (LC == 1)
-    for (int c = 0; c < KC; ++c) k1[c] = vload(pt.kn[0] + 16 * c), q1[c] = vload(pt.qn[0] + 16 * c);
+    for (int c = 0; c < KC; ++c) k1[c] = vload(pt.kn[0] + 16 * c), q1[c] = SO ? vf16(0.0f) : vload(pt.qn[0] + 16 * c);
   auto k_of = [&](int32_t t, int c) { return LC == 1 ? k1[c] : vload(pt.kn[t] + 16 * c); };
   auto q_of = [&](int32_t t, int c) { return LC == 1 ? q1[c] : vload(pt.qn[t] + 16 * c); };
   constexpr int32_t BY_ROW_AHEAD = 12, BY_ROW_ASK = 1;  // every BY_ROW_ASK-th row asks for BY_ROW_ASK rows
@@ -230,21 +233,41 @@ static inline void walk_rows_vk_by_row(const GdnDeltaParams &p, RecurrentSeq &rs
       // The row's two dot products as BY_ROW_SUMS partial sums each: chains of KC / BY_ROW_SUMS
       // FMAs, not KC (the next token's products wait for this token's update).
       vf16 akp[BY_ROW_SUMS], aqp[BY_ROW_SUMS];
-      for (int c = 0; c < BY_ROW_SUMS; ++c) akp[c] = s[c] * k_of(t, c), aqp[c] = s[c] * q_of(t, c);
-      for (int c = BY_ROW_SUMS; c < KC; ++c) {
-        akp[c % BY_ROW_SUMS] += s[c] * k_of(t, c);
-        aqp[c % BY_ROW_SUMS] += s[c] * q_of(t, c);
+      for (int c = 0; c < BY_ROW_SUMS; ++c) {
+        akp[c] = s[c] * k_of(t, c);
+        if constexpr (!SO) aqp[c] = s[c] * q_of(t, c);
       }
-      const vf16 ak = sum_partials<BY_ROW_SUMS>(akp), aq = sum_partials<BY_ROW_SUMS>(aqp);
-      const float u = b * (vs[t][r] - d * hsum(ak));
-      os[t][r] = d * hsum(aq) + u * kq[t];
-      for (int c = 0; c < KC; ++c) s[c] = s[c] * d + k_of(t, c) * u;
+      for (int c = BY_ROW_SUMS; c < KC; ++c) {
+        akp[c % BY_ROW_SUMS] = sycl::fma(s[c], k_of(t, c), akp[c % BY_ROW_SUMS]);
+        if constexpr (!SO) aqp[c % BY_ROW_SUMS] += s[c] * q_of(t, c);
+      }
+      const float u = b * sycl::fma(-d, hsum(sum_partials<BY_ROW_SUMS>(akp)), vs[t][r]);
+      if constexpr (!SO) os[t][r] = d * hsum(sum_partials<BY_ROW_SUMS>(aqp)) + u * kq[t];
+      for (int c = 0; c < KC; ++c) s[c] = held_update(s[c], d, k_of(t, c) * u);
       if (A[t]) vstore_states(A[t] + r * KD, s, KC, stream_a[t]);
     }
     if (B) vstore_states(B + r * KD, s, KC, stream_b);
   }
-  if (emits(rs))
+  if constexpr (!SO)
     for (int32_t t = 0; t < L; ++t) store_rows(p.out, orow[t], nr, vload(os[t]));
+}
+
+// The pass of 16 rows from v0 in the form of RecurrentSeq.form_len (a replay walks as the walk
+// whose states it reproduces), state only (SO: a replay's tokens, whose q products and outputs
+// nobody reads) or with outputs: the two instances round every state alike (the products the state
+// depends on are explicit FMAs, held_update).
+template <bool SO>
+static inline void rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const PreparedTokens &pt, int32_t hv,
+                           int32_t v0, int32_t nr, int32_t h) {
+  if constexpr (sizeof(state_t) == 4) {  // f32: walk_rows_vk<false> is not built (one token: by row)
+    if (rs.form_len == 1) walk_rows_vk_by_row<1, SO>(p, rs, pt, hv, v0, nr);
+    else if (pt.n) walk_rows_vk_by_row<0, SO>(p, rs, pt, hv, v0, nr);
+    else walk_rows_vk<true, SO>(p, rs, pt, hv, v0, nr, h);  // (pt.n = 0: longer than GDN_WALK_TOKENS)
+  } else if (rs.form_len == 1) {
+    walk_rows_vk<false, SO>(p, rs, pt, hv, v0, nr, h);
+  } else {
+    walk_rows_vk<true, SO>(p, rs, pt, hv, v0, nr, h);
+  }
 }
 
 static inline void recurrent_rows_vk(const GdnDeltaParams &p, RecurrentSeq rs, const PreparedTokens &pt, int32_t hv,
@@ -254,17 +277,8 @@ static inline void recurrent_rows_vk(const GdnDeltaParams &p, RecurrentSeq rs, c
     for (int32_t r = 0; r < nr; ++r) zero_outputs(p, rs.j0, rs.len, hv, v0 + r);
     return;
   }
-  // (The form follows RecurrentSeq.form_len: a replay walks as the walk whose states it reproduces,
-  // in the same instance: the compiler may contract each instance's products its own way.)
-  if constexpr (sizeof(state_t) == 4) {  // f32: walk_rows_vk<false> is not built (one token: by row)
-    if (rs.form_len == 1) walk_rows_vk_by_row<1>(p, rs, pt, hv, v0, nr);
-    else if (pt.n) walk_rows_vk_by_row<0>(p, rs, pt, hv, v0, nr);
-    else walk_rows_vk<true>(p, rs, pt, hv, v0, nr, h);  // (pt.n = 0: longer than GDN_WALK_TOKENS)
-  } else if (rs.form_len == 1) {
-    walk_rows_vk<false>(p, rs, pt, hv, v0, nr, h);
-  } else {
-    walk_rows_vk<true>(p, rs, pt, hv, v0, nr, h);
-  }
+  if (rs.ring_in) rows_vk<true>(p, rs, pt, hv, v0, nr, h);
+  else rows_vk<false>(p, rs, pt, hv, v0, nr, h);
 }
 #undef KC
 
