@@ -214,17 +214,6 @@ GDN_API gdn_status_t gdn_attention(void *queue, const gdn_config_t *cfg, const g
   return gdn::guarded([&] { gdn::run(gdn::Op::Attention, queue, cfg, batch, t); });
 }
 
-// The plan of a gdn_attention call without conv_out: its workspace (any target: the layout does
-// not depend on the kernel variants).
-GDN_API gdn_status_t gdn_attention_workspace_size(const gdn_config_t *cfg, const gdn_batch_t *batch, size_t *bytes) {
-  return gdn::guarded([&] {
-    if (!bytes) gdn::fail(GDN_ERROR_NULL_POINTER, "bytes is NULL");
-    const gdn_config_t c = gdn::validate_config(cfg);
-    const gdn_batch_t b = gdn::validate_batch_counts(batch);
-    *bytes = gdn::make_plan(c, b, gdn::PlanInputs{gdn::Op::Attention, false, false}, gdn::Target{}).layout.total;
-  });
-}
-
 // Every kernel a call with this config can launch: the plan of a batch with a prefill, a decode
 // and a spec decode, and the fused norm.
 GDN_API gdn_status_t gdn_warmup(void *queue, const gdn_config_t *cfg) {

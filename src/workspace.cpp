@@ -1,4 +1,4 @@
-// workspace.cpp — see workspace.hpp.
+// workspace.cpp — see workspace.hpp; and gdn_attention_workspace_size, the workspace a call's plan lays out.
 #include "workspace.hpp"
 
 #include <memory>
@@ -7,6 +7,8 @@
 
 #include "errors.hpp"
 #include "kernels/params.hpp"
+#include "plan.hpp"
+#include "validate.hpp"
 
 namespace gdn {
 namespace {
@@ -80,3 +82,18 @@ void release_workspaces() {
 }
 
 }  // namespace gdn
+
+extern "C" {
+
+// The plan of a gdn_attention call without conv_out: its workspace (any target: the layout does
+// not depend on the kernel variants).
+GDN_API gdn_status_t gdn_attention_workspace_size(const gdn_config_t *cfg, const gdn_batch_t *batch, size_t *bytes) {
+  return gdn::guarded([&] {
+    if (!bytes) gdn::fail(GDN_ERROR_NULL_POINTER, "bytes is NULL");
+    const gdn_config_t c = gdn::validate_config(cfg);
+    const gdn_batch_t b = gdn::validate_batch_counts(batch);
+    *bytes = gdn::make_plan(c, b, gdn::PlanInputs{gdn::Op::Attention, false, false}, gdn::Target{}).layout.total;
+  });
+}
+
+}  // extern "C"
