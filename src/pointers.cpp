@@ -57,12 +57,15 @@ int64_t mul_add(int64_t a, int64_t b, int64_t c) {
   return a * b + c;
 }
 
-// Bytes of `count` rows (or slots) of `width` elements at `stride` elements apart; 0 for none.
+}  // namespace
+
 int64_t rows_bytes(int64_t count, int64_t stride, int64_t width, size_t elem) {
   if (count <= 0) return 0;
   const int64_t elems = mul_add(count - 1, stride, width);
   return mul_add(elems, (int64_t)elem, 0);
 }
+
+namespace {
 
 // [p, p + need.bytes) lies inside e, the allocation holding p, when the backend could tell.
 void check_extent(const alloc_extent::Extent &e, const void *p, const Need &need, const char *field) {

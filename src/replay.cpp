@@ -93,8 +93,10 @@ extern "C" {
 // From the dims alone (validate_config's ranges), so a binding can size a ring before a call
 // checks the rest of its config.
 GDN_API int32_t gdn_replay_token_floats(const gdn_config_t *cfg) {
-  if (!cfg || cfg->num_k_heads < 1 || cfg->num_k_heads > 1024 || cfg->num_v_heads < 1 || cfg->num_v_heads > 4096 ||
-      cfg->head_k_dim < 1 || cfg->head_k_dim > 256 || cfg->head_v_dim < 1 || cfg->head_v_dim > 256)
+  using namespace gdn;
+  auto in = [](int32_t v, int32_t hi) { return v >= 1 && v <= hi; };
+  if (!cfg || !in(cfg->num_k_heads, kMaxKHeads) || !in(cfg->num_v_heads, kMaxVHeads) ||
+      !in(cfg->head_k_dim, kMaxHeadDim) || !in(cfg->head_v_dim, kMaxHeadDim))
     return 0;
   return (int32_t)gdn_ring_floats(cfg->num_k_heads, cfg->num_v_heads, cfg->head_k_dim, cfg->head_v_dim);
 }
@@ -119,14 +121,13 @@ GDN_API gdn_status_t gdn_flush_replay(void *queue, const gdn_config_t *cfg_in, i
     const int64_t H = cfg.num_k_heads, HV = cfg.num_v_heads, K = cfg.head_k_dim, V = cfg.head_v_dim, S = cfg.num_slots;
     const int64_t ring = cfg.replay_tokens * gdn_ring_floats((int32_t)H, (int32_t)HV, (int32_t)K, (int32_t)V);
     const size_t state = dtype_bytes(cfg.state_dtype);
-    auto slot_bytes = [&](int64_t stride, int64_t width, int64_t elem) { return ((S - 1) * stride + width) * elem; };
     const Array arrays[] = {
         {slots, "slots", 4, "int32", Need{4LL * num_flush, num_flush, "entries: num_flush"}},
         {num_tokens, "num_tokens", 4, "int32", Need{4LL * num_flush, num_flush, "entries: num_flush"}},
         {ssm_state, "ssm_state", state, "state_dtype",
-         Need{slot_bytes(cfg.ssm_slot_stride, HV * K * V, (int64_t)state), S, "slots: num_slots"}},
-        {replay_ring, "replay_ring", 4, "f32", Need{slot_bytes(ring, ring, 4), S, "slots: num_slots"}},
-        {replay_count, "replay_count", 4, "int32", Need{4 * S, S, "slots: num_slots"}}};
+         Need{rows_bytes(S, cfg.ssm_slot_stride, HV * K * V, state), S, "slots: num_slots"}},
+        {replay_ring, "replay_ring", 4, "f32", Need{rows_bytes(S, ring, ring, 4), S, "slots: num_slots"}},
+        {replay_count, "replay_count", 4, "int32", Need{rows_bytes(S, 1, 1, 4), S, "slots: num_slots"}}};
     check_arrays(q, cfg.flags, arrays, sizeof arrays / sizeof arrays[0]);
 
     std::vector<int32_t> sl, nt, flushed;

@@ -105,12 +105,12 @@ size_t dtype_bytes(int32_t dtype) {
 
 gdn_config_t validate_config(const gdn_config_t *in) {
   gdn_config_t cfg = copy_versioned(in, "cfg", gdn_config_init, kConfigVersions);
-  check_range(cfg.num_k_heads, 1, 1024, GDN_ERROR_BAD_SHAPE, "cfg->num_k_heads");
-  check_range(cfg.num_v_heads, 1, 4096, GDN_ERROR_BAD_SHAPE, "cfg->num_v_heads");
+  check_range(cfg.num_k_heads, 1, kMaxKHeads, GDN_ERROR_BAD_SHAPE, "cfg->num_k_heads");
+  check_range(cfg.num_v_heads, 1, kMaxVHeads, GDN_ERROR_BAD_SHAPE, "cfg->num_v_heads");
   GDN_REQUIRE(cfg.num_v_heads % cfg.num_k_heads == 0, GDN_ERROR_BAD_SHAPE,
           "cfg->num_v_heads = " + str(cfg.num_v_heads) + " is not a multiple of num_k_heads = " + str(cfg.num_k_heads));
-  check_range(cfg.head_k_dim, 1, 256, GDN_ERROR_BAD_SHAPE, "cfg->head_k_dim");
-  check_range(cfg.head_v_dim, 1, 256, GDN_ERROR_BAD_SHAPE, "cfg->head_v_dim");
+  check_range(cfg.head_k_dim, 1, kMaxHeadDim, GDN_ERROR_BAD_SHAPE, "cfg->head_k_dim");
+  check_range(cfg.head_v_dim, 1, kMaxHeadDim, GDN_ERROR_BAD_SHAPE, "cfg->head_v_dim");
   check_range(cfg.conv_width, 2, GDN_MAX_CONV_WIDTH, GDN_ERROR_BAD_SHAPE, "cfg->conv_width");
   GDN_REQUIRE(dtype_bytes(cfg.act_dtype) != 0, GDN_ERROR_BAD_DTYPE, "cfg->act_dtype = " + str(cfg.act_dtype) + " is not a gdn_dtype_t");
   GDN_REQUIRE(dtype_bytes(cfg.state_dtype) != 0, GDN_ERROR_BAD_DTYPE,
@@ -175,7 +175,7 @@ Checked validate_call(void *queue, const gdn_config_t *cfg_in, const gdn_batch_t
   const gdn_config_t &cfg = c.cfg;
   gdn_batch_t &b = c.batch;
   gdn_tensors_t &t = c.t;
-  c.conv_dim = (int32_t)conv_dim_of(cfg);  // at most 2*1024*256 + 4096*256 (validate_config)
+  c.conv_dim = (int32_t)conv_dim_of(cfg);  // at most 2*kMaxKHeads*kMaxHeadDim + kMaxVHeads*kMaxHeadDim
   c.num_non_spec_seqs = b.num_prefills + b.num_decodes;
   c.act_bytes = dtype_bytes(cfg.act_dtype);
   const int32_t hv = cfg.num_v_heads, ov = cfg.num_v_heads * cfg.head_v_dim;

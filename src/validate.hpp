@@ -57,6 +57,9 @@ inline int64_t conv_dim_of(const gdn_config_t &cfg) {
   return 2LL * cfg.num_k_heads * cfg.head_k_dim + (int64_t)cfg.num_v_heads * cfg.head_v_dim;
 }
 
+// The model dims validate_config accepts (gdn_xpu.h, gdn_config_t): 1..these.
+constexpr int32_t kMaxKHeads = 1024, kMaxVHeads = 4096, kMaxHeadDim = 256;
+
 // Decimal text of a value, for failure messages.
 inline std::string str(int64_t v) { return std::to_string(v); }
 
@@ -82,6 +85,9 @@ struct Array {
   const char *what;  // the element type, for the message
   Need need;
 };
+// Bytes of `count` rows (or slots) of `width` elements at `stride` elements apart, saturated at
+// INT64_MAX (strides are unbounded above: the extent then fails to fit); 0 for none.
+int64_t rows_bytes(int64_t count, int64_t stride, int64_t width, size_t elem);
 // check_pointers' checks of a list of arrays (flags: cfg->flags, for GDN_FLAG_HOST_MEMORY).
 void check_arrays(const sycl::queue &q, int32_t flags, const Array *arrays, size_t n);
 
