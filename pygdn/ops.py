@@ -580,30 +580,23 @@ def flush_replay(queue, cfg: Config, slots, num_tokens, *, ssm_state, replay_rin
     empties its ring (gdn_flush_replay): the slot then holds the per-token mode's state. slots and
     num_tokens: int32 arrays of one length (-1 in slots: skipped)."""
     queue = _as_queue(queue)
-    keep, ptrs, n = [], [], None
-    specs = cfg._tensor_specs(0)
-    for name, obj in (("slots", slots), ("num_tokens", num_tokens), ("ssm_state", ssm_state),
-                      ("replay_ring", replay_ring), ("replay_count", replay_count)):
-        address, shape, got, hold, stride = _view(obj, name, queue, name not in ("slots", "num_tokens"),
-                                                  name == "ssm_state")
-        if name in ("slots", "num_tokens"):
-            if got != "i32":
-                raise TypeError(f"{name}: dtype {got}, expected i32")
-            if n is not None and _math.prod(shape) != n:
-                raise ValueError(f"num_tokens: {_math.prod(shape)} elements, slots has {n}")
-            n = _math.prod(shape)
-        else:
-            dtype, lead, inner = specs[name]
-            if got != dtype:
-                raise TypeError(f"{name}: dtype {got}, expected {dtype}")
-            if not shape or shape[0] < lead or _math.prod(shape[1:]) != inner:
-                raise ValueError(f"{name}: shape {shape}, expected [{lead}, ...{inner} elements per slot]")
-            if stride is not None:
-                _apply_strides(cfg, None, {name: (hold, shape[0], stride, inner)})
+    # The caches get the checks of every call's arrays (dtype, shape, slot stride, writable).
+    c_t, bound = _ffi.new(_TENSORS_P, _TENSORS_INIT[0]), {}
+    _marshal_arrays(_lib.gdn_flush_replay, queue, cfg, 0,
+                    dict(ssm_state=ssm_state, replay_ring=replay_ring, replay_count=replay_count), c_t, bound)
+    keep, index, n = [hold for hold, *_ in bound.values()], [], None
+    for name, obj in (("slots", slots), ("num_tokens", num_tokens)):
+        address, shape, got, hold, _ = _view(obj, name, queue)
+        if got != "i32":
+            raise TypeError(f"{name}: dtype {got}, expected i32")
+        if n is not None and _math.prod(shape) != n:
+            raise ValueError(f"num_tokens: {_math.prod(shape)} elements, slots has {n}")
+        n = _math.prod(shape)
         keep.append(hold)
-        ptrs.append(_ffi.cast(_VOIDP, address))
+        index.append(_ffi.cast(_VOIDP, address))
     c_cfg = cfg._to_c(_dlpack.host_memory_ok(queue))
-    _check(_lib.gdn_flush_replay(_ffi.cast(_VOIDP, queue.addressof_ref()), c_cfg, _int32(n, "len(slots)"), *ptrs))
+    _check(_lib.gdn_flush_replay(_ffi.cast(_VOIDP, queue.addressof_ref()), c_cfg, _int32(n, "len(slots)"), *index,
+                                 c_t.ssm_state, c_t.replay_ring, c_t.replay_count))
     if wait:
         queue.wait()
 
