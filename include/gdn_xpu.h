@@ -60,7 +60,8 @@
  *    after spec_token_indx), 2 (0.2.0: adds the state-cache fields from non_spec_read_state_indices on).
  *    Versions of gdn_config_t and gdn_tensors_t: 1 (0.1.0, ending after flags / workspace_bytes),
  *    2 (adds the packed projections -- packed_order; qkvz through z_out_stride -- and replay mode
- *    -- replay_tokens; replay_ring, replay_count: "Replay mode" below).
+ *    -- replay_tokens; replay_ring, replay_count: "Replay mode" below), 3 (adds the gate modes --
+ *    gate_mode, out_gate, gate_lower_bound; b_stride).
  *
  * Python (pygdn) reads the text between GDN_CDEF_BEGIN and GDN_CDEF_END with cffi, so that
  * region holds plain C declarations only: no #if, no function-like macros.
@@ -183,6 +184,26 @@ typedef enum gdn_packed_order {
   GDN_PACKED_CONTIGUOUS = 2
 } gdn_packed_order_t;
 
+/* How the state decays (gdn_config_t.gate_mode; docs/op.md "Gate modes"). With x the raw gate
+ * plus dt_bias and e = exp(A_log[head]), the log-decay is g = -e*softplus(x), or with
+ * cfg->gate_lower_bound = lb < 0, g = lb*sigmoid(e*x) (in (lb, 0): the decay never reaches 0).
+ *  HEAD:    the gated delta rule of Qwen3-Next / Qwen3.5 (GDN): one g per v-head and token;
+ *           a, b [rows, HV], dt_bias [HV], g [rows, HV].
+ *  CHANNEL: Kimi Delta Attention (KDA, Kimi Linear): one g per key channel, v-head and token,
+ *           S = Diag(exp(g)) S before each update; needs num_v_heads == num_k_heads and unpacked
+ *           inputs. a [rows, HV*K] (the raw gate, head-major), b [rows, HV], dt_bias [HV*K],
+ *           g [rows, HV*K]; A_log [HV] in both modes. */
+typedef enum gdn_gate_mode {
+  GDN_GATE_HEAD = 0,
+  GDN_GATE_CHANNEL = 1
+} gdn_gate_mode_t;
+
+/* The fused gated RMSNorm's gate (gdn_config_t.out_gate): o = rmsnorm(o)*w*act(z). */
+typedef enum gdn_out_gate {
+  GDN_OUT_GATE_SILU = 0,    /* Qwen3-Next / Qwen3.5 */
+  GDN_OUT_GATE_SIGMOID = 1  /* Kimi Linear          */
+} gdn_out_gate_t;
+
 /* Tokens per chunk of the chunked (WY/UT) prefill form; checkpoint_interval is a multiple of it. */
 #define GDN_CHUNK_SIZE 64
 
@@ -258,7 +279,8 @@ enum {
  * of every checkpoint slot they store) to 0. Their read slot must hold no ring entries: checked
  * under GDN_VALIDATE_FULL (GDN_ERROR_BAD_STATE_INDEX, "flush it first"), trusted under COUNTS.
  * The ring entry of one token is gdn_replay_token_floats(cfg) f32 values, in this order:
- * normalized k [H, K], v [HV, V] (the conv output's v, widened to f32), g [HV], beta [HV].
+ * normalized k [H, K], v [HV, V] (the conv output's v, widened to f32), g [HV] (GDN_GATE_CHANNEL:
+ * [HV, K]), beta [HV].
  * replay_count is owned by the library: the engine zero-fills it with its caches and never writes
  * it otherwise. A slot's exact state (for a prefix-cache checkpoint, a preemption, or to go back
  * to the per-token mode) is taken with gdn_flush_replay. Spec sequences store no block
@@ -291,6 +313,11 @@ typedef struct gdn_config {
   /* version 2, replay mode ("Replay mode" above); a version-1 caller gets 0 */
   int32_t replay_tokens;    /* 0: per-token mode. > 0: replay mode, ring entries per slot
                                (>= 1 + batch->num_spec of every call; at most 65)             */
+  /* ---- version 3: gate modes (a version-2 caller gets GDN_GATE_HEAD, SILU, 0) ---- */
+  int32_t gate_mode;        /* gdn_gate_mode_t                                                */
+  int32_t out_gate;         /* gdn_out_gate_t of the fused gated RMSNorm                      */
+  float gate_lower_bound;   /* 0: g = -exp(A_log)*softplus(x); < 0 (finite): the lower-bound form
+                               g = lb*sigmoid(exp(A_log)*x) (Kimi Linear: -5)                 */
 } gdn_config_t;
 
 /* One step's mixed batch: prefills + plain decodes (the "non-spec" sequences) and speculative
@@ -357,17 +384,19 @@ typedef struct gdn_tensors {
   void *conv_state;            /* conv cache, layout gdn_config_t.conv_layout, act dtype       */
   void *conv_out;              /* [rows, conv_dim] act: conv output (q|k|v after conv+SiLU)    */
   int64_t conv_out_stride;     /*   row stride (0 = conv_dim)                                 */
-  const void *a;               /* [rows, HV] act: dt logits                                   */
+  const void *a;               /* [rows, HV] act: dt logits (GDN_GATE_CHANNEL: [rows, HV*K])   */
   const void *b;               /* [rows, HV] act: beta logits                                 */
-  int64_t ab_stride;           /*   row stride of a and b (0 = HV)                            */
+  int64_t ab_stride;           /*   row stride of a, and of b unless b_stride (0 = a's width) */
   const float *A_log;          /* [HV] f32                                                    */
-  const float *dt_bias;        /* [HV] f32                                                    */
-  const float *g;              /* [rows, HV] f32 log-decay; with beta replaces a/b/A_log/dt_bias */
+  const float *dt_bias;        /* [HV] f32 (GDN_GATE_CHANNEL: [HV*K])                         */
+  const float *g;              /* [rows, HV] f32 log-decay (GDN_GATE_CHANNEL: [rows, HV*K]); with
+                                  beta replaces a/b/A_log/dt_bias                              */
   const float *beta;           /* [rows, HV] f32 in [0,1]                                     */
   void *ssm_state;             /* state_dtype, layout gdn_config_t.ssm_layout                 */
   void *core_attn_out;         /* [rows, HV, V] act                                           */
   int64_t out_stride;          /*   row stride (0 = HV*V)                                     */
-  const void *z;               /* [rows, HV, V] act, or NULL: fused o = rmsnorm(o)*w*silu(z)  */
+  const void *z;               /* [rows, HV, V] act, or NULL: fused o = rmsnorm(o)*w*act(z), act
+                                  cfg->out_gate (silu by default)                              */
   int64_t z_stride;            /*   row stride (0 = HV*V)                                     */
   const void *norm_weight;     /* [V] act, needed with z                                      */
   void *workspace;             /* device USM scratch or NULL (library allocates and caches)   */
@@ -388,6 +417,9 @@ typedef struct gdn_tensors {
    * cfg->replay_tokens > 0, not read otherwise */
   float *replay_ring;          /* [num_slots, replay_tokens, gdn_replay_token_floats] f32     */
   int32_t *replay_count;       /* [num_slots] int32: ring entries each slot holds (library-owned) */
+  /* ---- version 3 (a version-2 caller gets 0) ---- */
+  int64_t b_stride;            /* row stride of b; 0 = ab_stride as given (HV when that is 0 too):
+                                  with GDN_GATE_CHANNEL a is HV*K wide and b HV wide           */
 } gdn_tensors_t;
 
 /* ---- library information ---- */
@@ -426,6 +458,7 @@ GDN_API gdn_status_t gdn_causal_conv1d(void *queue, const gdn_config_t *cfg, con
  * Reads  conv_out (q|k|v per row), a/b (packed: ba) + A_log/dt_bias (or g/beta), ssm_state.
  * Writes core_attn_out at each addressed row (zeros for padded sequences), ssm_state.
  * Per v-head with state S [K,V] f32:  S = exp(g) S;  u = beta (v - S^T k);  S += k u^T;  o = S^T q
+ * (GDN_GATE_CHANNEL: S = Diag(exp(g)) S, g [K] per v-head and token)
  * with q,k l2-normalized (unless GDN_FLAG_NO_QK_L2NORM) and q scaled by cfg->scale (always; set
  * scale = 1 for none). Non-spec sequences of length > 1 use the chunked (GDN_CHUNK_SIZE) form,
  * up to num_prefills of them (the first in sequence order; any others, and all of them with
@@ -471,7 +504,8 @@ GDN_API void gdn_free(void *queue, void *ptr);
 GDN_API gdn_status_t gdn_device_name(void *queue, char *buf, size_t len);
 
 /* ---- replay mode ("Replay mode" above) ----
- * gdn_replay_token_floats: f32 values of one ring entry, H*K + HV*V + 2*HV, from the dims alone
+ * gdn_replay_token_floats: f32 values of one ring entry, H*K + HV*V + HV*G + HV (G = 1, or K
+ * with GDN_GATE_CHANNEL), from the dims and gate mode alone
  * (0 when one is outside its range or cfg is NULL). A slot's ring is replay_tokens of them.
  * gdn_flush_replay: for i < num_flush, replays the first num_tokens[i] ring entries of slot
  * slots[i] onto its state (0 <= num_tokens[i] <= replay_count[slots[i]]: typically the accepted

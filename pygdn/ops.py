@@ -37,6 +37,8 @@ _SSM_LAYOUTS = {"kv": _lib.GDN_SSM_KV, "vk": _lib.GDN_SSM_VK}
 _CONV_LAYOUTS = {"dim_major": _lib.GDN_CONV_DIM_MAJOR, "time_major": _lib.GDN_CONV_TIME_MAJOR}
 _CONV_SPEC = {"snapshot": _lib.GDN_CONV_SPEC_SNAPSHOT, "rolled": _lib.GDN_CONV_SPEC_ROLLED}
 _PACKED = {"none": _lib.GDN_PACKED_NONE, "grouped": _lib.GDN_PACKED_GROUPED, "contiguous": _lib.GDN_PACKED_CONTIGUOUS}
+_GATE_MODES = {"head": _lib.GDN_GATE_HEAD, "channel": _lib.GDN_GATE_CHANNEL}
+_OUT_GATES = {"silu": _lib.GDN_OUT_GATE_SILU, "sigmoid": _lib.GDN_OUT_GATE_SIGMOID}
 
 
 class GdnError(RuntimeError):
@@ -125,6 +127,16 @@ class Config:
     # (Qwen3.5) reads qkvz / ba instead of mixed_qkv / a / b / z; "none" the unpacked arrays.
     packed_order: str = "none"
     replay_tokens: int = 0             # > 0: replay mode, ring entries per slot (>= 1 + num_spec); gdn_xpu.h "Replay mode"
+    # Gate modes (gdn_xpu.h gdn_gate_mode_t): "head" (GDN: Qwen3-Next, Qwen3.5) or "channel" (KDA:
+    # Kimi Linear; a, dt_bias and g then hold HV*K gates per row); the fused norm's "silu" or "sigmoid".
+    gate_mode: str = "head"
+    out_gate: str = "silu"
+    gate_lower_bound: float = 0.0      # < 0: g = lb * sigmoid(exp(A_log) * (a + dt_bias))
+
+    @property
+    def gate_k(self) -> int:
+        """Gates per v-head and row: 1 ("head") or head_k_dim ("channel")."""
+        return self.head_k_dim if self.gate_mode == "channel" else 1
 
     @property
     def conv_dim(self) -> int:
@@ -148,7 +160,7 @@ class Config:
 
     @property
     def replay_token_floats(self) -> int:
-        """f32 values of one ring entry (k [H, K] | v [HV, V] | g [HV] | beta [HV])."""
+        """f32 values of one ring entry (k [H, K] | v [HV, V] | g [HV, gate_k] | beta [HV])."""
         n = _lib.gdn_replay_token_floats(self._to_c())
         if n == 0:
             raise ValueError("num_k_heads, num_v_heads, head_k_dim or head_v_dim out of range")
@@ -204,6 +216,9 @@ class Config:
         c.packed_order = _choice(_PACKED, self.packed_order, "packed_order")
         c.conv_state_len = _int32(self.state_len, "cfg.conv_state_len")
         c.replay_tokens = _int32(self.replay_tokens, "cfg.replay_tokens")
+        c.gate_mode = _choice(_GATE_MODES, self.gate_mode, "gate_mode")
+        c.out_gate = _choice(_OUT_GATES, self.out_gate, "out_gate")
+        c.gate_lower_bound = _float(self.gate_lower_bound, "cfg.gate_lower_bound")
         for f in ("conv_slot_stride", "ssm_slot_stride"):
             setattr(c, f, _int64(getattr(self, f), f"cfg.{f}"))
         c.scale, c.l2norm_eps, c.norm_eps = (_float(getattr(self, f), f"cfg.{f}") for f in ("scale", "l2norm_eps", "norm_eps"))
@@ -418,14 +433,14 @@ def _view(obj, name, queue, written=False, strided=False):
 
 def _tensor_specs(cfg: Config, rows: int):
     """field -> (dtype, leading dim or None, elements after the leading dim)."""
-    act, hv, v = cfg.act_dtype, cfg.num_v_heads, cfg.head_v_dim
+    act, hv, v, gk = cfg.act_dtype, cfg.num_v_heads, cfg.head_v_dim, cfg.gate_k
     per_slot_conv = cfg.conv_dim * cfg.state_len
     per_slot_ssm = hv * cfg.head_k_dim * v
     return {
         "mixed_qkv": (act, rows, cfg.conv_dim), "conv_weight": (act, cfg.conv_dim, cfg.conv_width),
         "conv_bias": (act, cfg.conv_dim, 1), "conv_state": (act, cfg.num_slots, per_slot_conv),
-        "conv_out": (act, rows, cfg.conv_dim), "a": (act, rows, hv), "b": (act, rows, hv),
-        "A_log": ("f32", hv, 1), "dt_bias": ("f32", hv, 1), "g": ("f32", rows, hv), "beta": ("f32", rows, hv),
+        "conv_out": (act, rows, cfg.conv_dim), "a": (act, rows, hv * gk), "b": (act, rows, hv),
+        "A_log": ("f32", hv, 1), "dt_bias": ("f32", hv * gk, 1), "g": ("f32", rows, hv * gk), "beta": ("f32", rows, hv),
         "ssm_state": (cfg.state_dtype, cfg.num_slots, per_slot_ssm), "core_attn_out": (act, rows, hv * v),
         "z": (act, rows, hv * v), "norm_weight": (act, v, 1), "workspace": (None, None, None),
         "qkvz": (act, rows, cfg.conv_dim + hv * v), "ba": (act, rows, 2 * hv), "z_out": (act, rows, hv * v),
@@ -443,7 +458,7 @@ _WRITTEN = frozenset(("conv_state", "conv_out", "ssm_state", "core_attn_out", "w
                       "replay_count"))
 # Arrays whose leading stride is free: token arrays (their gdn_tensors_t row-stride field) and the
 # caches (the slot stride of the config, which the array must match: engines page their caches).
-_ROW_STRIDES = {"mixed_qkv": "mixed_qkv_stride", "conv_out": "conv_out_stride", "a": "ab_stride", "b": "ab_stride",
+_ROW_STRIDES = {"mixed_qkv": "mixed_qkv_stride", "conv_out": "conv_out_stride", "a": "ab_stride", "b": "b_stride",
                 "core_attn_out": "out_stride", "z": "z_stride", "qkvz": "qkvz_stride", "ba": "ba_stride",
                 "z_out": "z_out_stride"}
 _SLOT_STRIDES = {"conv_state": "conv_slot_stride", "ssm_state": "ssm_slot_stride"}
@@ -512,7 +527,8 @@ def _marshal_arrays(fn, queue, cfg: Config, rows: int, arrays: dict, c_t, bound:
 
 def _apply_strides(cfg: Config, c_t, bound):
     """bound: field -> (hold, entries, leading stride or None, dense stride) of the arrays of a call.
-    Token arrays' row strides go to their gdn_tensors_t fields (a and b share ab_stride; 0: dense);
+    Token arrays' row strides go to their gdn_tensors_t fields (0: dense; b's always set: its 0
+    would mean a's stride);
     cache slot strides are checked against the config's (which the library reads from gdn_config_t)."""
     for field, (_, entries, stride, dense) in bound.items():
         if stride is None:
@@ -524,11 +540,7 @@ def _apply_strides(cfg: Config, c_t, bound):
                 raise ValueError(f"{field}: slot stride {stride} elements, but cfg.{cfg_field}="
                                  f"{getattr(cfg, cfg_field)} ({want} elements; 0 = dense)")
         else:
-            setattr(c_t, _ROW_STRIDES[field], 0 if stride == dense else stride)
-    a, b = bound.get("a"), bound.get("b")
-    if a is not None and b is not None and a[2] != b[2]:
-        raise ValueError(f"b: row stride {b[2]} elements, a's is {a[2]}: a and b share one row "
-                         "stride (gdn_tensors_t.ab_stride)")
+            setattr(c_t, _ROW_STRIDES[field], stride if field == "b" or stride != dense else 0)
 
 
 def _call(fn, queue, cfg: Config, batch: Batch, arrays: dict, wait: bool = True):

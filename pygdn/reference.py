@@ -43,9 +43,11 @@ def _log_softplus(x):
 
 
 # ----------------------------------------------------------------------------- elementwise
-def gates(a, b, A_log, dt_bias):
-    """a, b [rows, HV]; A_log, dt_bias [HV] -> (g, beta) [rows, HV].
-    g = -exp(A_log) * softplus(a + dt_bias) is the LOG decay; beta = sigmoid(b).
+def gates(a, b, A_log, dt_bias, lower_bound=0.0):
+    """a, b [rows, HV]; A_log, dt_bias [HV] -> (g, beta) [rows, HV] (a gate per head, GDN).
+    A gate per key channel (KDA): a [rows, HV*K] (or [rows, HV, K]), dt_bias [HV*K] -> g [rows, HV, K].
+    g = -exp(A_log) * softplus(a + dt_bias) is the LOG decay; beta = sigmoid(b). With lower_bound
+    lb < 0: g = lb * sigmoid(exp(A_log) * (a + dt_bias)) (in [lb, 0]; exp(A_log) * 0 is 0).
 
     Non-finite gates (docs/op.md "Non-finite gates"): g is the value of that product however large or
     small its factors are. Where both factors are normal numbers it is the product; elsewhere it
@@ -54,18 +56,24 @@ def gates(a, b, A_log, dt_bias):
     the token's update) and 0 only when it underflows or a factor is exactly 0 (A_log = -inf or
     a + dt_bias = -inf): 0 * inf never happens (A_log = 100 with a = -200 is g = -e^-100, no decay).
     NaN in A_log or a + dt_bias gives NaN."""
-    a, b, A_log, dt_bias = _f64(a), _f64(b), _f64(A_log), _f64(dt_bias)
-    x = a + dt_bias[None, :]
-    lA = np.broadcast_to(A_log[None, :], x.shape)
+    b, A_log = _f64(b), _f64(A_log).reshape(-1)
+    HV = A_log.size
+    a = _f64(a).reshape(len(b), HV, -1)
+    x = a + _f64(dt_bias).reshape(1, HV, -1)
+    lA = np.broadcast_to(A_log[None, :, None], x.shape)
     tiny = np.finfo(np.float64).tiny
     with np.errstate(over="ignore", invalid="ignore"):
-        e, sp = np.exp(lA), _softplus(x)
-        normal = np.isfinite(e) & (e >= tiny) & np.isfinite(sp) & (sp >= tiny)
-        g = np.where(normal, -e * sp, -np.exp(lA + _log_softplus(x)))
-    zero_factor = (np.isneginf(lA) | np.isneginf(x)) & ~np.isnan(lA) & ~np.isnan(x)
-    g = np.where(zero_factor, 0.0, g)
+        e = np.exp(lA)
+        if lower_bound:
+            g = lower_bound / (1.0 + np.exp(-np.where(x == 0.0, 0.0, e * x)))
+        else:
+            sp = _softplus(x)
+            normal = np.isfinite(e) & (e >= tiny) & np.isfinite(sp) & (sp >= tiny)
+            g = np.where(normal, -e * sp, -np.exp(lA + _log_softplus(x)))
+            zero_factor = (np.isneginf(lA) | np.isneginf(x)) & ~np.isnan(lA) & ~np.isnan(x)
+            g = np.where(zero_factor, 0.0, g)
     beta = 1.0 / (1.0 + np.exp(-b))
-    return g, beta
+    return (g[:, :, 0] if g.shape[2] == 1 else g), beta
 
 
 def l2norm(x, eps=1e-6, mode="rsqrt"):
@@ -80,11 +88,14 @@ def l2norm(x, eps=1e-6, mode="rsqrt"):
     raise ValueError("l2norm mode must be 'rsqrt' or 'div'")
 
 
-def gated_rmsnorm(o, z, w, eps=1e-6):
-    """o, z [rows, HV, V]; w [V]: per (row, head) o / sqrt(mean_V(o^2) + eps) * w * silu(z)."""
+def gated_rmsnorm(o, z, w, eps=1e-6, act="silu"):
+    """o, z [rows, HV, V]; w [V]: per (row, head) o / sqrt(mean_V(o^2) + eps) * w * act(z),
+    act "silu" (Qwen3-Next) or "sigmoid" (Kimi Linear)."""
     o, z, w = _f64(o), _f64(z), _f64(w)
     r = 1.0 / np.sqrt(np.mean(o * o, axis=-1, keepdims=True) + eps)
-    return o * r * w * _silu(z)
+    if act not in ("silu", "sigmoid"):
+        raise ValueError("act must be 'silu' or 'sigmoid'")
+    return o * r * w * (_silu(z) if act == "silu" else 1.0 / (1.0 + np.exp(-z)))
 
 
 # ----------------------------------------------------------------------------- state dtype
@@ -254,8 +265,9 @@ def causal_conv1d(x, weight, bias, conv_state, batch, spec_layout="snapshot", si
 
 # ----------------------------------------------------------------------------- delta rule
 def _delta_step(S, q, k, v, g, beta):
-    """One token for one v-head, in place on S [K, V]; returns o [V]."""
-    S *= np.exp(g)
+    """One token for one v-head, in place on S [K, V]; returns o [V]. g: the log-decay, a scalar
+    (GDN), or [K] (KDA: row k of S decays by exp(g[k]))."""
+    S *= np.exp(np.reshape(g, (-1, 1)))
     u = beta * (v - S.T @ k)
     S += np.outer(k, u)
     return S.T @ q
@@ -265,7 +277,8 @@ def gated_delta_rule(qkv, g, beta, ssm_state, batch, H, HV, K, V, scale=None, l2
                      l2_mode="rsqrt", eps=1e-6, state_dtype=None):
     """Gated delta rule over the mixed batch (plain token recurrence everywhere).
 
-    qkv [rows, 2*H*K + HV*V] (conv output); g, beta [rows, HV]; ssm_state [slots, HV, K, V].
+    qkv [rows, 2*H*K + HV*V] (conv output); g, beta [rows, HV] (KDA: g [rows, HV, K], a decay per
+    key channel); ssm_state [slots, HV, K, V].
     v-head h uses q/k head h // (HV // H). q, k l2-normalized if l2norm_qk; q *= scale
     (default K**-0.5) in all cases. Returns (o [rows, HV, V], new_ssm_state).
     Non-spec: state from the read slot (zeros without initial state or when the read slot is
@@ -324,17 +337,18 @@ def gated_delta_rule(qkv, g, beta, ssm_state, batch, H, HV, K, V, scale=None, l2
 def gdn_attention(mixed_qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_state, ssm_state,
                   batch, H, HV, K, V, spec_layout="snapshot", z=None, norm_weight=None,
                   norm_eps=1e-6, silu=True, scale=None, l2norm_qk=True, l2_mode="rsqrt",
-                  l2_eps=1e-6, state_dtype=None):
+                  l2_eps=1e-6, state_dtype=None, lower_bound=0.0, out_gate="silu"):
     """The whole op: causal_conv1d -> gates -> gated delta rule (-> gated RMSNorm if z given).
     z [rows, HV*V] or [rows, HV, V]; norm_weight [V]; state_dtype rounds the stored SSM states.
+    KDA: a [rows, HV*K] and dt_bias [HV*K] (gates), out_gate "sigmoid".
     Returns (out [rows, HV, V], new_conv_state, new_ssm_state)."""
     conv_out, new_conv = causal_conv1d(mixed_qkv, conv_weight, conv_bias, conv_state, batch,
                                        spec_layout=spec_layout, silu=silu)
-    g, beta = gates(a, b, A_log, dt_bias)
+    g, beta = gates(a, b, A_log, dt_bias, lower_bound)
     o, new_ssm = gated_delta_rule(conv_out, g, beta, ssm_state, batch, H, HV, K, V, scale=scale,
                                   l2norm_qk=l2norm_qk, l2_mode=l2_mode, eps=l2_eps, state_dtype=state_dtype)
     if z is not None:
-        o = gated_rmsnorm(o, _f64(z).reshape(o.shape), norm_weight, norm_eps)
+        o = gated_rmsnorm(o, _f64(z).reshape(o.shape), norm_weight, norm_eps, out_gate)
     return o, new_conv, new_ssm
 
 

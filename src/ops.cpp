@@ -90,7 +90,8 @@ void enqueue_delta(Chain &ch, Checked &c, const Plan &plan, const Kernels &ks, c
                          packed(c) ? t.ba_stride : t.ab_stride, c.batch.num_actual_tokens, cfg.num_k_heads,
                          cfg.num_v_heads, cfg.head_k_dim, cfg.scale, cfg.l2norm_eps,
                          (cfg.flags & GDN_FLAG_NO_QK_L2NORM) ? 0 : 1, (cfg.flags & GDN_FLAG_L2NORM_DIV) ? 1 : 0,
-                         rg, packed(c) ? 2 * rg : rg};
+                         rg, packed(c) ? 2 * rg : rg, packed(c) ? t.ba_stride : t.b_stride, gate_k_of(cfg),
+                         cfg.gate_lower_bound};
   if (plan.prep.on) launch(ch, ks, plan.prep, pp);
 
   GdnDeltaParams p{};
@@ -107,7 +108,7 @@ void enqueue_delta(Chain &ch, Checked &c, const Plan &plan, const Kernels &ks, c
   p.v_offset = 2 * cfg.num_k_heads * cfg.head_k_dim;
   p.pad_slot_id = c.batch.pad_slot_id;
   p.ring = t.replay_ring, p.ring_count = t.replay_count, p.ring_tokens = cfg.replay_tokens;
-  p.ring_floats = gdn_ring_floats(cfg.num_k_heads, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim);
+  p.ring_floats = ring_floats_of(cfg);
   if (plan.replay_count_non_spec.on) {  // (no walk reads the ring count of a slot a non-spec sequence writes)
     bind_group(p, c, false);
     launch(ch, ks, plan.replay_count_non_spec, p);
@@ -167,7 +168,8 @@ void enqueue_norm(Chain &ch, Checked &c, const Plan &plan, const Kernels &ks) {
   const int32_t ov = cfg.num_v_heads * cfg.head_v_dim;
   const GdnNormParams p{c.t.core_attn_out, z, c.t.norm_weight, c.t.out_stride, packed(c) ? c.t.qkvz_stride : c.t.z_stride,
                         c.batch.num_actual_tokens, cfg.num_v_heads, cfg.head_v_dim, cfg.norm_eps,
-                        packed(c) ? pk.vg : ov, packed(c) ? pk.group_cols : ov};
+                        packed(c) ? pk.vg : ov, packed(c) ? pk.group_cols : ov,
+                        cfg.out_gate == GDN_OUT_GATE_SIGMOID ? 1 : 0, 0};
   launch(ch, ks, plan.norm, p);
 }
 

@@ -22,8 +22,10 @@ std::string act_option(const gdn_config_t &cfg) {
   }
 }
 // The delta-rule builds: per (activation dtype, head_k_dim[, ssm layout]) (kernels/delta.hpp).
+// GDN_GATE_CHANNEL builds (KDA) decay each state row by its own gate (kernels/delta.hpp, GK).
 std::string head_option(const gdn_config_t &cfg) {
-  return act_option(cfg) + " -DGDN_HEAD_K=" + std::to_string(cfg.head_k_dim);
+  return act_option(cfg) + " -DGDN_HEAD_K=" + std::to_string(cfg.head_k_dim) +
+         (cfg.gate_mode == GDN_GATE_CHANNEL ? " -DGDN_GATE_CHANNEL=1" : "");
 }
 // The builds that load or store ssm_state: also per ssm layout and state dtype.
 std::string state_option(const gdn_config_t &cfg) {
@@ -181,7 +183,7 @@ Layout plan_layout(const Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b,
   if (delta) {
     l.qn = take(rows * H * K * 4);
     l.kn = take(rows * H * K * 4);
-    l.g = take(rows * HV * 4);
+    l.g = take(rows * HV * (size_t)gate_k_of(cfg) * 4);
     l.beta = take(rows * HV * 4);
   }
   if (p.seq_capacity > 0) {
@@ -192,8 +194,8 @@ Layout plan_layout(const Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b,
     l.cw = take(chunk_rows * K * 4);
     l.cu = take(chunk_rows * V * 4);
     l.caqk = take(chunk_rows * GDN_CHUNK_SIZE * 4);
-    l.cdstart = take(chunk_rows * 4);
-    l.cdend = take(chunk_rows * 4);
+    l.cdstart = take(chunk_rows * (size_t)gate_k_of(cfg) * 4);  // (a decay per key channel with GDN_GATE_CHANNEL)
+    l.cdend = take(chunk_rows * (size_t)gate_k_of(cfg) * 4);
   }
   l.total = std::max<size_t>(at, 256) + GDN_SCRATCH_ALIGN;  // + the slack to align its start (params.hpp)
   return l;

@@ -90,7 +90,7 @@ void check_pointers(const Checked &c, Op op) {
   const bool conv = op != Op::Delta, delta = op != Op::Conv, gates = delta && !t.g;
   const bool norm = op == Op::Attention && (packed ? t.norm_weight != nullptr : t.z != nullptr);
   const int64_t T = b.num_actual_tokens, ns = c.num_non_spec_seqs, sp = b.num_spec_decodes;
-  const int64_t hv = cfg.num_v_heads, ov = (int64_t)cfg.num_v_heads * cfg.head_v_dim, C = c.conv_dim;
+  const int64_t hv = cfg.num_v_heads, gk = gate_k_of(cfg), ov = (int64_t)cfg.num_v_heads * cfg.head_v_dim, C = c.conv_dim;
   const size_t act = c.act_bytes, state = dtype_bytes(cfg.state_dtype);
   const int64_t ws = (int64_t)std::min<size_t>(t.workspace_bytes, INT64_MAX);
   // Metadata: the lengths the counts imply (read_metadata reads these); a group without sequences
@@ -106,7 +106,7 @@ void check_pointers(const Checked &c, Op op) {
     return Need{used ? rows_bytes(cfg.num_slots, stride, width, elem) : 0, cfg.num_slots, "slots: num_slots"};
   };
   const bool replay = delta && cfg.replay_tokens > 0;
-  const int64_t ring = (int64_t)cfg.replay_tokens * gdn_ring_floats(cfg.num_k_heads, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim);
+  const int64_t ring = (int64_t)cfg.replay_tokens * ring_floats_of(cfg);
   const char *act_t = cfg.act_dtype == GDN_DTYPE_F32 ? "f32 act_dtype" : cfg.act_dtype == GDN_DTYPE_F16 ? "f16 act_dtype" : "bf16 act_dtype";
   const Array arrays[] = {
       {b.non_spec_query_start_loc, "batch->non_spec_query_start_loc", 4, "int32",
@@ -132,11 +132,11 @@ void check_pointers(const Checked &c, Op op) {
       {t.conv_bias, "tensors->conv_bias", act, act_t, fixed(conv, C, act)},
       {t.conv_state, "tensors->conv_state", act, act_t, slots(conv, cfg.conv_slot_stride, C * cfg.conv_state_len, act)},
       {t.conv_out, "tensors->conv_out", act, act_t, rows(true, t.conv_out_stride, C, act)},
-      {t.a, "tensors->a", act, act_t, rows(gates, t.ab_stride, hv, act)},
-      {t.b, "tensors->b", act, act_t, rows(gates, t.ab_stride, hv, act)},
+      {t.a, "tensors->a", act, act_t, rows(gates, t.ab_stride, hv * gk, act)},
+      {t.b, "tensors->b", act, act_t, rows(gates, t.b_stride, hv, act)},
       {t.A_log, "tensors->A_log", 4, "f32", fixed(gates, hv, 4)},
-      {t.dt_bias, "tensors->dt_bias", 4, "f32", fixed(gates, hv, 4)},
-      {t.g, "tensors->g", 4, "f32", rows(delta, hv, hv, 4)},
+      {t.dt_bias, "tensors->dt_bias", 4, "f32", fixed(gates, hv * gk, 4)},
+      {t.g, "tensors->g", 4, "f32", rows(delta, hv * gk, hv * gk, 4)},
       {t.beta, "tensors->beta", 4, "f32", rows(delta, hv, hv, 4)},
       {t.ssm_state, "tensors->ssm_state", state, "state_dtype",
        slots(delta, cfg.ssm_slot_stride, hv * cfg.head_k_dim * cfg.head_v_dim, state)},

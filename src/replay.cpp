@@ -98,7 +98,11 @@ GDN_API int32_t gdn_replay_token_floats(const gdn_config_t *cfg) {
   if (!cfg || !in(cfg->num_k_heads, kMaxKHeads) || !in(cfg->num_v_heads, kMaxVHeads) ||
       !in(cfg->head_k_dim, kMaxHeadDim) || !in(cfg->head_v_dim, kMaxHeadDim))
     return 0;
-  return (int32_t)gdn_ring_floats(cfg->num_k_heads, cfg->num_v_heads, cfg->head_k_dim, cfg->head_v_dim);
+  // (gate_mode: a version-3 field; an older caller's struct ends before it)
+  const int32_t mode = cfg->struct_size >= offsetof(gdn_config_t, gate_mode) + sizeof(int32_t) ? cfg->gate_mode : GDN_GATE_HEAD;
+  if (mode != GDN_GATE_HEAD && mode != GDN_GATE_CHANNEL) return 0;
+  return (int32_t)gdn_ring_floats(cfg->num_k_heads, cfg->num_v_heads, cfg->head_k_dim, cfg->head_v_dim,
+                                  gdn_gate_k(mode, cfg->head_k_dim));
 }
 
 GDN_API gdn_status_t gdn_flush_replay(void *queue, const gdn_config_t *cfg_in, int32_t num_flush, const int32_t *slots,
@@ -119,7 +123,7 @@ GDN_API gdn_status_t gdn_flush_replay(void *queue, const gdn_config_t *cfg_in, i
     if (!replay_count) fail(GDN_ERROR_NULL_POINTER, std::string("replay_count is NULL but ") + why);
     sycl::queue &q = *static_cast<sycl::queue *>(queue);
     const int64_t H = cfg.num_k_heads, HV = cfg.num_v_heads, K = cfg.head_k_dim, V = cfg.head_v_dim, S = cfg.num_slots;
-    const int64_t ring = cfg.replay_tokens * gdn_ring_floats((int32_t)H, (int32_t)HV, (int32_t)K, (int32_t)V);
+    const int64_t ring = cfg.replay_tokens * ring_floats_of(cfg);
     const size_t state = dtype_bytes(cfg.state_dtype);
     const Array arrays[] = {
         {slots, "slots", 4, "int32", Need{4LL * num_flush, num_flush, "entries: num_flush"}},
@@ -167,7 +171,7 @@ GDN_API gdn_status_t gdn_flush_replay(void *queue, const gdn_config_t *cfg_in, i
     p.state_indices = slots, p.num_accepted = num_tokens, p.slot_cols = 1, p.num_seqs = num_flush;
     p.group = GDN_GROUP_SPEC, p.replay = GDN_REPLAY_APPLY;
     p.ring = replay_ring, p.ring_count = replay_count, p.ring_tokens = cfg.replay_tokens;
-    p.ring_floats = gdn_ring_floats(p.H, p.HV, p.K, p.V);
+    p.ring_floats = ring_floats_of(cfg);
     Chain ch(q);
     launch(ch, ks, plan.replay_spec, p);
     p.group = GDN_GROUP_NON_SPEC;

@@ -25,9 +25,11 @@ std::string fstr(float v) {  // shortest round-trip-ish text: -0.5, 0, 1e-06
 // this library knows, oldest first. Version 1 is the layout libgdn_xpu 0.1.0 shipped, the oldest
 // caller accepted; gdn_batch_t's version 1 ends where its first version-2 field begins. On LP64
 // platforms (x86-64, aarch64 Linux) version 1 was 88 (config), 112 (batch) and 184 (tensors) bytes.
-constexpr size_t kConfigVersions[] = {offsetof(gdn_config_t, packed_order), sizeof(gdn_config_t)};
+constexpr size_t kConfigVersions[] = {offsetof(gdn_config_t, packed_order), offsetof(gdn_config_t, gate_mode),
+                                      sizeof(gdn_config_t)};
 constexpr size_t kBatchVersions[] = {offsetof(gdn_batch_t, non_spec_read_state_indices), sizeof(gdn_batch_t)};
-constexpr size_t kTensorsVersions[] = {offsetof(gdn_tensors_t, qkvz), sizeof(gdn_tensors_t)};
+constexpr size_t kTensorsVersions[] = {offsetof(gdn_tensors_t, qkvz), offsetof(gdn_tensors_t, b_stride),
+                                       sizeof(gdn_tensors_t)};
 static_assert(sizeof(void *) != 8 || (kConfigVersions[0] == 88 && kBatchVersions[0] == 112 && kTensorsVersions[0] == 184),
               "a version-1 struct layout changed: that breaks every caller built against 0.1.0 (ABI 1)");
 
@@ -130,6 +132,18 @@ gdn_config_t validate_config(const gdn_config_t *in) {
   GDN_REQUIRE((cfg.flags & ~GDN_FLAG_ALL) == 0, GDN_ERROR_UNSUPPORTED, "cfg->flags has unknown bits: " + str(cfg.flags));
   check_range(cfg.packed_order, GDN_PACKED_NONE, GDN_PACKED_CONTIGUOUS, GDN_ERROR_BAD_LAYOUT, "cfg->packed_order");
   check_range(cfg.replay_tokens, 0, GDN_REPLAY_MAX_TOKENS, GDN_ERROR_BAD_COUNT, "cfg->replay_tokens");
+  check_range(cfg.gate_mode, GDN_GATE_HEAD, GDN_GATE_CHANNEL, GDN_ERROR_BAD_LAYOUT, "cfg->gate_mode");
+  check_range(cfg.out_gate, GDN_OUT_GATE_SILU, GDN_OUT_GATE_SIGMOID, GDN_ERROR_BAD_LAYOUT, "cfg->out_gate");
+  GDN_REQUIRE(std::isfinite(cfg.gate_lower_bound) && cfg.gate_lower_bound <= 0.0f, GDN_ERROR_BAD_SHAPE,
+          "cfg->gate_lower_bound = " + fstr(cfg.gate_lower_bound) + " must be 0 (no bound) or finite and negative");
+  if (cfg.gate_mode == GDN_GATE_CHANNEL) {  // (KDA: Kimi Linear has as many k-heads as v-heads)
+    GDN_REQUIRE(cfg.num_v_heads == cfg.num_k_heads, GDN_ERROR_BAD_SHAPE,
+            "cfg->num_v_heads = " + str(cfg.num_v_heads) + " != num_k_heads = " + str(cfg.num_k_heads) +
+                ": GDN_GATE_CHANNEL needs one v-head per k-head");
+    GDN_REQUIRE(cfg.packed_order == GDN_PACKED_NONE, GDN_ERROR_UNSUPPORTED,
+            "cfg->packed_order = " + str(cfg.packed_order) + " with GDN_GATE_CHANNEL: packed projections are "
+                "Qwen3-Next / Qwen3.5's (GDN_GATE_HEAD)");
+  }
   GDN_REQUIRE(cfg.replay_tokens == 0 || cfg.conv_spec_layout == GDN_CONV_SPEC_ROLLED, GDN_ERROR_UNSUPPORTED,
           "cfg->conv_spec_layout = GDN_CONV_SPEC_SNAPSHOT with replay_tokens = " + str(cfg.replay_tokens) +
               ": replay mode keeps one slot per spec sequence and needs GDN_CONV_SPEC_ROLLED");
@@ -181,7 +195,10 @@ Checked validate_call(void *queue, const gdn_config_t *cfg_in, const gdn_batch_t
   const int32_t hv = cfg.num_v_heads, ov = cfg.num_v_heads * cfg.head_v_dim;
   check_stride(t.mixed_qkv_stride, c.conv_dim, "tensors->mixed_qkv_stride");
   check_stride(t.conv_out_stride, c.conv_dim, "tensors->conv_out_stride");
-  check_stride(t.ab_stride, hv, "tensors->ab_stride");
+  const int64_t given_ab_stride = t.ab_stride;
+  check_stride(t.ab_stride, (int64_t)hv * gate_k_of(cfg), "tensors->ab_stride");
+  if (t.b_stride == 0) t.b_stride = given_ab_stride;  // (gdn_xpu.h: b shares a's stride unless given)
+  check_stride(t.b_stride, hv, "tensors->b_stride");
   check_stride(t.out_stride, ov, "tensors->out_stride");
   check_stride(t.z_stride, ov, "tensors->z_stride");
   check_stride(t.qkvz_stride, c.conv_dim + (int64_t)ov, "tensors->qkvz_stride");

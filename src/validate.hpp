@@ -9,6 +9,7 @@
 #include <vector>
 #include <sycl/sycl.hpp>
 #include "gdn_xpu.h"
+#include "kernels/params.hpp"
 
 namespace gdn {
 
@@ -55,6 +56,13 @@ size_t dtype_bytes(int32_t dtype);  // 0 for a value that is not a gdn_dtype_t
 // conv_dim = 2*H*K + HV*V: the channels of mixed_qkv, conv_out and a conv slot.
 inline int64_t conv_dim_of(const gdn_config_t &cfg) {
   return 2LL * cfg.num_k_heads * cfg.head_k_dim + (int64_t)cfg.num_v_heads * cfg.head_v_dim;
+}
+
+// Gate values per v-head and token (params.hpp, gdn_gate_k) and f32 values of a replay ring entry,
+// of a validated config.
+inline int32_t gate_k_of(const gdn_config_t &cfg) { return gdn_gate_k(cfg.gate_mode, cfg.head_k_dim); }
+inline int64_t ring_floats_of(const gdn_config_t &cfg) {
+  return gdn_ring_floats(cfg.num_k_heads, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim, gate_k_of(cfg));
 }
 
 // The model dims validate_config accepts (gdn_xpu.h, gdn_config_t): 1..these.

@@ -18,6 +18,12 @@
 #error "GDN_HEAD_K must be defined"
 #endif
 #define KD GDN_HEAD_K
+// -DGDN_GATE_CHANNEL=1 (gdn_xpu.h GDN_GATE_CHANNEL, KDA): state row k decays by its own gate; the
+// gate arrays (prep's g, a ring entry's g) hold GK values per v-head and token (params.hpp, gdn_gate_k).
+#ifndef GDN_GATE_CHANNEL
+#define GDN_GATE_CHANNEL 0
+#endif
+#define GK (GDN_GATE_CHANNEL ? KD : 1)
 #if GDN_VK_LAYOUT
 #define K_STRIDE 1
 #define V_STRIDE KD
@@ -148,14 +154,19 @@ static inline float v_at(const GdnDeltaParams &p, const RecurrentSeq &r, int64_t
   return r.ring_in ? r.ring_in[i] : load_act(p.qkv, i);
 }
 
-// Replay WALK: token t's g and beta of v-head hv and the v of the item's columns to its ring entry
-// (k: the CPU walks' token_in). GDN_REPLAY_APPLY reads them back bit for bit (v widened to f32 exactly).
+// Offsets of a ring entry's g and beta of v-head hv (params.hpp).
+static inline int64_t ring_g(const GdnDeltaParams &p, int32_t hv) { return gdn_ring_g(p.H, p.HV, KD, p.V) + (int64_t)hv * GK; }
+static inline int64_t ring_beta(const GdnDeltaParams &p, int32_t hv) { return gdn_ring_beta(p.H, p.HV, KD, p.V, GK) + hv; }
+
+// Replay WALK: token t's g (GK values) and beta of v-head hv and the v of the item's columns to its
+// ring entry (k: the CPU walks' token_in). GDN_REPLAY_APPLY reads them back bit for bit (v widened
+// to f32 exactly).
 static inline void ring_write_v(const GdnDeltaParams &p, const RecurrentSeq &r, int32_t t, int64_t row, int32_t hv,
-                                float g, float beta) {
+                                const float *g, float beta) {
   float *e = r.ring_out + (int64_t)t * p.ring_floats;
   if (r.ring_v0 == 0) {
-    e[gdn_ring_g(p.H, p.HV, KD, p.V) + hv] = g;
-    e[gdn_ring_beta(p.H, p.HV, KD, p.V) + hv] = beta;
+    for (int c = 0; c < GK; ++c) e[ring_g(p, hv) + c] = g[c];
+    e[ring_beta(p, hv)] = beta;
   }
   const int64_t src = row * p.qkv_stride + p.v_offset + (int64_t)hv * p.V, dst = gdn_ring_v(p.H, KD) + (int64_t)hv * p.V;
   for (int32_t v = r.ring_v0; v < r.ring_v0 + r.ring_vn; ++v) e[dst + v] = load_act(p.qkv, src + v);

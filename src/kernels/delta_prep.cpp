@@ -5,7 +5,7 @@
 
 // A sub-group of GDN_SUB_GROUP lanes per (row, k-head): lane l takes q and k elements
 // l, l + GDN_SUB_GROUP, ... (loads and stores contiguous across the lanes), the sums of squares
-// by sub-group reductions, and v-heads l, l + GDN_SUB_GROUP, ... of the k-head's gates.
+// by sub-group reductions, and gate elements l, l + GDN_SUB_GROUP, ... of the k-head's v-heads.
 // Global (H, rows * GDN_SUB_GROUP rounded up), local (1, GDN_SUB_GROUP * GDN_TILE_SUB_GROUPS): the
 // sub-groups run along the last dimension (on the CPU device the only one they can span).
 #define PREP_KS ((KD + GDN_SUB_GROUP - 1) / GDN_SUB_GROUP)
@@ -37,8 +37,10 @@ GDN_SUB_GROUP_KERNEL(2) void gdn_prep(GdnPrepParams p) {
       kn[e] = k[i] * rk;
     }
   }
-  const int32_t ratio = p.HV / p.H;
-  for (int32_t j = lane; j < ratio; j += GDN_SUB_GROUP) prep_gates(p, row, h * ratio + j, 1);
+  // The k-head's gate elements (its v-heads' gate_k each) and betas, lane by lane.
+  const int32_t ratio = p.HV / p.H, e0 = h * ratio * p.gate_k;
+  for (int32_t j = lane; j < ratio * p.gate_k; j += GDN_SUB_GROUP) p.g[row * p.HV * p.gate_k + e0 + j] = gate_g(p, row, e0 + j);
+  for (int32_t j = lane; j < ratio; j += GDN_SUB_GROUP) p.beta[row * p.HV + h * ratio + j] = gate_beta(p, row, h * ratio + j);
 }
 
 // The chunk plan of the non-spec sequences, built on the device from non_spec_query_start_loc

@@ -23,29 +23,39 @@ static inline float log_decay(float A_log, float x) {
   return -sycl::exp(A_log + (x < -15.0f ? x : sycl::log(sp)));
 }
 
+// The lower-bound form of the log-decay (gdn_xpu.h, gdn_gate_mode_t): lb * sigmoid(exp(A_log) * x),
+// in [lb, 0] whatever the inputs (exp(A_log) * x = +-inf saturates the sigmoid); x = 0 gives lb / 2
+// even against an infinite exp(A_log). NaN in gives NaN out.
+static inline float bounded_log_decay(float lb, float A_log, float x) {
+  return lb * sigmoid(x == 0.0f ? 0.0f : sycl::exp(A_log) * x);
+}
+
 // The factor a row's q (times scale) or k is multiplied by, from its sum of squares.
 static inline float l2_factor(const GdnPrepParams &p, float sum_sq) {
   if (!p.l2norm) return 1.0f;
   return p.l2_div ? 1.0f / (sycl::sqrt(sum_sq) + p.eps) : sycl::rsqrt(sum_sq + p.eps);
 }
 
-// The gates g, beta of v-head hv of a row.
-static inline void gates(const GdnPrepParams &p, int64_t row, int32_t hv, float *g, float *beta) {
-  const int64_t gi = row * p.HV + hv;
-  if (p.g_in) {
-    *g = p.g_in[gi];
-    *beta = p.beta_in[gi];
-  } else {
-    const int64_t col = row * p.ab_stride + gdn_group_col(hv, p.ab_per_group, p.ab_group_cols);  // (packed: in ba)
-    const float a = load_act(p.a, col), b = load_act(p.b, col);
-    *g = log_decay(p.A_log[hv], a + p.dt_bias[hv]);
-    *beta = sigmoid(b);
-  }
+// Gate element e of a row (v-head e / gate_k, key channel e % gate_k): its log-decay g. Packed,
+// a is the a part of ba's groups (GDN_GATE_HEAD only; unpacked the column mapping is the identity).
+static inline float gate_g(const GdnPrepParams &p, int64_t row, int32_t e) {
+  if (p.g_in) return p.g_in[row * p.HV * p.gate_k + e];
+  const int32_t hv = e / p.gate_k;
+  const float x = load_act(p.a, row * p.ab_stride + gdn_group_col(e, p.ab_per_group, p.ab_group_cols)) + p.dt_bias[e];
+  return p.lower_bound != 0.0f ? bounded_log_decay(p.lower_bound, p.A_log[hv], x) : log_decay(p.A_log[hv], x);
+}
+// beta of v-head hv of a row.
+static inline float gate_beta(const GdnPrepParams &p, int64_t row, int32_t hv) {
+  if (p.beta_in) return p.beta_in[row * p.HV + hv];
+  return sigmoid(load_act(p.b, row * p.b_stride + gdn_group_col(hv, p.ab_per_group, p.ab_group_cols)));
 }
 
-// The gates g, beta of v-heads hv0 .. hv0+n-1 of a row, stored.
+// The gates g (gate_k elements each) and beta of v-heads hv0 .. hv0+n-1 of a row, stored.
 static inline void prep_gates(const GdnPrepParams &p, int64_t row, int32_t hv0, int32_t n) {
-  for (int32_t hv = hv0; hv < hv0 + n; ++hv) gates(p, row, hv, p.g + row * p.HV + hv, p.beta + row * p.HV + hv);
+  for (int32_t hv = hv0; hv < hv0 + n; ++hv) {
+    for (int32_t e = hv * p.gate_k; e < (hv + 1) * p.gate_k; ++e) p.g[row * p.HV * p.gate_k + e] = gate_g(p, row, e);
+    p.beta[row * p.HV + hv] = gate_beta(p, row, hv);
+  }
 }
 
 // q (times scale) and k of (row, k-head h), l2-normalized, as KD/16 vectors each (KD % 16 == 0):

@@ -7,7 +7,9 @@
 //   a = S^T k,  c = S^T q,  kq = k.q        lane sums, then sub-group reductions
 //   u = beta (v - d a);  o = d c + u kq;    S = d S + k u^T
 // (o = S'^T q for the updated S' = d S + k u^T; the reference's order, S = d S; u = beta (v - S^T k);
-// S += k u^T; o = S^T q, is the same sum.)
+// S += k u^T; o = S^T q, is the same sum.) With a decay per state row (GDN_GATE_CHANNEL, D = Diag(d)):
+//   a = S^T (d k),  c = S^T (d q);  u = beta (v - a);  o = c + u kq;  S = D S + k u^T
+// the lane's rows' decays beside its k slice.
 #pragma once
 #include <sycl/group_algorithm.hpp>
 #include "delta.hpp"
@@ -95,30 +97,41 @@ static inline void recurrent_tile(const GdnDeltaParams &p, const sycl::sub_group
     float kk[TILE_KS];
     load_slice(kn, lane, kk);
     const float *qn = state_only ? kn : p.qn + (row * p.H + h) * KD;
-    const float g = state_only ? e[gdn_ring_g(p.H, p.HV, KD, p.V) + hv] : p.g[row * p.HV + hv];
-    const float beta = state_only ? e[gdn_ring_beta(p.H, p.HV, KD, p.V) + hv] : p.beta[row * p.HV + hv];
-    const float decay = sycl::exp(g);
+    // The token's gates: g of v-head hv (GK values: the lane's rows' with GDN_GATE_CHANNEL), beta.
+    const float *gs = state_only ? e + ring_g(p, hv) : p.g + (row * p.HV + hv) * GK;
+    const float beta = state_only ? e[ring_beta(p, hv)] : p.beta[row * p.HV + hv];
+    // The decays: per row in dk (GDN_GATE_CHANNEL; its k slice scaled by them in kd), else the one
+    // decay, applied to the sums (dsum) -- the per-head walk's own arithmetic.
+    float dk[TILE_KS], kd[TILE_KS];
+    const float decay = GDN_GATE_CHANNEL ? 1.0f : sycl::exp(gs[0]), dsum = decay;
+#pragma unroll
+    for (int i = 0; i < TILE_KS; ++i) {
+      dk[i] = GDN_GATE_CHANNEL ? (tile_row(lane, i) ? sycl::exp(gs[lane + GDN_SUB_GROUP * i]) : 0.0f) : decay;
+      kd[i] = GDN_GATE_CHANNEL ? kk[i] * dk[i] : kk[i];
+    }
     if (r.ring_out) {
       float *o = r.ring_out + (int64_t)t * p.ring_floats;
       if (v0 == 0 && hv % (p.HV / p.H) == 0)
 #pragma unroll
         for (int i = 0; i < TILE_KS; ++i)
           if (tile_row(lane, i)) o[h * KD + lane + GDN_SUB_GROUP * i] = kk[i];
-      if (v0 == 0 && lane == 0) {
-        o[gdn_ring_g(p.H, p.HV, KD, p.V) + hv] = g;
-        o[gdn_ring_beta(p.H, p.HV, KD, p.V) + hv] = beta;
-      }
+      if (v0 == 0)
+#pragma unroll
+        for (int i = 0; i < (GK + GDN_SUB_GROUP - 1) / GDN_SUB_GROUP; ++i)
+          if (lane + GDN_SUB_GROUP * i < GK) o[ring_g(p, hv) + lane + GDN_SUB_GROUP * i] = gs[lane + GDN_SUB_GROUP * i];
+      if (v0 == 0 && lane == 0) o[ring_beta(p, hv)] = beta;
       if (writer) o[gdn_ring_v(p.H, KD) + (int64_t)hv * p.V + vl] = v_at(p, r, v_index(p, r, row, hv, vl));
     }
     float a[TILE_COLS] = {}, c[TILE_COLS] = {}, kq = 0.0f;
 #pragma unroll
     for (int i = 0; i < TILE_KS; ++i) {
       const float qi = !state_only && tile_row(lane, i) ? qn[lane + GDN_SUB_GROUP * i] : 0.0f;
+      const float qd = GDN_GATE_CHANNEL ? qi * dk[i] : qi;
       if (!state_only) kq += kk[i] * qi;
 #pragma unroll
       for (int b = 0; b < TILE_COLS; ++b) {
-        a[b] = sycl::fma(s[b][i], kk[i], a[b]);
-        if (!state_only) c[b] += s[b][i] * qi;
+        a[b] = sycl::fma(s[b][i], kd[i], a[b]);
+        if (!state_only) c[b] += s[b][i] * qd;
       }
     }
     if (!state_only) kq = sg_sum(sg, kq);
@@ -127,13 +140,13 @@ static inline void recurrent_tile(const GdnDeltaParams &p, const sycl::sub_group
 #pragma unroll
     for (int b = 0; b < TILE_COLS; ++b) {
       const float vv = v0 + b < p.V ? v_at(p, r, vrow + b) : 0.0f;  // one address: a broadcast load
-      const float u = beta * sycl::fma(-decay, sg_sum(sg, a[b]), vv);
+      const float u = beta * sycl::fma(-dsum, sg_sum(sg, a[b]), vv);
       if (!state_only) {
-        const float ob = decay * sg_sum(sg, c[b]) + u * kq;
+        const float ob = dsum * sg_sum(sg, c[b]) + u * kq;
         o = lane == b ? ob : o;
       }
 #pragma unroll
-      for (int i = 0; i < TILE_KS; ++i) s[b][i] = sycl::fma(s[b][i], decay, kk[i] * u);
+      for (int i = 0; i < TILE_KS; ++i) s[b][i] = sycl::fma(s[b][i], dk[i], kk[i] * u);
     }
     if (writer && !state_only) store_act(p.out, row * p.out_stride + (int64_t)hv * p.V + vl, o);
     const int32_t to = token_store_slot(r, t);  // spec write-back or block checkpoint

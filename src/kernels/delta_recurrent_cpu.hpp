@@ -30,8 +30,8 @@ static inline int64_t token_in(const GdnDeltaParams &p, const RecurrentSeq &rs, 
   if (rs.ring_in) {  // a replay (GDN_REPLAY_APPLY): ring entry t; no q (k stands in), no outputs
     const float *e = rs.ring_in + (int64_t)t * p.ring_floats;
     kn = qn = e + h * KD;
-    decay = sycl::exp(e[gdn_ring_g(p.H, p.HV, KD, p.V) + hv]);
-    beta = e[gdn_ring_beta(p.H, p.HV, KD, p.V) + hv];
+    decay = sycl::exp(e[ring_g(p, hv)]);
+    beta = e[ring_beta(p, hv)];
     return t;
   }
   const int64_t row = global_row(p.token_indx, rs.j0 + t);
@@ -44,7 +44,7 @@ static inline int64_t token_in(const GdnDeltaParams &p, const RecurrentSeq &rs, 
       vstore(qb + 16 * c, q[c]);
     }
     kn = kb, qn = qb;
-    gates(p.prep, row, hv, &g, &beta);
+    g = gate_g(p.prep, row, hv), beta = gate_beta(p.prep, row, hv);
   } else {
     kn = p.kn + (row * p.H + h) * KD, qn = p.qn + (row * p.H + h) * KD;
     g = p.g[row * p.HV + hv], beta = p.beta[row * p.HV + hv];
@@ -53,7 +53,7 @@ static inline int64_t token_in(const GdnDeltaParams &p, const RecurrentSeq &rs, 
   if (rs.ring_out) {  // replay mode's walk: the token's inputs to the ring (RecurrentSeq)
     if (rs.ring_k)
       for (int k = 0; k < KD; ++k) rs.ring_out[(int64_t)t * p.ring_floats + h * KD + k] = kn[k];
-    ring_write_v(p, rs, t, row, hv, g, beta);
+    ring_write_v(p, rs, t, row, hv, &g, beta);
   }
   return row;
 }

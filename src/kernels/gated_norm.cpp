@@ -1,5 +1,6 @@
-// gated_norm.cpp — fused output gate of Qwen3-Next's GDN layer, in place on core_attn_out:
-// o = rmsnorm(o) * weight * silu(z), fp32 inside. One work-item per (row, v-head). z: the z array,
+// gated_norm.cpp — fused output gate of the layer, in place on core_attn_out:
+// o = rmsnorm(o) * weight * act(z), fp32 inside; act = silu (Qwen3-Next, Qwen3.5) or sigmoid
+// (Kimi Linear: GdnNormParams.sigmoid). One work-item per (row, v-head). z: the z array,
 // or the z columns of packed qkvz (GdnNormParams.z_per_group: where a head's V elements are).
 #include "common.hpp"
 
@@ -14,6 +15,8 @@ GDN_KERNEL(1) void gdn_gated_rmsnorm(GdnNormParams p) {
     ss += o * o;
   }
   const float r = sycl::rsqrt(ss / (float)p.V + p.eps);
-  for (int32_t v = 0; v < p.V; ++v)
-    store_act(p.out, o0 + v, load_act(p.out, o0 + v) * r * load_act(p.weight, v) * silu(load_act(p.z, z0 + v)));
+  for (int32_t v = 0; v < p.V; ++v) {
+    const float z = load_act(p.z, z0 + v);
+    store_act(p.out, o0 + v, load_act(p.out, o0 + v) * r * load_act(p.weight, v) * (p.sigmoid ? sigmoid(z) : silu(z)));
+  }
 }

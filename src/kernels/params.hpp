@@ -37,11 +37,19 @@ enum { GDN_GROUP_NON_SPEC = 0, GDN_GROUP_SPEC = 1 };
 enum { GDN_REPLAY_OFF = 0, GDN_REPLAY_WALK = 1, GDN_REPLAY_APPLY = 2 };
 // The most ring entries a slot may hold: 1 + the largest batch->num_spec.
 enum { GDN_REPLAY_MAX_TOKENS = 65 };
-// A ring entry (f32): k [H, K] | v [HV, V] | g [HV] | beta [HV]. Offsets of v, g, beta, and its size.
+// Gate values per v-head and token: 1 (GDN_GATE_HEAD) or K (GDN_GATE_CHANNEL). The device code
+// of the delta rule knows it at compile time (delta.hpp, GK); the gate arrays are [rows, HV * gk].
+static inline int32_t gdn_gate_k(int32_t gate_mode, int32_t K) { return gate_mode == GDN_GATE_CHANNEL ? K : 1; }
+
+// A ring entry (f32): k [H, K] | v [HV, V] | g [HV, gk] | beta [HV]. Offsets of v, g, beta, and its size.
 static inline int64_t gdn_ring_v(int32_t H, int32_t K) { return (int64_t)H * K; }
 static inline int64_t gdn_ring_g(int32_t H, int32_t HV, int32_t K, int32_t V) { return (int64_t)H * K + (int64_t)HV * V; }
-static inline int64_t gdn_ring_beta(int32_t H, int32_t HV, int32_t K, int32_t V) { return gdn_ring_g(H, HV, K, V) + HV; }
-static inline int64_t gdn_ring_floats(int32_t H, int32_t HV, int32_t K, int32_t V) { return gdn_ring_beta(H, HV, K, V) + HV; }
+static inline int64_t gdn_ring_beta(int32_t H, int32_t HV, int32_t K, int32_t V, int32_t gk) {
+  return gdn_ring_g(H, HV, K, V) + (int64_t)HV * gk;
+}
+static inline int64_t gdn_ring_floats(int32_t H, int32_t HV, int32_t K, int32_t V, int32_t gk) {
+  return gdn_ring_beta(H, HV, K, V, gk) + HV;
+}
 
 // Shapes of the CPU-device kernel variants, used by the host for launch ranges and by the kernels.
 enum {
@@ -142,18 +150,23 @@ struct GdnConvParams {
 };
 
 // Per-row preprocessing: l2-normalized, scaled q and k, and the gates, all f32, by global row.
+// Gate element e of a row (v-head e / gate_k, key channel e % gate_k) in a, dt_bias, g_in and g;
+// b, beta_in and beta hold one per v-head.
 struct GdnPrepParams {
   const void *qkv;          // conv output [rows, conv_dim] act
-  const void *a, *b;        // [rows, HV] act (null when g/beta given)
-  const float *A_log, *dt_bias;
+  const void *a, *b;        // [rows, HV * gate_k], [rows, HV] act (null when g/beta given)
+  const float *A_log, *dt_bias;  // [HV], [HV * gate_k]
   const float *g_in, *beta_in;
   float *qn, *kn;           // [rows, H, K]
-  float *g, *beta;          // [rows, HV]
+  float *g, *beta;          // [rows, HV * gate_k], [rows, HV]
   int64_t qkv_stride, ab_stride;
   int32_t rows, H, HV, K;
   float scale, eps;
   int32_t l2norm, l2_div;
   int32_t ab_per_group, ab_group_cols;  // v-head hv's a and b at gdn_group_col(hv, ...) of their rows
+  int64_t b_stride;                     // b's row stride (ab_stride: a's)
+  int32_t gate_k;                       // gdn_gate_k of the config
+  float lower_bound;                    // 0, or the lower-bound gate form's bound (gdn_config_t)
 };
 
 // State-carrying kernels. ssm element (slot, head, k, v) at slot*slot_stride + head*K*V + (k*V + v | v*K + k),
@@ -182,7 +195,7 @@ struct GdnDeltaParams {
   // and their counts [num_slots]; null in the per-token mode.
   float *ring;
   int32_t *ring_count;
-  int64_t ring_floats;                      // gdn_ring_floats of the config
+  int64_t ring_floats;                      // gdn_ring_floats of the config (ring offsets: GK, delta.hpp)
   int32_t ring_tokens, replay;              // entries per slot; GDN_REPLAY_*
 };
 
@@ -203,4 +216,5 @@ struct GdnNormParams {
   int32_t rows, HV, V;
   float eps;
   int32_t z_per_group, z_group_cols;    // z element e of a row at gdn_group_col(e, ...)
+  int32_t sigmoid, pad0;                // the gate: sigmoid(z) (GDN_OUT_GATE_SIGMOID), else silu(z)
 };

@@ -1,0 +1,115 @@
+"""Kimi Delta Attention (cfg.gate_mode = "channel": a decay per key channel) against the float64
+reference on every path of the op: the conv, decode, spec decode, chunked and token-recurrent
+prefills, mixed batches, read/write slots and block checkpoints, every state dtype and layout,
+the CPU-device kernels and the generic (GPU) kernels."""
+import numpy as np
+import pytest
+
+import pygdn
+from pygdn import reference as ref
+from pygdn.batch import make_batch, to_device
+from helpers import (assert_close, conv_from_canonical, conv_to_canonical, dequantize, quantize, ssm_from_canonical,
+                     ssm_to_canonical, usm)
+
+
+def kda_config(H, K, V, num_slots, num_spec=0, **kw):
+    W = kw.pop("conv_width", 4)
+    return pygdn.Config(num_k_heads=H, num_v_heads=H, head_k_dim=K, head_v_dim=V, num_slots=num_slots, conv_width=W,
+                        conv_state_len=W - 1 + num_spec, gate_mode="channel", out_gate="sigmoid", **kw)
+
+
+class KdaLayer:
+    """Weights and caches of one KDA layer on the device, float64 copies for the reference. Gates as
+    Kimi Linear's: A_log [H], dt_bias [H*K] (lower_bound: its lower-bound form)."""
+
+    def __init__(self, queue, rng, cfg, lower_bound=0.0):
+        self.queue, self.cfg, self.lower_bound = queue, cfg, lower_bound
+        C, W, H, K, V, dt = cfg.conv_dim, cfg.conv_width, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim, cfg.act_dtype
+        self.w_s, self.w = quantize(rng.standard_normal((C, W)) * 0.5, dt)
+        self.bias_s, self.bias = quantize(rng.standard_normal(C) * 0.1, dt)
+        self.A_log = np.log(rng.uniform(0.5, 4.0, H)).astype(np.float32)
+        self.dt_bias = rng.uniform(-1, 1, H * K).astype(np.float32)
+        self.norm_w_s, self.norm_w = quantize(rng.uniform(0.5, 1.5, V), dt)
+        self.conv0 = quantize(rng.standard_normal((cfg.num_slots, C, cfg.state_len)), dt)
+        self.ssm0 = (rng.standard_normal((cfg.num_slots, H, K, V)) * 0.5).astype(np.float32)
+        if cfg.state_dtype != "f32":  # the stored start state is what the reference reads
+            self.ssm0 = dequantize(quantize(self.ssm0, cfg.state_dtype)[0], cfg.state_dtype).astype(np.float32)
+        self.d_conv = usm(queue, conv_from_canonical(self.conv0[0], cfg.conv_layout))
+        self.d_ssm = usm(queue, ssm_from_canonical(quantize(self.ssm0, cfg.state_dtype)[0], cfg.ssm_layout))
+        self.d_w, self.d_bias = usm(queue, self.w_s), usm(queue, self.bias_s)
+        self.d_A, self.d_dt = usm(queue, self.A_log), usm(queue, self.dt_bias)
+        self.d_norm_w = usm(queue, self.norm_w_s)
+
+    def inputs(self, rng, T, gate_scale=1.0):
+        cfg, dt = self.cfg, self.cfg.act_dtype
+        H, K, V = cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim
+        return dict(x=quantize(rng.standard_normal((T, cfg.conv_dim)), dt),
+                    a=quantize(rng.standard_normal((T, H * K)) * gate_scale, dt),
+                    b=quantize(rng.standard_normal((T, H)), dt), z=quantize(rng.standard_normal((T, H, V)), dt))
+
+    def step(self, meta, inp, norm=True):
+        cfg, T = self.cfg, meta["num_actual_tokens"]
+        d_out = usm(self.queue, quantize(np.full((T + 1, cfg.num_v_heads, cfg.head_v_dim), 5.0), cfg.act_dtype)[0])
+        pygdn.attention(self.queue, cfg, to_device(meta, self.queue), mixed_qkv=usm(self.queue, inp["x"][0]),
+                        a=usm(self.queue, inp["a"][0]), b=usm(self.queue, inp["b"][0]), conv_weight=self.d_w,
+                        conv_bias=self.d_bias, A_log=self.d_A, dt_bias=self.d_dt, conv_state=self.d_conv,
+                        ssm_state=self.d_ssm, core_attn_out=d_out, z=usm(self.queue, inp["z"][0]) if norm else None,
+                        norm_weight=self.d_norm_w if norm else None)
+        return dequantize(d_out.to_numpy(), cfg.act_dtype)
+
+    def reference(self, meta, inp, norm=True):
+        cfg = self.cfg
+        H, K, V = cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim
+        sd = None if cfg.state_dtype == "f32" else cfg.state_dtype
+        return ref.gdn_attention(inp["x"][1], inp["a"][1], inp["b"][1], self.w, self.bias, self.A_log, self.dt_bias,
+                                 self.conv0[1], self.ssm0.astype(np.float64), meta, H, H, K, V,
+                                 spec_layout=cfg.conv_spec_layout, z=inp["z"][1] if norm else None,
+                                 norm_weight=self.norm_w if norm else None, state_dtype=sd,
+                                 lower_bound=self.lower_bound, out_gate="sigmoid")
+
+    def ssm_state(self):
+        raw = ssm_to_canonical(self.d_ssm.to_numpy(), self.cfg.ssm_layout)
+        return dequantize(raw, self.cfg.state_dtype).astype(np.float64)
+
+    def check(self, meta, inp, norm=True, tol=None):
+        T = meta["num_actual_tokens"]
+        got = self.step(meta, inp, norm)
+        want_o, want_conv, want_ssm = self.reference(meta, inp, norm)
+        f32 = self.cfg.act_dtype == "f32" and self.cfg.state_dtype == "f32"
+        tol = tol or (2e-4 if f32 else 5e-2)
+        assert_close(got[:T], want_o, tol, "core_attn_out")
+        assert np.all(got[T] == 5.0), "canary row past num_actual_tokens was written"
+        if self.cfg.act_dtype == "f32":
+            assert np.array_equal(dequantize(conv_to_canonical(self.d_conv.to_numpy(), self.cfg.conv_layout), "f32"),
+                                  want_conv), "conv_state"
+        got_ssm = self.ssm_state()
+        assert_close(got_ssm, want_ssm, tol if f32 else 2e-2, "ssm_state")
+        for s in range(self.cfg.num_slots):  # slots no sequence writes stay bit for bit
+            if np.array_equal(want_ssm[s], self.ssm0[s]):
+                assert np.array_equal(got_ssm[s], self.ssm0[s].astype(np.float64)), f"slot {s} changed"
+
+
+@pytest.fixture(params=["cpu_kernels", "generic_kernels"])
+def kernels(request, monkeypatch):
+    if request.param == "generic_kernels":
+        monkeypatch.setenv("GDN_XPU_GENERIC_KERNELS", "1")
+    return request.param
+
+
+MODES = {
+    "decode": dict(num_decodes=5),
+    "spec": dict(spec_lens=[3, 1, 2, 3], num_spec=2),
+    "prefill": dict(prefill_lens=[70, 5, 130]),
+    "mixed": dict(prefill_lens=[67, 3], num_decodes=2, spec_lens=[2, 3, 1], num_spec=2, pad_non_spec=1, pad_spec=1,
+                  pad_len=1),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize("ssm_layout", ["kv", "vk"])
+def test_kda_layer_step(queue, kernels, mode, ssm_layout):
+    rng = np.random.default_rng(46)
+    meta = make_batch(rng, num_slots=32, order="random", **MODES[mode])
+    cfg = kda_config(2, 16, 16, 32, num_spec=meta["num_spec"], act_dtype="f32", ssm_layout=ssm_layout)
+    layer = KdaLayer(queue, rng, cfg)
+    layer.check(meta, layer.inputs(rng, meta["num_actual_tokens"]))
