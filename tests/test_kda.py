@@ -8,7 +8,7 @@ import pytest
 import pygdn
 from pygdn import reference as ref
 from pygdn.batch import make_batch, to_device
-from helpers import (assert_close, conv_from_canonical, conv_to_canonical, dequantize, quantize, ssm_from_canonical,
+from helpers import (EditedSUAI, assert_close, conv_from_canonical, conv_to_canonical, dequantize, quantize, ssm_from_canonical,
                      ssm_to_canonical, usm)
 
 
@@ -113,3 +113,63 @@ def test_kda_layer_step(queue, kernels, mode, ssm_layout):
     cfg = kda_config(2, 16, 16, 32, num_spec=meta["num_spec"], act_dtype="f32", ssm_layout=ssm_layout)
     layer = KdaLayer(queue, rng, cfg)
     layer.check(meta, layer.inputs(rng, meta["num_actual_tokens"]))
+
+
+def test_kda_lower_bound_gate(queue, kernels):
+    """Kimi Linear's lower-bound gate form (g = lb * sigmoid(exp(A_log) * (a + dt_bias))) on a mixed batch."""
+    rng = np.random.default_rng(461)
+    meta = make_batch(rng, num_slots=32, order="random", **MODES["mixed"])
+    cfg = kda_config(2, 16, 16, 32, num_spec=meta["num_spec"], act_dtype="f32", gate_lower_bound=-5.0)
+    layer = KdaLayer(queue, rng, cfg, lower_bound=-5.0)
+    layer.check(meta, layer.inputs(rng, meta["num_actual_tokens"], gate_scale=3.0))
+
+
+def test_kda_precomputed_gates_and_b_stride(queue, kernels):
+    """gdn_gated_delta_rule with g [rows, H*K] and beta given, and with raw gates whose b has a row
+    stride of its own (a column slice of a wider array; gdn_tensors_t.b_stride)."""
+    rng = np.random.default_rng(462)
+    meta = make_batch(rng, num_slots=32, order="random", **MODES["mixed"])
+    H, K, V = 2, 16, 16
+    cfg = kda_config(H, K, V, 32, num_spec=meta["num_spec"], act_dtype="f32")
+    T, C = meta["num_actual_tokens"], cfg.conv_dim
+    qkv = rng.standard_normal((T, C)).astype(np.float32)
+    a = rng.standard_normal((T, H * K)).astype(np.float32)
+    b_wide = rng.standard_normal((T, 3 * H)).astype(np.float32)
+    A_log = np.log(rng.uniform(0.5, 4.0, H)).astype(np.float32)
+    dt_bias = rng.uniform(-1, 1, H * K).astype(np.float32)
+    s0 = (rng.standard_normal((32, H, K, V)) * 0.5).astype(np.float32)
+    g, beta = ref.gates(a, b_wide[:, :H], A_log, dt_bias)
+    want_o, want_s = ref.gated_delta_rule(qkv, g, beta, s0.astype(np.float64), meta, H, H, K, V)
+    for gates in ("precomputed", "raw"):
+        d_ssm, d_out = usm(queue, ssm_from_canonical(s0, cfg.ssm_layout)), usm(queue, np.zeros((T, H, V), np.float32))
+        if gates == "precomputed":
+            kw = dict(g=usm(queue, g.reshape(T, H * K).astype(np.float32)), beta=usm(queue, beta.astype(np.float32)))
+        else:
+            b_view = EditedSUAI(usm(queue, b_wide), lambda d: d.update(shape=(T, H), strides=(3 * H, 1)))
+            kw = dict(a=usm(queue, a), b=b_view, A_log=usm(queue, A_log), dt_bias=usm(queue, dt_bias))
+        pygdn.gated_delta_rule(queue, cfg, to_device(meta, queue), conv_out=usm(queue, qkv), ssm_state=d_ssm,
+                               core_attn_out=d_out, **kw)
+        assert_close(d_out.to_numpy(), want_o, 2e-4, f"core_attn_out ({gates})")
+        assert_close(ssm_to_canonical(d_ssm.to_numpy(), cfg.ssm_layout), want_s, 2e-4, f"ssm_state ({gates})")
+
+
+def test_kda_config_rules(queue):
+    """GDN_GATE_CHANNEL needs one v-head per k-head and unpacked inputs; its gate arrays are H*K wide."""
+    rng = np.random.default_rng(463)
+    meta = make_batch(rng, num_slots=8, num_decodes=2)
+    bad = [(dict(num_v_heads=4), "GDN_ERROR_BAD_SHAPE", "GDN_GATE_CHANNEL needs one v-head per k-head"),
+           (dict(packed_order="grouped"), "GDN_ERROR_UNSUPPORTED", "cfg->packed_order = 1 with GDN_GATE_CHANNEL")]
+    for change, status, text in bad:
+        cfg = kda_config(2, 16, 16, 8)
+        for field, value in change.items():
+            setattr(cfg, field, value)
+        with pytest.raises(pygdn.GdnError) as e:
+            pygdn.warmup(queue, cfg)
+        assert status in str(e.value) and text in str(e.value)
+    cfg = kda_config(2, 16, 16, 8, act_dtype="f32")
+    T = meta["num_actual_tokens"]
+    f32 = lambda *shape: usm(queue, np.zeros(shape, np.float32))  # noqa: E731
+    with pytest.raises(ValueError, match="a: shape"):  # a per-head gate where a per-channel one is due
+        pygdn.gated_delta_rule(queue, cfg, to_device(meta, queue), conv_out=f32(T, cfg.conv_dim),
+                               ssm_state=f32(8, 2, 16, 16), core_attn_out=f32(T, 2, 16), a=f32(T, 2), b=f32(T, 2),
+                               A_log=f32(2), dt_bias=f32(32))

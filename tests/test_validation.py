@@ -309,6 +309,10 @@ CONFIG_RULES = [  # field, value, status, message
     ("conv_slot_stride", 79, "GDN_ERROR_BAD_LAYOUT", "cfg->conv_slot_stride = 79 < row width 80"),
     ("ssm_slot_stride", 31, "GDN_ERROR_BAD_LAYOUT", "cfg->ssm_slot_stride = 31 < row width 32"),
     ("flags", 32, "GDN_ERROR_UNSUPPORTED", "cfg->flags has unknown bits: 32"),
+    ("gate_mode", 2, "GDN_ERROR_BAD_LAYOUT", "cfg->gate_mode = 2 is outside [0, 1]"),
+    ("gate_mode", 1, "GDN_ERROR_BAD_SHAPE",
+     "cfg->num_v_heads = 2 != num_k_heads = 1: GDN_GATE_CHANNEL needs one v-head per k-head"),
+    ("out_gate", -1, "GDN_ERROR_BAD_LAYOUT", "cfg->out_gate = -1 is outside [0, 1]"),
 ]
 
 
@@ -329,14 +333,16 @@ def test_config_float_rule_names_field(s, field, value):
 
 
 @pytest.mark.parametrize("field,value,text", [("scale", -0.5, "-0.5"), ("l2norm_eps", 0.0, "0"),
-                                              ("norm_eps", -1.0, "-1")])
+                                              ("norm_eps", -1.0, "-1"), ("gate_lower_bound", 0.5, "0.5"),
+                                              ("gate_lower_bound", float("-inf"), "-inf"),
+                                              ("gate_lower_bound", float("nan"), "nan")])
 def test_config_float_rule_shows_value(s, field, value, text):
     def mutate(c):
         setattr(c, field, value)
     fails(s, "GDN_ERROR_BAD_SHAPE", [f"cfg->{field} = {text}"], lambda: s.raw(mutate_cfg=mutate))
 
 
-@pytest.mark.parametrize("field,dense", [("mixed_qkv_stride", C), ("conv_out_stride", C), ("ab_stride", HV),
+@pytest.mark.parametrize("field,dense", [("mixed_qkv_stride", C), ("conv_out_stride", C), ("ab_stride", HV), ("b_stride", HV),
                                          ("out_stride", HV * V), ("z_stride", HV * V)])
 def test_stride_too_small(s, field, dense):
     def mutate(t):
@@ -521,24 +527,30 @@ def test_version_1_caller_gets_the_defaults(s, which):
     s.check_reference(written=range(1, 9))
 
 
-def version_1_struct(which):
-    """mutate_*: a version-1 caller's cfg or tensors (0.1.0: no replay-mode fields), garbage after it."""
+def older_struct(which, size):
+    """mutate_*: an older caller's cfg or tensors of `size` bytes, garbage after it."""
     def mutate(c):
         n = ffi.sizeof(STRUCTS[which])
         buf = ffi.new("unsigned char[]", n)
         ffi.memmove(buf, b"\xa5" * n, n)
-        ffi.memmove(buf, c, V1_SIZE[which])
+        ffi.memmove(buf, c, size)
         p = ffi.cast(STRUCTS[which] + " *", buf)
-        p.struct_size = V1_SIZE[which]
+        p.struct_size = size
         mutate.keep = buf
         return p
     return mutate
 
 
-def test_version_1_cfg_and_tensors_get_the_defaults(s):
-    """Callers of the 0.1.0 header's gdn_config_t and gdn_tensors_t: the per-token mode (replay_tokens
-    0, no rings), whatever follows their structs in memory."""
-    s.raw(mutate_cfg=version_1_struct("cfg"), mutate_tensors=version_1_struct("tensors"))
+# Version 2 of gdn_config_t and gdn_tensors_t: each ends where its version-3 fields (gate modes) begin.
+V2_SIZE = {"cfg": ffi.offsetof("gdn_config_t", "gate_mode"), "tensors": ffi.offsetof("gdn_tensors_t", "b_stride")}
+
+
+@pytest.mark.parametrize("sizes", [V1_SIZE, V2_SIZE], ids=["version_1", "version_2"])
+def test_older_cfg_and_tensors_get_the_defaults(s, sizes):
+    """Callers of the 0.1.0 header's gdn_config_t and gdn_tensors_t get the per-token mode
+    (replay_tokens 0, no rings) and, like version-2 callers, the per-head gates (GDN_GATE_HEAD, silu
+    output gate, no lower bound, b at ab_stride), whatever follows their structs in memory."""
+    s.raw(mutate_cfg=older_struct("cfg", sizes["cfg"]), mutate_tensors=older_struct("tensors", sizes["tensors"]))
     s.check_reference(written=range(1, 9))
 
 

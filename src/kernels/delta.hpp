@@ -18,12 +18,13 @@
 #error "GDN_HEAD_K must be defined"
 #endif
 #define KD GDN_HEAD_K
-// -DGDN_GATE_CHANNEL=1 (gdn_xpu.h GDN_GATE_CHANNEL, KDA): state row k decays by its own gate; the
-// gate arrays (prep's g, a ring entry's g) hold GK values per v-head and token (params.hpp, gdn_gate_k).
-#ifndef GDN_GATE_CHANNEL
-#define GDN_GATE_CHANNEL 0
+// -DGDN_CHANNEL_GATE=1 (a config with gdn_xpu.h's GDN_GATE_CHANNEL, KDA): state row k decays by its
+// own gate; the gate arrays (prep's g, a ring entry's g) hold GK values per v-head and token
+// (params.hpp, gdn_gate_k).
+#ifndef GDN_CHANNEL_GATE
+#define GDN_CHANNEL_GATE 0
 #endif
-#define GK (GDN_GATE_CHANNEL ? KD : 1)
+#define GK (GDN_CHANNEL_GATE ? KD : 1)
 #if GDN_VK_LAYOUT
 #define K_STRIDE 1
 #define V_STRIDE KD

@@ -7,7 +7,7 @@
 //   a = S^T k,  c = S^T q,  kq = k.q        lane sums, then sub-group reductions
 //   u = beta (v - d a);  o = d c + u kq;    S = d S + k u^T
 // (o = S'^T q for the updated S' = d S + k u^T; the reference's order, S = d S; u = beta (v - S^T k);
-// S += k u^T; o = S^T q, is the same sum.) With a decay per state row (GDN_GATE_CHANNEL, D = Diag(d)):
+// S += k u^T; o = S^T q, is the same sum.) With a decay per state row (GDN_CHANNEL_GATE, D = Diag(d)):
 //   a = S^T (d k),  c = S^T (d q);  u = beta (v - a);  o = c + u kq;  S = D S + k u^T
 // the lane's rows' decays beside its k slice.
 #pragma once
@@ -97,17 +97,17 @@ static inline void recurrent_tile(const GdnDeltaParams &p, const sycl::sub_group
     float kk[TILE_KS];
     load_slice(kn, lane, kk);
     const float *qn = state_only ? kn : p.qn + (row * p.H + h) * KD;
-    // The token's gates: g of v-head hv (GK values: the lane's rows' with GDN_GATE_CHANNEL), beta.
+    // The token's gates: g of v-head hv (GK values: the lane's rows' with GDN_CHANNEL_GATE), beta.
     const float *gs = state_only ? e + ring_g(p, hv) : p.g + (row * p.HV + hv) * GK;
     const float beta = state_only ? e[ring_beta(p, hv)] : p.beta[row * p.HV + hv];
-    // The decays: per row in dk (GDN_GATE_CHANNEL; its k slice scaled by them in kd), else the one
+    // The decays: per row in dk (GDN_CHANNEL_GATE; its k slice scaled by them in kd), else the one
     // decay, applied to the sums (dsum) -- the per-head walk's own arithmetic.
     float dk[TILE_KS], kd[TILE_KS];
-    const float decay = GDN_GATE_CHANNEL ? 1.0f : sycl::exp(gs[0]), dsum = decay;
+    const float decay = GDN_CHANNEL_GATE ? 1.0f : sycl::exp(gs[0]), dsum = decay;
 #pragma unroll
     for (int i = 0; i < TILE_KS; ++i) {
-      dk[i] = GDN_GATE_CHANNEL ? (tile_row(lane, i) ? sycl::exp(gs[lane + GDN_SUB_GROUP * i]) : 0.0f) : decay;
-      kd[i] = GDN_GATE_CHANNEL ? kk[i] * dk[i] : kk[i];
+      dk[i] = GDN_CHANNEL_GATE ? (tile_row(lane, i) ? sycl::exp(gs[lane + GDN_SUB_GROUP * i]) : 0.0f) : decay;
+      kd[i] = GDN_CHANNEL_GATE ? kk[i] * dk[i] : kk[i];
     }
     if (r.ring_out) {
       float *o = r.ring_out + (int64_t)t * p.ring_floats;
@@ -126,7 +126,7 @@ static inline void recurrent_tile(const GdnDeltaParams &p, const sycl::sub_group
 #pragma unroll
     for (int i = 0; i < TILE_KS; ++i) {
       const float qi = !state_only && tile_row(lane, i) ? qn[lane + GDN_SUB_GROUP * i] : 0.0f;
-      const float qd = GDN_GATE_CHANNEL ? qi * dk[i] : qi;
+      const float qd = GDN_CHANNEL_GATE ? qi * dk[i] : qi;
       if (!state_only) kq += kk[i] * qi;
 #pragma unroll
       for (int b = 0; b < TILE_COLS; ++b) {
