@@ -39,7 +39,7 @@ L2NORM_EPS = 1e-5     # vLLM's CPU kernels' q/k l2norm eps
 
 _log = logging.getLogger("vllm.pygdn")
 STEP_GROUPS = 8       # metadata objects whose batches are kept: more than a step's KV-cache groups of GDN layers
-_state = {"queue": None, "layers": [], "dtypes": ("?", "?"), "announced": False, "steps": []}
+_state = {"layers": [], "dtypes": ("?", "?"), "announced": False, "steps": []}
 
 
 def register() -> None:
@@ -99,28 +99,24 @@ def _version():
 
 
 def _queue():
-    if _state["queue"] is None:
-        import dpctl
-        import pygdn  # noqa: F401  (finds the OpenCL CPU runtime before dpctl starts the SYCL runtime)
-        _state["queue"] = dpctl.SyclQueue("cpu", property="in_order")
-    return _state["queue"]
+    from pygdn.vllm_xpu import cpu_queue  # (importing pygdn first finds the OpenCL CPU runtime)
+    return cpu_queue()
 
 
 def _dtypes(layer):
     """(act_dtype, state_dtype) of a layer, as pygdn names: its weights' dtype for the activations and
     the conv state (which the library keeps in act_dtype), vLLM's SSM cache dtype for the state
     (get_state_dtype: the model's dtype, or mamba_ssm_cache_dtype, as the platform settled it)."""
-    import torch
-    names = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
+    from pygdn.vllm_xpu import dtype_name
     act = layer.conv1d.weight.dtype
     conv, ssm = layer.get_state_dtype()[:2]
-    if act not in names or ssm not in names:
+    if dtype_name(act) is None or dtype_name(ssm) is None:
         raise TypeError(f"{ENV}=1: {layer.prefix}: libgdn_xpu serves bf16/f16/f32 layers and SSM caches, this one "
                         f"has {act} weights and a {ssm} SSM cache")
     if conv != act:
         raise TypeError(f"{ENV}=1: {layer.prefix}: the conv state cache is {conv} (mamba_cache_dtype), the layer's "
                         f"activations {act}: libgdn_xpu keeps the conv state in the activations' dtype")
-    return names[act], names[ssm]
+    return dtype_name(act), dtype_name(ssm)
 
 
 def _config(layer, num_slots=1, conv=None, ssm=None):

@@ -33,11 +33,24 @@ _configs: dict = {}
 _cpu_queue = []
 
 
+def dtype_name(dtype):
+    """pygdn's name of a torch dtype ("f32", "f16", "bf16"), None for the others (pygdn.vllm too)."""
+    return _ACT.get(str(dtype))
+
+
+def cpu_queue():
+    """The process's one in-order queue on the SYCL CPU device for torch CPU tensors (pygdn.vllm too)."""
+    if not _cpu_queue:
+        import dpctl
+        _cpu_queue.append(dpctl.SyclQueue("cpu", property="in_order"))
+    return _cpu_queue[0]
+
+
 def _dtype(t, name):
-    d = str(getattr(t, "dtype", None))
-    if d not in _ACT:
-        raise TypeError(f"{name}: dtype {d}, expected float32, float16 or bfloat16")
-    return _ACT[d]
+    d = dtype_name(getattr(t, "dtype", None))
+    if d is None:
+        raise TypeError(f"{name}: dtype {getattr(t, 'dtype', None)}, expected float32, float16 or bfloat16")
+    return d
 
 
 def _queue_of(t):
@@ -46,10 +59,7 @@ def _queue_of(t):
     if getattr(device, "type", None) == "xpu":
         import torch
         return torch.xpu.current_stream(device).sycl_queue
-    if not _cpu_queue:
-        import dpctl
-        _cpu_queue.append(dpctl.SyclQueue("cpu", property="in_order"))
-    return _cpu_queue[0]
+    return cpu_queue()
 
 
 def _config(qkvz, conv_state, ssm_state, conv_weights, H, HV, K, V, reorder_input):
