@@ -266,6 +266,32 @@ static inline vf16 exp16(vf16 x) {
   const sycl::vec<int32_t, 16> bits = (n.convert<int32_t, sycl::rounding_mode::rtz>() + 127) << 23;
   return e * sycl::bit_cast<vf16>(bits);
 }
+// ln x on 16 lanes, vector operations only, for normal positive x (others give no meaningful
+// value): x = m 2^k with m in [sqrt(1/2), sqrt(2)) from the exponent bits, ln m = 2 atanh(s),
+// s = (m-1)/(m+1), |s| <= 0.172, by its odd series to s^9 (truncation < 1e-9).
+static inline vf16 log16(vf16 x) {
+  typedef sycl::vec<int32_t, 16> vi16;
+  const vi16 bits = sycl::bit_cast<vi16>(x);
+  const vi16 k = (bits - 0x3f3504f3) >> 23;  // (0x3f3504f3: sqrt(1/2); an arithmetic shift)
+  const vf16 m = sycl::bit_cast<vf16>(bits - (k << 23));
+  const vf16 s = (m - 1.0f) / (m + 1.0f), s2 = s * s;
+  vf16 p = s2 * (1.0f / 9.0f) + 1.0f / 7.0f;
+  p = p * s2 + 1.0f / 5.0f;
+  p = p * s2 + 1.0f / 3.0f;
+  p = p * s2 + 1.0f;
+  return k.convert<float>() * 0.693147181f + 2.0f * s * p;
+}
+// softplus(x) = max(x, 0) + ln(1 + e^-|x|) on 16 lanes, x for x > 20 (as the scalar softplus), for
+// finite x >= -80 (e^-|x| normal; others give no meaningful value). ln(1 + t) as ln(u) t / (u - 1),
+// u = 1 + t rounded: exact to rounding however small t (t for u = 1).
+static inline vf16 softplus16(vf16 x) {
+  const vf16 t = exp16(-sycl::fabs(x)), u = 1.0f + t;
+  const native_vf16 un = sycl::bit_cast<native_vf16>(u), tn = sycl::bit_cast<native_vf16>(t);
+  const native_vf16 l1p = un == 1.0f ? tn : sycl::bit_cast<native_vf16>(log16(u) * (t / (u - 1.0f)));
+  const native_vf16 xn = sycl::bit_cast<native_vf16>(x);
+  const native_vf16 sp = (xn > 0.0f ? xn : 0.0f) + l1p;
+  return sycl::bit_cast<vf16>(xn > 20.0f ? xn : sp);
+}
 // A store of data nothing reads in this call (spec decoding's per-token states, a step's final
 // state) to lines not in the caches: a streaming (non-temporal) store skips the read-for-ownership
 // of each line, which cost the CPU device a second pass over the written bytes (recurrent kernel

@@ -50,10 +50,40 @@ static inline float gate_beta(const GdnPrepParams &p, int64_t row, int32_t hv) {
   return sigmoid(load_act(p.b, row * p.b_stride + gdn_group_col(hv, p.ab_per_group, p.ab_group_cols)));
 }
 
-// The gates g (gate_k elements each) and beta of v-heads hv0 .. hv0+n-1 of a row, stored.
+// Gate elements e0 .. e0+15 of a row as one vector, for the CPU kernels: 16 of one v-head's gates
+// (gate_k % 16 == 0: KDA's K per v-head and row, unpacked a). Lane by lane, gate_g called K times a
+// row took the CPU prep ~100x GDN's time at Kimi Linear's shapes, and sycl::exp / log1p of a
+// vector still ~10x (library calls per lane). Here the formulas run on vectors (exp16, softplus16:
+// relative errors ~1e-7) where every lane is in their range -- exp(A_log) normal, x = a + dt_bias
+// finite and >= -80 (the softplus form; its result then normal: gate_g's product) or not NaN (the
+// lower-bound form) -- and a vector with any other lane (non-finite or extreme gates, docs/op.md)
+// takes gate_g lane by lane.
+static inline vf16 gate_g16(const GdnPrepParams &p, int64_t row, int32_t e0) {
+  if (p.g_in) return vload(p.g_in + row * p.HV * p.gate_k + e0);
+  const float lo = 1.17549435e-38f, hi = 3.40282347e38f;  // FLT_MIN, FLT_MAX (log_decay)
+  const float e = sycl::exp(p.A_log[e0 / p.gate_k]);
+  if (e >= lo && e <= hi) {
+    const vf16 x = load_act16(p.a, row * p.ab_stride + e0) + vload(p.dt_bias + e0);
+    typedef int32_t lanes_t __attribute__((ext_vector_type(16)));  // (a compare's all-ones / zero lanes)
+    const native_vf16 xn = sycl::bit_cast<native_vf16>(x);
+    const lanes_t in = p.lower_bound != 0.0f ? (lanes_t)(xn == xn) : (lanes_t)((xn >= -80.0f) & (xn <= hi));
+    if (__builtin_reduce_and(in) && p.lower_bound != 0.0f) return p.lower_bound / (1.0f + exp16(-(e * x)));  // (e * 0 = 0)
+    if (__builtin_reduce_and(in)) return -e * softplus16(x);
+  }
+  vf16 g;
+  for (int l = 0; l < 16; ++l) g[l] = gate_g(p, row, e0 + l);
+  return g;
+}
+
+// The gates g (gate_k elements each) and beta of v-heads hv0 .. hv0+n-1 of a row, stored (the CPU
+// kernels: K % 16 == 0).
 static inline void prep_gates(const GdnPrepParams &p, int64_t row, int32_t hv0, int32_t n) {
   for (int32_t hv = hv0; hv < hv0 + n; ++hv) {
-    for (int32_t e = hv * p.gate_k; e < (hv + 1) * p.gate_k; ++e) p.g[row * p.HV * p.gate_k + e] = gate_g(p, row, e);
+    float *g = p.g + row * p.HV * p.gate_k;
+    if (p.gate_k % 16 == 0)
+      for (int32_t e = hv * p.gate_k; e < (hv + 1) * p.gate_k; e += 16) vstore(g + e, gate_g16(p, row, e));
+    else
+      for (int32_t e = hv * p.gate_k; e < (hv + 1) * p.gate_k; ++e) g[e] = gate_g(p, row, e);
     p.beta[row * p.HV + hv] = gate_beta(p, row, hv);
   }
 }
