@@ -1,4 +1,4 @@
-"""Fixtures. What the test modules share otherwise lives in helpers.py and op_checks.py."""
+"""Fixtures. What the test modules share otherwise lives in helpers.py, op_checks.py and replay_checks.py."""
 import importlib.util
 
 import pytest

@@ -10,6 +10,7 @@ from pygdn import reference as ref
 from pygdn.batch import make_batch, to_device
 from helpers import (EditedSUAI, assert_close, conv_from_canonical, conv_to_canonical, dequantize, quantize, ssm_from_canonical,
                      ssm_to_canonical, usm)
+from replay_checks import Twins, mtp_loop
 
 
 def kda_config(H, K, V, num_slots, num_spec=0, **kw):
@@ -173,3 +174,117 @@ def test_kda_config_rules(queue):
         pygdn.gated_delta_rule(queue, cfg, to_device(meta, queue), conv_out=f32(T, cfg.conv_dim),
                                ssm_state=f32(8, 2, 16, 16), core_attn_out=f32(T, 2, 16), a=f32(T, 2), b=f32(T, 2),
                                A_log=f32(2), dt_bias=f32(32))
+
+
+# ----------------------------------------------------------------------------- CPU-device recurrent walks
+# The CPU device's recurrent kernels (gdn_recurrent_{vk,kv}_cpu, gdn_fused_cpu) in their forms: one-token
+# and short walks (vk by row / 16 rows, kv WY), walks longer than GDN_WALK_TOKENS (held), the gates
+# prepared inline or by gdn_prep.
+
+
+@pytest.mark.parametrize("mode", ["prefill", "mixed"])
+@pytest.mark.parametrize("ssm_layout", ["kv", "vk"])
+def test_kda_force_recurrent(queue, mode, ssm_layout):
+    """Prefills through the token recurrence: walks of 3..130 tokens (held and short forms)."""
+    rng = np.random.default_rng(461)
+    meta = make_batch(rng, num_slots=32, order="random", **MODES[mode])
+    cfg = kda_config(2, 16, 16, 32, num_spec=meta["num_spec"], act_dtype="f32", ssm_layout=ssm_layout,
+                     force_recurrent=True)
+    layer = KdaLayer(queue, rng, cfg)
+    layer.check(meta, layer.inputs(rng, meta["num_actual_tokens"]))
+
+
+def with_read_slots(rng, meta, num_slots):
+    """meta with read slots apart from the write slots: slots no sequence of the step writes, one
+    spec sequence's pad (it starts from zeros)."""
+    written = set(meta["non_spec_state_indices"].tolist()) | set(meta["spec_state_indices"].ravel().tolist())
+    free = rng.permutation(sorted(set(range(num_slots)) - written)).astype(np.int32)
+    n_ns, n_s = len(meta["non_spec_state_indices"]), len(meta["spec_state_indices"])
+    meta["non_spec_read_state_indices"] = free[:n_ns].copy()
+    meta["spec_read_state_indices"] = free[n_ns:n_ns + n_s].copy()
+    meta["spec_read_state_indices"][-1] = -1
+    return meta
+
+
+@pytest.mark.parametrize("state_dtype", ["f32", "bf16", "f16"])
+@pytest.mark.parametrize("ssm_layout", ["kv", "vk"])
+def test_kda_state_dtypes_and_read_slots(queue, ssm_layout, state_dtype):
+    """Every state dtype, the initial states read from other slots than the written ones; prefills
+    of 3 and 12 tokens (short and held walks), decodes, spec sequences."""
+    rng = np.random.default_rng(462)
+    meta = make_batch(rng, num_slots=40, order="random", prefill_lens=[12, 3], num_decodes=2, spec_lens=[3, 1, 2],
+                      num_spec=2)
+    meta = with_read_slots(rng, meta, 40)
+    cfg = kda_config(2, 16, 16, 40, num_spec=2, act_dtype="f32", ssm_layout=ssm_layout, state_dtype=state_dtype,
+                     force_recurrent=True)
+    layer = KdaLayer(queue, rng, cfg)
+    layer.check(meta, layer.inputs(rng, meta["num_actual_tokens"]))
+
+
+@pytest.mark.parametrize("ssm_layout,K", [("kv", 64), ("vk", 64), ("kv", 128), ("vk", 128), ("kv", 24)])
+def test_kda_head_dims(queue, ssm_layout, K):
+    """K = V = 64 and 128 (one k-head); K = 24 (kv only: gdn_prep prepares the tokens, the walks'
+    dot products go element by element)."""
+    rng = np.random.default_rng(463)
+    meta = make_batch(rng, num_slots=16, order="random", prefill_lens=[10], num_decodes=2, spec_lens=[3, 2],
+                      num_spec=2)
+    cfg = kda_config(1, K, 16 if K % 16 else K, 16, num_spec=2, act_dtype="f32", ssm_layout=ssm_layout,
+                     force_recurrent=True)
+    layer = KdaLayer(queue, rng, cfg)
+    layer.check(meta, layer.inputs(rng, meta["num_actual_tokens"]))
+
+
+def nonfinite_gates(rng, a):
+    """Raw gates a (storage, float64) with +inf on ~20% of the elements (g = -inf: alpha = 0, that
+    state row is reset before the token's update), -inf on ~10% (g = 0: alpha = 1)."""
+    pick = rng.uniform(size=a[0].shape)
+    for x in a:
+        x[pick < 0.2] = np.inf
+        x[(pick >= 0.2) & (pick < 0.3)] = -np.inf
+    return a
+
+
+@pytest.mark.parametrize("mode", ["decode", "spec", "prefill"])
+@pytest.mark.parametrize("ssm_layout", ["kv", "vk"])
+def test_kda_nonfinite_gates(queue, ssm_layout, mode):
+    """alpha = 0 and alpha = 1 on a subset of the key channels, in every walk form (prefills of 5, 70
+    and 130 tokens through the recurrence)."""
+    rng = np.random.default_rng(464)
+    meta = make_batch(rng, num_slots=32, order="random", **MODES[mode])
+    cfg = kda_config(2, 16, 16, 32, num_spec=meta["num_spec"], act_dtype="f32", ssm_layout=ssm_layout,
+                     force_recurrent=True)
+    layer = KdaLayer(queue, rng, cfg)
+    inp = layer.inputs(rng, meta["num_actual_tokens"])
+    inp["a"] = nonfinite_gates(rng, inp["a"])
+    layer.check(meta, inp)
+
+
+class KdaTwins(Twins):
+    """Replay mode's twins (tests/replay_checks.py) of a KDA layer, with alpha = 0 and alpha = 1 on
+    some key channels of every step (nonfinite_gates): g = -inf goes through the ring too."""
+
+    def __init__(self, queue, rng, K, V, S, num_slots, state_dtype, ssm_layout, act="f32", H=2):
+        super().__init__(queue, rng, H, H, K, V, S, num_slots, state_dtype, ssm_layout, act, gate_mode="channel",
+                         force_recurrent=True)
+
+    def tokens(self, n):
+        x, a, b = super().tokens(n)
+        if self.act == "bf16":
+            a = pygdn.to_bf16_bits(nonfinite_gates(self.rng, [pygdn.from_bf16_bits(a)])[0])
+        else:
+            a = nonfinite_gates(self.rng, [a])[0]
+        return x, a, b
+
+
+@pytest.mark.parametrize("ssm_layout,state_dtype,S,op,K", [
+    ("vk", "f32", 3, "attention", 16), ("kv", "f32", 3, "attention", 16), ("kv", "f32", 7, "attention", 16),
+    ("vk", "f32", 9, "attention", 16), ("kv", "f32", 9, "attention", 16), ("vk", "bf16", 2, "attention", 16),
+    ("kv", "f16", 2, "attention", 16), ("vk", "f32", 2, "delta", 16), ("kv", "f32", 2, "delta", 16),
+    ("vk", "f32", 3, "attention", 64), ("kv", "bf16", 3, "attention", 64)])
+def test_kda_replay_equals_per_token(queue, ssm_layout, state_dtype, S, op, K):
+    """Replay mode against the per-token mode (tests/test_replay.py's loop): every step's outputs
+    bit-identical, the flushed states bit-identical to the per-token mode's. S = 7: walks of up to
+    8 tokens (the CPU walks' prepared forms); S = 9: longer (held) walks."""
+    tw = KdaTwins(queue, np.random.default_rng(465 + S), K, K, S, num_slots=3 * (S + 1) + 2, state_dtype=state_dtype,
+                  ssm_layout=ssm_layout)
+    mtp_loop(tw, steps=6 if S > 3 else 8, op=op)

@@ -20,22 +20,23 @@ static inline bool streaming_to(const RecurrentSeq &rs, int32_t to) { return !(r
 static inline void prefetch_states(const state_t *p, size_t n) { prefetch_bytes(p, n * sizeof(state_t)); }
 
 // Token t of the walk, for k-head h and v-head hv: returns its global row; kn, qn point to its
-// l2-normalized k and q (KD floats each), decay = e^g, beta. They are the prep kernel's outputs,
+// l2-normalized k and q (KD floats each), decay[0 .. GK) = e^g (GDN_CHANNEL_GATE: one per key
+// channel, i.e. per state row k), beta. They are the prep kernel's outputs,
 // or, when the call launched no gdn_prep (p.prep_inline: no chunk kernels in it, K % 16 == 0),
 // prepared here from the conv output into kb, qb with the prep kernel's own arithmetic
 // (delta_prep.hpp). Every walk takes its tokens through this. Out-parameters, not a returned
 // struct: the struct form ran 1.5x slower.
 static inline int64_t token_in(const GdnDeltaParams &p, const RecurrentSeq &rs, int32_t t, int32_t h, int32_t hv,
-                               float *kb, float *qb, const float *&kn, const float *&qn, float &decay, float &beta) {
+                               float *kb, float *qb, const float *&kn, const float *&qn, float *decay, float &beta) {
   if (rs.ring_in) {  // a replay (GDN_REPLAY_APPLY): ring entry t; no q (k stands in), no outputs
     const float *e = rs.ring_in + (int64_t)t * p.ring_floats;
     kn = qn = e + h * KD;
-    decay = sycl::exp(e[ring_g(p, hv)]);
+    for (int c = 0; c < GK; ++c) decay[c] = sycl::exp(e[ring_g(p, hv) + c]);
     beta = e[ring_beta(p, hv)];
     return t;
   }
   const int64_t row = global_row(p.token_indx, rs.j0 + t);
-  float g;
+  float g[GK];
   if (KD % 16 == 0 && p.prep_inline) {
     vf16 k[KD / 16 + (KD % 16 != 0)], q[KD / 16 + (KD % 16 != 0)];
     prep_qk16(p.prep, row, h, q, k);
@@ -44,16 +45,18 @@ static inline int64_t token_in(const GdnDeltaParams &p, const RecurrentSeq &rs, 
       vstore(qb + 16 * c, q[c]);
     }
     kn = kb, qn = qb;
-    g = gate_g(p.prep, row, hv), beta = gate_beta(p.prep, row, hv);
+    for (int c = 0; c < GK; ++c) g[c] = gate_g(p.prep, row, hv * GK + c);
+    beta = gate_beta(p.prep, row, hv);
   } else {
     kn = p.kn + (row * p.H + h) * KD, qn = p.qn + (row * p.H + h) * KD;
-    g = p.g[row * p.HV + hv], beta = p.beta[row * p.HV + hv];
+    for (int c = 0; c < GK; ++c) g[c] = p.g[(row * p.HV + hv) * GK + c];
+    beta = p.beta[row * p.HV + hv];
   }
-  decay = sycl::exp(g);
+  for (int c = 0; c < GK; ++c) decay[c] = sycl::exp(g[c]);
   if (rs.ring_out) {  // replay mode's walk: the token's inputs to the ring (RecurrentSeq)
     if (rs.ring_k)
       for (int k = 0; k < KD; ++k) rs.ring_out[(int64_t)t * p.ring_floats + h * KD + k] = kn[k];
-    ring_write_v(p, rs, t, row, hv, &g, beta);
+    ring_write_v(p, rs, t, row, hv, g, beta);
   }
   return row;
 }
@@ -85,6 +88,8 @@ static inline void copy_state(const GdnDeltaParams &p, const RecurrentSeq &rs, i
 // continued and runs in the walk's state-only instance, must round each state as the per-token
 // walk did. The products a state depends on (S^T k, k.k, u) are explicit FMAs for the same reason.
 static inline vf16 held_update(const vf16 &s, float d, const vf16 &xy) { return sycl::fma(s, vf16(d), xy); }
+// ... with a decay per lane (GDN_CHANNEL_GATE in the vk layout: a state row's 16 key channels).
+static inline vf16 held_update(const vf16 &s, const vf16 &d, const vf16 &xy) { return sycl::fma(s, d, xy); }
 
 // The state of (slot, hv) from column / row v (state_column), nullptr for pad_slot_id: where a
 // walk stores a state.
@@ -103,6 +108,18 @@ static inline float dot_kd(const float *a, const float *b) {
   for (int k = 0; k < KD; ++k) x = sycl::fma(a[k], b[k], x);
   return x;
 }
+// (a * w) . b over KD floats, the rounded products a * w as the FMAs' factors (GDN_CHANNEL_GATE:
+// w a key channel's decays, in [0, 1]).
+static inline float dot_kd_w(const float *a, const float *w, const float *b) {
+  if (KD % 16 == 0) {
+    vf16 x(0.0f);
+    for (int c = 0; c < KD / 16; ++c) x = sycl::fma(vload(a + 16 * c) * vload(w + 16 * c), vload(b + 16 * c), x);
+    return hsum(x);
+  }
+  float x = 0.0f;
+  for (int k = 0; k < KD; ++k) x = sycl::fma(a[k] * w[k], b[k], x);
+  return x;
+}
 
 // A walk's tokens prepared once (token_in), at most GDN_WALK_TOKENS of them: for a vk work-item's
 // several passes over them (GDN_VK_ITEM_ROWS / GDN_VK_ROWS; n = 0: none, each pass prepares its
@@ -113,12 +130,12 @@ struct PreparedTokens {
   int32_t n;
   int64_t row[GDN_WALK_TOKENS];
   const float *kn[GDN_WALK_TOKENS], *qn[GDN_WALK_TOKENS];
-  float decay[GDN_WALK_TOKENS], beta[GDN_WALK_TOKENS];
+  float decay[GDN_WALK_TOKENS][GK], beta[GDN_WALK_TOKENS];
   float kb[GDN_WALK_TOKENS][KD], qb[GDN_WALK_TOKENS][KD];
   void prepare(const GdnDeltaParams &p, const RecurrentSeq &rs, int32_t h, int32_t hv) {
     for (n = 0; n < rs.len; ++n) row[n] = token_in(p, rs, n, h, hv, kb[n], qb[n], kn[n], qn[n], decay[n], beta[n]);
   }
-  int64_t get(int32_t t, const float *&k, const float *&q, float &d, float &b) const {
+  int64_t get(int32_t t, const float *&k, const float *&q, const float *&d, float &b) const {
     k = kn[t], q = qn[t], d = decay[t], b = beta[t];
     return row[t];
   }

@@ -2,7 +2,9 @@
 // (gdn_recurrent_kv_cpu and gdn_fused_cpu, delta_recurrent_cpu.cpp). A work-item owns 16 NV
 // consecutive state columns, NV = gdn_kv_cpu_vecs(V) (params.hpp): whole rows when V = 128,
 // s[k][j] = S[k, v+16j ..]. With d = e^g: u = beta (v - d S^T k), S' = d S + k u^T,
-// o = d S^T q + u (k.q). A column's u needs every row of the state, so a kv walk cannot go row by
+// o = d S^T q + u (k.q); with a decay per state row (GDN_CHANNEL_GATE, d_k = e^{g_k}, D = Diag(d)):
+// u = beta (v - S^T (d k)), S' = D S + k u^T, o = S^T (d q) + u (k.q), row k's decay a scalar
+// beside its k_k. A column's u needs every row of the state, so a kv walk cannot go row by
 // row as the vk f32 walk does: walks of up to GDN_WALK_TOKENS tokens (decode, spec decoding,
 // short recurrent prefills) take the WY form, walk_columns_kv_wy; longer ones hold the block,
 // walk_columns_kv.
@@ -37,32 +39,36 @@ template <int NV, bool SO>
 static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int32_t hv, int32_t v, int32_t h) {
   const state_t *S = state_column(p, rs.read_slot, hv, v);  // read only when rs.init
   vf16 s[KD][NV];
-  // The update of the token before (S' = d S + k u^T) and where its state goes (A: none).
-  float kp[KD], dp = 1.0f;
+  // The update of the token before (S' = d S + k u^T; GDN_CHANNEL_GATE: row k by dp[k]) and where
+  // its state goes (A: none).
+  float kp[KD], dp[GK] = {1.0f};
   vf16 up[NV];
   state_t *Ap = nullptr;
   bool stream_p = false;
   for (int32_t t = 0; t < rs.len; ++t) {
-    float kb[KD], qb[KD], decay, beta;
+    float kb[KD], qb[KD], decay[GK], beta;
     const float *kn, *qn;
     const int64_t row = token_in(p, rs, t, h, hv, kb, qb, kn, qn, decay, beta);
+    const float dsum = GDN_CHANNEL_GATE ? 1.0f : decay[0];  // the decay of the sums (per row: in the products)
     const int64_t vrow = v_index(p, rs, row, hv, v);
     const int64_t orow = row * p.out_stride + (int64_t)hv * p.V + v;
     const float kdotq = SO ? 0.0f : dot_kd(kn, qn);
     vf16 ak[NV], aq[NV], u[NV];
     for (int j = 0; j < NV; ++j) ak[j] = aq[j] = vf16(0.0f);
     for (int k = 0; k < KD; ++k) {
+      const float kd = GDN_CHANNEL_GATE ? kn[k] * decay[k] : kn[k];
+      const float qd = GDN_CHANNEL_GATE && !SO ? qn[k] * decay[k] : qn[k];
       for (int j = 0; j < NV; ++j) {  // row k of the block before the token
         if (t == 0) s[k][j] = rs.init ? vload_state(S + k * p.V + 16 * j) : vf16(0.0f);
-        else s[k][j] = held_update(s[k][j], dp, up[j] * kp[k]);
-        ak[j] = sycl::fma(s[k][j], vf16(kn[k]), ak[j]);
-        if constexpr (!SO) aq[j] += s[k][j] * qn[k];
+        else s[k][j] = held_update(s[k][j], dp[GDN_CHANNEL_GATE ? k : 0], up[j] * kp[k]);
+        ak[j] = sycl::fma(s[k][j], vf16(kd), ak[j]);
+        if constexpr (!SO) aq[j] += s[k][j] * qd;
       }
       if (Ap) vstore_states(Ap + k * p.V, s[k], NV, stream_p);
     }
     for (int j = 0; j < NV; ++j) {
-      u[j] = beta * sycl::fma(vf16(-decay), ak[j], v_at16(p, rs, vrow + 16 * j));
-      if constexpr (!SO) store_act16(p.out, orow + 16 * j, decay * aq[j] + u[j] * kdotq);
+      u[j] = beta * sycl::fma(vf16(-dsum), ak[j], v_at16(p, rs, vrow + 16 * j));
+      if constexpr (!SO) store_act16(p.out, orow + 16 * j, dsum * aq[j] + u[j] * kdotq);
     }
     // Applied by the next token's read pass, or after the walk; the state after the token goes
     // to its store slot (a spec write-back or a checkpoint). Nothing in this call reads the
@@ -70,14 +76,15 @@ static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int
     const int32_t to = token_store_slot(rs, t);
     for (int k = 0; k < KD; ++k) kp[k] = kn[k];
     for (int j = 0; j < NV; ++j) up[j] = u[j];
-    dp = decay, Ap = slot_state(p, to, hv, v), stream_p = streaming_to(rs, to);
+    for (int c = 0; c < GK; ++c) dp[c] = decay[c];
+    Ap = slot_state(p, to, hv, v), stream_p = streaming_to(rs, to);
   }
   // The last token's update, also to the walk's final slot (a non-spec sequence's, a replay's).
   state_t *const B = slot_state(p, rs.final_slot, hv, v);
   const bool ahead = ask_next_head(p, rs, hv);
   for (int k = 0; k < KD; ++k) {
     if (ahead) prefetch_states(next_head(p, S) + k * p.V, 16 * NV);
-    for (int j = 0; j < NV; ++j) s[k][j] = held_update(s[k][j], dp, up[j] * kp[k]);
+    for (int j = 0; j < NV; ++j) s[k][j] = held_update(s[k][j], dp[GDN_CHANNEL_GATE ? k : 0], up[j] * kp[k]);
     if (Ap) vstore_states(Ap + k * p.V, s[k], NV, stream_p);
     if (B) vstore_states(B + k * p.V, s[k], NV, streaming_to(rs, rs.final_slot));
   }
@@ -95,7 +102,10 @@ static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int
 // element walking the tokens in a register (S_t = d_t S_{t-1} + k_t u_t^T, the held walk's update
 // expression), where the held walk passes over its block once per token, storing it back each
 // time. Products of decays only, never ratios: a decay of 0 (g = -inf, docs/op.md, non-finite
-// gates) zeroes every term across it, as the token-by-token walk does. The u and o differ from the
+// gates) zeroes every term across it, as the token-by-token walk does. With a decay per state row
+// (GDN_CHANNEL_GATE) D(t, i) and P(t) are diagonal, one product per key channel: P(t) S^T k_t is
+// S^T (P(t) k_t) and D(t, i) (k_i.k_t) is (D(t, i) k_i).k_t, the same walk otherwise (K products
+// per coefficient: L(L+1)/2 of them, few beside the state's passes). The u and o differ from the
 // held walk's by the summation order: rounding only, the coefficients being bounded (|k_i.k_t| <= 1
 // for l2-normalized k and q, decays in [0, 1]). Against the held walk, alternated in one process,
 // spec B=8: f32 S=3 2.460 -> 2.069 ms, bf16 S=3 2.072 -> 1.903 (0.2.12). One token (a decode)
@@ -108,36 +118,51 @@ static inline void walk_columns_kv_wy(const GdnDeltaParams &p, RecurrentSeq &rs,
                                       int32_t v) {
   const state_t *S = state_column(p, rs.read_slot, hv, v);  // read only when rs.init
   const int32_t L = pt.n;
-  // ck[t][i] = D(t, i) k_i.k_t (i < t), cq[t][i] = D(t, i) k_i.q_t (i <= t), P[t] = P(t).
-  float ck[GDN_WALK_TOKENS][GDN_WALK_TOKENS], cq[GDN_WALK_TOKENS][GDN_WALK_TOKENS], P[GDN_WALK_TOKENS];
+  // ck[t][i] = D(t, i) k_i.k_t (i < t), cq[t][i] = D(t, i) k_i.q_t (i <= t), P[t] = P(t) (GK values).
+  float ck[GDN_WALK_TOKENS][GDN_WALK_TOKENS], cq[GDN_WALK_TOKENS][GDN_WALK_TOKENS], P[GDN_WALK_TOKENS][GK];
   for (int32_t t = 0; t < L; ++t) {
-    P[t] = t ? P[t - 1] * pt.decay[t] : pt.decay[t];
-    float D = 1.0f;
-    for (int32_t i = t; i >= 0; --i) {
-      if (i < t) ck[t][i] = D * dot_kd(pt.kn[i], pt.kn[t]);
-      if constexpr (!SO) cq[t][i] = D * dot_kd(pt.kn[i], pt.qn[t]);
-      D *= pt.decay[i];
+    if constexpr (GDN_CHANNEL_GATE) {
+      float D[KD];  // D(t, i), per key channel
+      for (int k = 0; k < KD; ++k) D[k] = 1.0f;
+      for (int32_t i = t; i >= 0; --i) {
+        if (i < t) ck[t][i] = dot_kd_w(pt.kn[i], D, pt.kn[t]);
+        if constexpr (!SO) cq[t][i] = dot_kd_w(pt.kn[i], D, pt.qn[t]);
+        for (int k = 0; k < KD; ++k) D[k] *= pt.decay[i][k];
+      }
+      for (int k = 0; k < KD; ++k) P[t][k] = D[k];
+    } else {
+      P[t][0] = t ? P[t - 1][0] * pt.decay[t][0] : pt.decay[t][0];
+      float D = 1.0f;
+      for (int32_t i = t; i >= 0; --i) {
+        if (i < t) ck[t][i] = D * dot_kd(pt.kn[i], pt.kn[t]);
+        if constexpr (!SO) cq[t][i] = D * dot_kd(pt.kn[i], pt.qn[t]);
+        D *= pt.decay[i][0];
+      }
     }
   }
   vf16 u[GDN_WALK_TOKENS][NV];
   for (int32_t t = 0; t < L; ++t) {
-    vf16 a[NV], b[NV];  // S^T k_t, S^T q_t
+    vf16 a[NV], b[NV];  // S^T k_t, S^T q_t (GDN_CHANNEL_GATE: S^T (P(t) k_t), S^T (P(t) q_t))
+    const float Pt = GDN_CHANNEL_GATE ? 1.0f : P[t][0];  // P(t) of the sums (per row: in the products)
     for (int j = 0; j < NV; ++j) a[j] = b[j] = vf16(0.0f);
     if (rs.init)
-      for (int k = 0; k < KD; ++k)
+      for (int k = 0; k < KD; ++k) {
+        const float kk = GDN_CHANNEL_GATE ? P[t][k] * pt.kn[t][k] : pt.kn[t][k];
+        const float qk = GDN_CHANNEL_GATE && !SO ? P[t][k] * pt.qn[t][k] : pt.qn[t][k];
         for (int j = 0; j < NV; ++j) {
           const vf16 x = vload_state(S + k * p.V + 16 * j);
-          a[j] = sycl::fma(x, vf16(pt.kn[t][k]), a[j]);
-          if constexpr (!SO) b[j] += x * pt.qn[t][k];
+          a[j] = sycl::fma(x, vf16(kk), a[j]);
+          if constexpr (!SO) b[j] += x * qk;
         }
+      }
     const int64_t vrow = v_index(p, rs, pt.row[t], hv, v);
     const int64_t orow = pt.row[t] * p.out_stride + (int64_t)hv * p.V + v;
     for (int j = 0; j < NV; ++j) {
-      vf16 w = sycl::fma(vf16(-P[t]), a[j], v_at16(p, rs, vrow + 16 * j));
+      vf16 w = sycl::fma(vf16(-Pt), a[j], v_at16(p, rs, vrow + 16 * j));
       for (int32_t i = 0; i < t; ++i) w = sycl::fma(vf16(-ck[t][i]), u[i][j], w);
       u[t][j] = pt.beta[t] * w;
       if constexpr (!SO) {
-        vf16 o = P[t] * b[j];
+        vf16 o = Pt * b[j];
         for (int32_t i = 0; i <= t; ++i) o += cq[t][i] * u[i][j];
         store_act16(p.out, orow + 16 * j, o);
       }
@@ -160,7 +185,7 @@ static inline void walk_columns_kv_wy(const GdnDeltaParams &p, RecurrentSeq &rs,
     vf16 s[NV];
     for (int j = 0; j < NV; ++j) s[j] = rs.init ? vload_state(S + k * p.V + 16 * j) : vf16(0.0f);
     for (int32_t t = 0; t < L; ++t) {
-      const float d = pt.decay[t], kk = pt.kn[t][k];
+      const float d = pt.decay[t][GDN_CHANNEL_GATE ? k : 0], kk = pt.kn[t][k];
       for (int j = 0; j < NV; ++j) s[j] = held_update(s[j], d, u[t][j] * kk);
       if (A[t]) vstore_states(A[t] + k * p.V, s, NV, stream_a[t]);
     }

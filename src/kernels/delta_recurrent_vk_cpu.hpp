@@ -7,7 +7,9 @@
 // so one read pass over the rows gives both dot products (k.q is shared by every row) and one pass
 // updates them. The 16 rows' dot products are reduced together (row_sums: one vector, lane r =
 // row r), so u, v and o are vectors too: per token ~45 shuffles and adds instead of 32 horizontal
-// sums and 16 scalar u / v / o computations.
+// sums and 16 scalar u / v / o computations. With a decay per key channel (GDN_CHANNEL_GATE,
+// d_k = e^{g_k}) the decays are a vector along k, as k and q are:
+//   u = beta (v - S.(d k)),  S' = d * S + u k,  o = S.(d q) + u (k.q).
 #pragma once
 #include "delta_recurrent_cpu.hpp"
 
@@ -78,8 +80,9 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
   if constexpr (HOLD)
     for (int32_t r = 0; r < 16; ++r)
       for (int c = 0; c < KC; ++c) s[r][c] = rs.init && r < nr ? vload_state(S + r * KD + 16 * c) : vf16(0.0f);
-  // HOLD: the update of the token before (S' = d S + u k^T) and where its state goes (A: none).
-  vf16 kp[HOLD ? KC : 1], up(0.0f);
+  // HOLD: the update of the token before (S' = d S + u k^T; GDN_CHANNEL_GATE: d along k, dpv) and
+  // where its state goes (A: none).
+  vf16 kp[HOLD ? KC : 1], up(0.0f), dpv[HOLD && GDN_CHANNEL_GATE ? KC : 1];
   float dp = 1.0f;
   state_t *Ap = nullptr;
   bool stream_p = false;
@@ -97,24 +100,30 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
   // Row r, vector c of the state before the token (HOLD: after applying the pending update).
   auto state_in = [&](int32_t t, int32_t r, int c) -> vf16 {
     if constexpr (HOLD) {
-      if (t > 0) s[r][c] = held_update(s[r][c], dp, kp[c] * up[r]);
+      if (t > 0)
+        s[r][c] = GDN_CHANNEL_GATE ? held_update(s[r][c], dpv[c], kp[c] * up[r]) : held_update(s[r][c], dp, kp[c] * up[r]);
       return s[r][c];
     } else {
       return rs.init && r < nr ? vload_state(S + r * KD + 16 * c) : vf16(0.0f);
     }
   };
   for (int32_t t = 0; t < rs.len; ++t) {
-    float kb[KD], qb[KD], decay, beta;
-    const float *kn, *qn;
-    const int64_t row = pt.n ? pt.get(t, kn, qn, decay, beta) : token_in(p, rs, t, h, hv, kb, qb, kn, qn, decay, beta);
+    float kb[KD], qb[KD], db[GK], beta;
+    const float *kn, *qn, *decay = db;
+    const int64_t row = pt.n ? pt.get(t, kn, qn, decay, beta) : token_in(p, rs, t, h, hv, kb, qb, kn, qn, db, beta);
     const int64_t vrow = v_index(p, rs, row, hv, v0);
     const int64_t orow = row * p.out_stride + (int64_t)hv * p.V + v0;
-    vf16 k[KC], q[SO ? 1 : KC], kq(0.0f);
+    // GDN_CHANNEL_GATE: the decays dv along k, the products' factors d k and d q in kd, qd.
+    constexpr int KG = GDN_CHANNEL_GATE ? KC : 1;
+    vf16 k[KC], q[SO ? 1 : KC], kq(0.0f), dv[KG], kd[KG], qd[SO ? 1 : KG];
+    const float d1 = decay[0], dsum = GDN_CHANNEL_GATE ? 1.0f : d1;  // (the sums' decay; per channel: in kd, qd)
     for (int c = 0; c < KC; ++c) {
       k[c] = vload(kn + 16 * c);
+      if constexpr (GDN_CHANNEL_GATE) dv[c] = vload(decay + 16 * c), kd[c] = k[c] * dv[c];
       if constexpr (!SO) {
         q[c] = vload(qn + 16 * c);
         kq += k[c] * q[c];
+        if constexpr (GDN_CHANNEL_GATE) qd[c] = q[c] * dv[c];
       }
     }
     vf16 ak[16], aq[SO ? 1 : 16];
@@ -123,13 +132,13 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
       if constexpr (!SO) aq[r] = vf16(0.0f);
       for (int c = 0; c < KC; ++c) {
         const vf16 x = state_in(t, r, c);
-        ak[r] = sycl::fma(x, k[c], ak[r]);
-        if constexpr (!SO) aq[r] += x * q[c];
+        ak[r] = sycl::fma(x, GDN_CHANNEL_GATE ? kd[c] : k[c], ak[r]);
+        if constexpr (!SO) aq[r] += x * (GDN_CHANNEL_GATE ? qd[c] : q[c]);
       }
       if (HOLD && Ap && r < nr) vstore_states(Ap + r * KD, s[r], KC, stream_p);
     }
-    const vf16 u = beta * sycl::fma(vf16(-decay), row_sums(ak), v_rows(p, rs, vrow, nr));
-    if constexpr (!SO) store_rows(p.out, orow, nr, decay * row_sums(aq) + u * hsum(kq));
+    const vf16 u = beta * sycl::fma(vf16(-dsum), row_sums(ak), v_rows(p, rs, vrow, nr));
+    if constexpr (!SO) store_rows(p.out, orow, nr, dsum * row_sums(aq) + u * hsum(kq));
     // Where the state after the token goes: its store slot (a spec write-back or a checkpoint)
     // and, for a one-token walk, the walk's final slot (a non-spec sequence's, a replay's).
     // Nothing in this call reads the stored states again: streaming stores unless in place.
@@ -138,12 +147,16 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
     const bool stream_a = streaming_to(rs, to), stream_b = streaming_to(rs, last);
     if constexpr (HOLD) {  // applied by the next token's read pass, or after the walk
       for (int c = 0; c < KC; ++c) kp[c] = k[c];
-      up = u, dp = decay, Ap = A, stream_p = stream_a;
+      if constexpr (GDN_CHANNEL_GATE)
+        for (int c = 0; c < KC; ++c) dpv[c] = dv[c];
+      up = u, dp = d1, Ap = A, stream_p = stream_a;
     } else {
       for (int32_t r = 0; r < nr; ++r) {
         if (ahead) prefetch_states(S + (walk_ahead + r) * KD, KD);
         vf16 x[KC];
-        for (int c = 0; c < KC; ++c) x[c] = held_update(state_in(t, r, c), decay, k[c] * u[r]);
+        for (int c = 0; c < KC; ++c)
+          x[c] = GDN_CHANNEL_GATE ? held_update(state_in(t, r, c), dv[c], k[c] * u[r])
+                                  : held_update(state_in(t, r, c), d1, k[c] * u[r]);
         if (A) vstore_states(A + r * KD, x, KC, stream_a);
         if (B) vstore_states(B + r * KD, x, KC, stream_b);
       }
@@ -153,7 +166,8 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
     state_t *const B = slot_state(p, rs.final_slot, hv, v0);
     for (int32_t r = 0; r < nr; ++r) {
       if (ahead) prefetch_states(S + (walk_ahead + r) * KD, KD);
-      for (int c = 0; c < KC; ++c) s[r][c] = held_update(s[r][c], dp, kp[c] * up[r]);
+      for (int c = 0; c < KC; ++c)
+        s[r][c] = GDN_CHANNEL_GATE ? held_update(s[r][c], dpv[c], kp[c] * up[r]) : held_update(s[r][c], dp, kp[c] * up[r]);
       if (Ap) vstore_states(Ap + r * KD, s[r], KC, stream_p);
       if (B) vstore_states(B + r * KD, s[r], KC, streaming_to(rs, rs.final_slot));
     }
@@ -191,7 +205,8 @@ static inline vf16 sum_partials(const vf16 *x) {
 // row against two every other row 0-5% faster (0.2.19); the next 16 rows at once slower than none.
 // LC: the walk's token count when fixed at compile time (1: a decode step, whose k and q stay in
 // registers across the rows: decode B=8 0.91 -> 0.86 ms against loading them per row, 0.2.10),
-// else 0.
+// else 0. With a decay per key channel (GDN_CHANNEL_GATE) the products' factors are d k and d q,
+// formed once per token before the rows (fkq), and each update reads the token's d and k.
 template <int LC, bool SO>
 static inline void walk_rows_vk_by_row(const GdnDeltaParams &p, RecurrentSeq &rs, const PreparedTokens &pt, int32_t hv,
                                        int32_t v0, int32_t nr) {
@@ -203,8 +218,8 @@ static inline void walk_rows_vk_by_row(const GdnDeltaParams &p, RecurrentSeq &rs
   state_t *A[GDN_WALK_TOKENS];
   bool stream_a[GDN_WALK_TOKENS];
   for (int32_t t = 0; t < L; ++t) {
-    const float *k, *q;
-    float d, b;
+    const float *k, *q, *d;
+    float b;
     const int64_t row = pt.get(t, k, q, d, b);
     orow[t] = row * p.out_stride + (int64_t)hv * p.V + v0;
     vstore(vs[t], v_rows(p, rs, v_index(p, rs, row, hv, v0), nr));
@@ -216,11 +231,21 @@ static inline void walk_rows_vk_by_row(const GdnDeltaParams &p, RecurrentSeq &rs
   // The state after the last token also goes to the walk's final slot (a non-spec sequence's, a replay's).
   state_t *const B = slot_state(p, rs.final_slot, hv, v0);
   const bool stream_b = streaming_to(rs, rs.final_slot);
-  vf16 k1[KC], q1[KC];  // LC == 1: the token's k and q
+  // The products' factors of token t: its k and q, GDN_CHANNEL_GATE: d k and d q (fkq[t][0], [1]).
+  float fkq[GDN_CHANNEL_GATE ? GDN_WALK_TOKENS : 1][2][KD];
+  if constexpr (GDN_CHANNEL_GATE)
+    for (int32_t t = 0; t < L; ++t)
+      for (int c = 0; c < KD; ++c) {
+        fkq[t][0][c] = pt.kn[t][c] * pt.decay[t][c];
+        fkq[t][1][c] = SO ? 0.0f : pt.qn[t][c] * pt.decay[t][c];
+      }
+  auto fk = [&](int32_t t) { return GDN_CHANNEL_GATE ? fkq[t][0] : pt.kn[t]; };
+  auto fq = [&](int32_t t) { return GDN_CHANNEL_GATE ? fkq[t][1] : pt.qn[t]; };
+  vf16 k1[KC], q1[KC];  // LC == 1: the token's factors
   if constexpr (LC == 1)
-    for (int c = 0; c < KC; ++c) k1[c] = vload(pt.kn[0] + 16 * c), q1[c] = SO ? vf16(0.0f) : vload(pt.qn[0] + 16 * c);
-  auto k_of = [&](int32_t t, int c) { return LC == 1 ? k1[c] : vload(pt.kn[t] + 16 * c); };
-  auto q_of = [&](int32_t t, int c) { return LC == 1 ? q1[c] : vload(pt.qn[t] + 16 * c); };
+    for (int c = 0; c < KC; ++c) k1[c] = vload(fk(0) + 16 * c), q1[c] = SO ? vf16(0.0f) : vload(fq(0) + 16 * c);
+  auto k_of = [&](int32_t t, int c) { return LC == 1 ? k1[c] : vload(fk(t) + 16 * c); };
+  auto q_of = [&](int32_t t, int c) { return LC == 1 ? q1[c] : vload(fq(t) + 16 * c); };
   constexpr int32_t BY_ROW_AHEAD = 12, BY_ROW_ASK = 1;  // every BY_ROW_ASK-th row asks for BY_ROW_ASK rows
   constexpr int BY_ROW_SUMS = KC < 4 ? KC : 4;
   const int32_t ahead_end = rs.init ? slot_rows_from(p, hv, v0) - BY_ROW_AHEAD - (BY_ROW_ASK - 1) : 0;  // in the slot
@@ -229,7 +254,7 @@ static inline void walk_rows_vk_by_row(const GdnDeltaParams &p, RecurrentSeq &rs
     vf16 s[KC];
     for (int c = 0; c < KC; ++c) s[c] = rs.init ? vload_state(S + r * KD + 16 * c) : vf16(0.0f);
     for (int32_t t = 0; t < L; ++t) {
-      const float d = pt.decay[t], b = pt.beta[t];
+      const float d = GDN_CHANNEL_GATE ? 1.0f : pt.decay[t][0], b = pt.beta[t];  // (per channel: in the factors)
       // The row's two dot products as BY_ROW_SUMS partial sums each: chains of KC / BY_ROW_SUMS
       // FMAs, not KC (the next token's products wait for this token's update).
       vf16 akp[BY_ROW_SUMS], aqp[BY_ROW_SUMS];
@@ -243,7 +268,9 @@ static inline void walk_rows_vk_by_row(const GdnDeltaParams &p, RecurrentSeq &rs
       }
       const float u = b * sycl::fma(-d, hsum(sum_partials<BY_ROW_SUMS>(akp)), vs[t][r]);
       if constexpr (!SO) os[t][r] = d * hsum(sum_partials<BY_ROW_SUMS>(aqp)) + u * kq[t];
-      for (int c = 0; c < KC; ++c) s[c] = held_update(s[c], d, k_of(t, c) * u);
+      for (int c = 0; c < KC; ++c)
+        s[c] = GDN_CHANNEL_GATE ? held_update(s[c], vload(pt.decay[t] + 16 * c), vload(pt.kn[t] + 16 * c) * u)
+                                : held_update(s[c], d, k_of(t, c) * u);
       if (A[t]) vstore_states(A[t] + r * KD, s, KC, stream_a[t]);
     }
     if (B) vstore_states(B + r * KD, s, KC, stream_b);
