@@ -266,6 +266,15 @@ static inline vf16 exp16(vf16 x) {
   const sycl::vec<int32_t, 16> bits = (n.convert<int32_t, sycl::rounding_mode::rtz>() + 127) << 23;
   return e * sycl::bit_cast<vf16>(bits);
 }
+// e^x on 16 lanes as exp16, with IEEE results outside its clamp: 0 below -87.33 (where f32 e^x is
+// no longer normal), +inf above 88.72, NaN for NaN (a decay e^g: 0 is a reset, NaN stays NaN).
+static inline vf16 exp16_ieee(vf16 x) {
+  const native_vf16 xn = sycl::bit_cast<native_vf16>(x);
+  native_vf16 r = sycl::bit_cast<native_vf16>(exp16(x));
+  r = xn < -87.33f ? 0.0f : r;
+  r = xn > 88.72f ? __builtin_inff() : r;
+  return sycl::bit_cast<vf16>(xn == xn ? r : xn);
+}
 // ln x on 16 lanes, vector operations only, for normal positive x (others give no meaningful
 // value): x = m 2^k with m in [sqrt(1/2), sqrt(2)) from the exponent bits, ln m = 2 atanh(s),
 // s = (m-1)/(m+1), |s| <= 0.172, by its odd series to s^9 (truncation < 1e-9).

@@ -31,7 +31,10 @@ static inline int64_t token_in(const GdnDeltaParams &p, const RecurrentSeq &rs, 
   if (rs.ring_in) {  // a replay (GDN_REPLAY_APPLY): ring entry t; no q (k stands in), no outputs
     const float *e = rs.ring_in + (int64_t)t * p.ring_floats;
     kn = qn = e + h * KD;
-    for (int c = 0; c < GK; ++c) decay[c] = sycl::exp(e[ring_g(p, hv) + c]);
+    if (GK % 16 == 0)  // (the same decays as the walk that wrote the entry: token_in below)
+      for (int c = 0; c < GK; c += 16) vstore(decay + c, exp16_ieee(vload(e + ring_g(p, hv) + c)));
+    else
+      for (int c = 0; c < GK; ++c) decay[c] = sycl::exp(e[ring_g(p, hv) + c]);
     beta = e[ring_beta(p, hv)];
     return t;
   }
@@ -45,14 +48,20 @@ static inline int64_t token_in(const GdnDeltaParams &p, const RecurrentSeq &rs, 
       vstore(qb + 16 * c, q[c]);
     }
     kn = kb, qn = qb;
-    for (int c = 0; c < GK; ++c) g[c] = gate_g(p.prep, row, hv * GK + c);
+    if (GK % 16 == 0)  // (KDA: as gdn_prep_cpu computes them)
+      for (int c = 0; c < GK; c += 16) vstore(g + c, gate_g16(p.prep, row, hv * GK + c));
+    else
+      for (int c = 0; c < GK; ++c) g[c] = gate_g(p.prep, row, hv * GK + c);
     beta = gate_beta(p.prep, row, hv);
   } else {
     kn = p.kn + (row * p.H + h) * KD, qn = p.qn + (row * p.H + h) * KD;
     for (int c = 0; c < GK; ++c) g[c] = p.g[(row * p.HV + hv) * GK + c];
     beta = p.beta[row * p.HV + hv];
   }
-  for (int c = 0; c < GK; ++c) decay[c] = sycl::exp(g[c]);
+  if (GK % 16 == 0)  // (KDA: K decays a token, as vectors)
+    for (int c = 0; c < GK; c += 16) vstore(decay + c, exp16_ieee(vload(g + c)));
+  else
+    for (int c = 0; c < GK; ++c) decay[c] = sycl::exp(g[c]);
   if (rs.ring_out) {  // replay mode's walk: the token's inputs to the ring (RecurrentSeq)
     if (rs.ring_k)
       for (int k = 0; k < KD; ++k) rs.ring_out[(int64_t)t * p.ring_floats + h * KD + k] = kn[k];
