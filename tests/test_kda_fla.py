@@ -26,11 +26,14 @@ from helpers import assert_close, usm
 
 # FLA's tests/ops/test_kda.py shapes: (B, T, H, D, scale, gate_logit_normalizer, use_qk_l2norm_in_kernel)
 # of test_fused_recurrent; gates as its test_chunk's use_gate_in_kernel cases (raw g, A_log [H],
-# dt_bias [H*D]) on (B, T, H, D, scale); varlen as test_chunk_varlen's (H, D, cu_seqlens).
+# dt_bias [H*D]) on (B, T, H, D, scale); test_chunk_varlen's (H, D, mask_p, cu_seqlens,
+# use_gate_in_kernel, safe_gate).
 RECURRENT_SHAPES = [(1, 64, 1, 64, 1, 1, False), (2, 512, 3, 60, 1, 1, False), (3, 1000, 4, 100, 0.1, 1, True),
                     (4, 1024, 4, 128, 0.1, 1, False)]
 GATE_SHAPES = [(2, 1500, 4, 128, 0.1), (4, 2048, 8, 64, 0.1)]
-VARLEN = (4, 64, [0, 256, 500, 1000])
+VARLEN = [(4, 60, 0.1, [0, 15], True, False), (4, 64, 0.9, [0, 256, 500, 1000], True, False),
+          (4, 128, 0.5, [0, 256, 500, 1000], False, False), (4, 100, 0, [0, 15, 100, 300, 1200, 2000], True, False),
+          (4, 256, 0, [0, 100, 300, 1200, 3000, 4096], False, True)]
 TOL = 1e-4  # f32 against f32: both sides run the same recurrence in a different order
 
 
@@ -141,27 +144,45 @@ def test_fla_naive_kda_gate(queue, path, lower_bound, B, T, H, D, scale):
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_fla_naive_kda_varlen(queue, path):
-    """test_chunk_varlen's batch: sequences of different lengths in one call, each with its own initial
-    state; q as drawn (not normalized), k normalized by the caller, the default scale."""
-    H, D, cu = VARLEN
+@pytest.mark.parametrize("H,D,mask_p,cu,gate_in_kernel,safe_gate", VARLEN,
+                         ids=[f"H{c[0]}-D{c[1]}-mask_p{c[2]}-N{len(c[3]) - 1}-gate{c[4]}-safe_gate{c[5]}" for c in VARLEN])
+def test_fla_naive_kda_varlen(queue, path, H, D, mask_p, cu, gate_in_kernel, safe_gate):
+    """test_chunk_varlen's batches: sequences of different lengths in one call, each with its own
+    initial state; k normalized by the caller, q by the library (FLA's reference normalizes it), the
+    default scale. Gates given (log decays; -1000 on a mask_p share of the channels: decay 0 there;
+    safe_gate: clamped to [-5, 0]) or raw (A_log, dt_bias; -1000 raw: decay 1 there)."""
+    if path == "decode" and cu[-1] > 1024:
+        pytest.skip("decode path: one call per token, run on the shorter batches")
     lens = list(np.diff(cu))
     torch.manual_seed(42)
-    T = cu[-1]
+    T, N = cu[-1], len(lens)
     q = torch.randn(1, T, H, D, dtype=torch.float)
     k = F.normalize(torch.randn(1, T, H, D, dtype=torch.float32), p=2, dim=-1)
     v = torch.randn(1, T, H, D, dtype=torch.float)
-    g = F.logsigmoid(torch.randn(1, T, H, D, dtype=torch.float))
+    g = torch.randn(1, T, H, D, dtype=torch.float)
+    if gate_in_kernel:
+        A_log = torch.log(torch.randn(1, 1, H, 1, dtype=torch.float32).uniform_(1, 16))
+        dt_bias = torch.randn(H * D, dtype=torch.float32)
+    else:
+        g = F.logsigmoid(g)
+        g = g * (torch.rand_like(g) > mask_p)
+    mask = torch.rand_like(g) > mask_p
+    g = g * mask + (~mask) * (-1000)
+    if safe_gate:
+        g = g.clamp(-5, 0)
     beta = torch.rand(1, T, H, dtype=torch.float).sigmoid()
-    h0 = torch.randn(len(lens), H, D, D, dtype=torch.float32)
+    h0 = torch.randn(N, H, D, D, dtype=torch.float32)
+    g_log = naive_kda_gate(g, A_log, dt_bias) if gate_in_kernel else g
     outs, states = [], []
-    for i in range(len(lens)):
+    for i in range(N):
         s = slice(cu[i], cu[i + 1])
-        o, st = naive_recurrent_kda(q=q[:, s], k=k[:, s], v=v[:, s], g=g[:, s], beta=beta[:, s], initial_state=h0[i],
-                                    output_final_state=True)
+        o, st = naive_recurrent_kda(q=F.normalize(q[:, s], p=2, dim=-1), k=k[:, s], v=v[:, s], g=g_log[:, s],
+                                    beta=beta[:, s], initial_state=h0[i], output_final_state=True)
         outs.append(_flat(o))
         states.append(_np(st))
-    got_o, got_s = _run(queue, q=_flat(q), k=_flat(k), v=_flat(v), h0=_np(h0), lens=lens, scale=0.0, l2norm=False,
-                        path=path, gates=dict(g=_flat(g), beta=_flat(beta)))
+    gates = (dict(a=_flat(g), b=_np(torch.logit(beta.reshape(T, H).double())), A_log=_np(A_log.reshape(-1)),
+                  dt_bias=_np(dt_bias)) if gate_in_kernel else dict(g=_flat(g), beta=_flat(beta)))
+    got_o, got_s = _run(queue, q=_flat(q), k=_flat(k), v=_flat(v), h0=_np(h0), lens=lens, scale=0.0, l2norm=True,
+                        path=path, gates=gates)
     assert_close(got_o, np.concatenate(outs), TOL, "o")
     assert_close(got_s, np.concatenate(states), TOL, "final states")
