@@ -109,11 +109,11 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     model = MODELS[args.model]
+    if args.tp < 1 or model["k_heads"] % args.tp or model["v_heads"] % args.tp:
+        p.error(f"--tp {args.tp}: expected a divisor of the model's {model['k_heads']} k-heads")
     H, HV = model["k_heads"] // args.tp, model["v_heads"] // args.tp
     K = V = model["head_dim"]
     W = model["conv_width"]
-    if H < 1 or HV < 1 or args.tp < 1:
-        p.error(f"--tp {args.tp}: expected a divisor of the model's {model['k_heads']} k-heads")
     lower_bound = model["gate_lower_bound"] if args.gate_lower_bound is None else args.gate_lower_bound
     rng = np.random.default_rng(args.seed)
     q = _queue(args.device)
