@@ -10,6 +10,7 @@ import time
 import numpy as np
 
 import pygdn
+from pygdn import reference as ref
 from pygdn.batch import make_batch, to_device
 
 from machine import StatePass, reference_passes
@@ -411,19 +412,40 @@ def replay_set_bytes(case, state_dtype):
                          + (case.num_spec + 1) * ring_entry_bytes(case))
 
 
-def add_twin(queue, twin, impls, reps):
+def reference_error(case, out, ssm):
+    """Our first step's outputs [rows, HV, V] and ssm states [slots, HV, V, K] against the float64
+    reference (pygdn.reference.gdn_attention) on v-head 0 and its k-head: max |diff| / max |ref| of
+    each. A row without a peer (the KDA twins) is checked this way; one head keeps it cheap."""
+    H, K, V, gk = case.H, case.K, case.V, case.gate_k
+    ch = np.r_[0:K, H * K:H * K + K, 2 * H * K:2 * H * K + V]               # q0 | k0 | v0
+    x = case.x if case.x.dtype != np.uint16 else pygdn.from_bf16_bits(case.x)
+    o, _, want_ssm = ref.gdn_attention(x[:, ch], case.a[:, :gk], case.b[:, :1], case.conv_w[ch], None,
+                                       case.A_log[:1], case.dt_bias[:gk], np.swapaxes(case.conv0, 1, 2)[:, ch],
+                                       np.swapaxes(case.ssm0[:, :1], 2, 3), case.meta, 1, 1, K, V,
+                                       spec_layout="rolled")
+    return {"out": rel_err(out[:, :1], o), "ssm": rel_err(np.swapaxes(ssm[:, :1], 2, 3), want_ssm)}
+
+
+def add_twin(queue, twin, impls, reps, tol):
     """The KDA twin of a row (make_case(..., gate_mode="channel")): our step on it, rotating over
     copies of its caches as the row's own step does (decode / spec), into impls[KDA_TWIN], to be
-    timed in the row's rounds. Returns its record fields (bytes, FLOPs), or an error."""
+    timed in the row's rounds, its first step checked against the float64 reference (it has no
+    peer; tol: the row's agreement tolerance). Returns its record fields (bytes, FLOPs, the check),
+    or an error."""
     try:
         if twin.kind == "prefill":
-            run = Ours(queue, twin).step
+            first = Ours(queue, twin)
+            run = first.step
         else:
-            run = Rotating(lambda: Ours(queue, twin), cache_set_bytes(twin)).call("step")
+            rot = Rotating(lambda: Ours(queue, twin), cache_set_bytes(twin))
+            first, run = rot.first, rot.call("step")
         impls[KDA_TWIN] = (run, reps, first_call_s(run))
     except (Unsupported, pygdn.GdnError) as e:
         return {"label": twin.label, "error": f"{type(e).__name__}: {e}"}
-    out = {"label": twin.label, "H": twin.H, "bytes": traffic_bytes(twin), "bytes_read_written": traffic_split(twin)}
+    check = reference_error(twin, *first.result())
+    check["ok"] = bool(max(check["out"], check["ssm"]) <= tol)
+    out = {"label": twin.label, "H": twin.H, "bytes": traffic_bytes(twin), "bytes_read_written": traffic_split(twin),
+           "agreement_vs_reference": check}
     if twin.kind == "prefill":
         out["flops"] = chunked_flops(twin)
     return out
@@ -468,7 +490,7 @@ def run_case(queue, case, peers, plan, log, missing=(), twin=None):
     first = first_call_s(step)   # copy 0: the agreement check reads its result
     ref_out, ref_ssm = ours.result()
     impls = {"ours": (step, reps_ours, first)}
-    kda = add_twin(queue, twin, impls, reps_ours) if twin is not None else None
+    kda = add_twin(queue, twin, impls, reps_ours, tol) if twin is not None else None
     if kda and "error" in kda:
         log(f"  {kda['label']}: not run ({kda['error']})")
     if case.kind != "prefill":

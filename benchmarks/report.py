@@ -124,7 +124,9 @@ def row_line(rec, plan):
     if "vs_gdn" in kda:
         rate = (f"{100 * kda['GFLOPs'] / plan['peak']['numpy_matmul_GFLOPs']:.0f}% of peak" if "GFLOPs" in kda
                 else f"{100 * kda['GBps'] / bw:.0f}%")
-        extra += f"  KDA {kda['median_s'] * 1e3:.2f} ms {rate} ({kda['vs_gdn']:.2f}x GDN)"
+        ag = kda.get("agreement_vs_reference", {})
+        extra += f"  KDA {kda['median_s'] * 1e3:.2f} ms {rate} ({kda['vs_gdn']:.2f}x GDN)" + (
+            f" ref {ag['out']:.1e}/{ag['ssm']:.1e}{'' if ag['ok'] else ' MISMATCH'}" if ag else "")
     busy = rec.get("foreign_cpu", 0.0)
     extra += f"  [other processes {100 * busy:.0f}% CPU]" if busy > FOREIGN_FLAG else ""
     single = [n for n in ("ours", "numpy", "torch") if rec.get(n, {}).get("first_call_only")]

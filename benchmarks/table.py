@@ -85,7 +85,8 @@ def _prefill_row(r, plan, base):
 def _kda_row(r, plan, base):
     """A row's KDA twin (cases.add_twin), under the row: its time and rate against the row's own bound
     (the bandwidth beside it, or the matmul peak), the bar of the row's kind and size, and its time
-    against the row's ("<= 1.3x GDN", the rows the bar is set on: decode B=8 and prefill 2048)."""
+    against the row's ("<= 1.3x GDN", the rows the bar is set on: decode B=8 and prefill 2048). In
+    the peer column, its check against the float64 reference ("ref ok", or the error and "!")."""
     k = r.get(KDA_TWIN)
     if k is None:
         return None
@@ -108,7 +109,9 @@ def _kda_row(r, plan, base):
     judged = (r["kind"] == "decode" and r["batch"] == 8) or (r["kind"] == "prefill" and r["tokens"] == 2048
                                                              and r["batch"] == 1)
     checks.append((k["vs_gdn"] <= KDA_VS_GDN if judged else None, f"<= {KDA_VS_GDN}x GDN", f"({k['vs_gdn']:.2f}x)"))
-    return _row(k["label"], _time(k["median_s"]), rate, bound, "-", _verdicts(checks, f))
+    ag = k.get("agreement_vs_reference")  # it has no peer: its first step against the float64 reference
+    peer = "-" if ag is None else "ref ok" if ag["ok"] else f"ref {max(ag['out'], ag['ssm']):.0e}!"
+    return _row(k["label"], _time(k["median_s"]), rate, bound, peer, _verdicts(checks, f))
 
 
 def _target_rows(tg):
