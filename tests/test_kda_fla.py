@@ -71,8 +71,9 @@ def _run(queue, *, q, k, v, h0, lens, scale, l2norm, path, gates):
                       non_spec_state_indices=np.array(seqs, np.int32)) for seqs in live]
     else:
         steps = [list(range(T))]
-        metas = [dict(make_batch(rng, num_slots=N, prefill_lens=list(lens), has_initial_state=[1] * N,
-                                 order="grouped", identity_indices=True), non_spec_state_indices=np.arange(N, dtype=np.int32))]
+        meta = make_batch(rng, num_slots=N, prefill_lens=list(lens), has_initial_state=[1] * N, order="grouped",
+                          identity_indices=True)
+        metas = [dict(meta, non_spec_state_indices=np.arange(N, dtype=np.int32))]
     for idx, meta in zip(steps, metas):
         d_out = usm(queue, np.zeros((len(idx), H, D), np.float32))
         pygdn.gated_delta_rule(queue, cfg, to_device(meta, queue), conv_out=usm(queue, rows[idx]), ssm_state=d_ssm,
@@ -145,7 +146,8 @@ def test_fla_naive_kda_gate(queue, path, lower_bound, B, T, H, D, scale):
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("H,D,mask_p,cu,gate_in_kernel,safe_gate", VARLEN,
-                         ids=[f"H{c[0]}-D{c[1]}-mask_p{c[2]}-N{len(c[3]) - 1}-gate{c[4]}-safe_gate{c[5]}" for c in VARLEN])
+                         ids=[f"H{c[0]}-D{c[1]}-mask_p{c[2]}-N{len(c[3]) - 1}-gate{c[4]}-safe_gate{c[5]}"
+                              for c in VARLEN])
 def test_fla_naive_kda_varlen(queue, path, H, D, mask_p, cu, gate_in_kernel, safe_gate):
     """test_chunk_varlen's batches: sequences of different lengths in one call, each with its own
     initial state; k normalized by the caller, q by the library (FLA's reference normalizes it), the
