@@ -29,6 +29,10 @@ One run measures, on Qwen3-Next TP=1 shapes (H=16, HV=32, K=V=128, W=4; bf16 act
     has them);
   - host overhead: time per call of a tiny, fully padded batch (pygdn, and the C ABI through
     benchmarks/host_overhead.c);
+  - KDA (Kimi Linear's per-channel gates: gate_mode "channel", H = HV = 32, the same H*K*V as
+    Qwen3-Next's 32 v-heads) beside decode B=8, spec S=2 B=8 and prefill 2048: the same step with
+    KDA's inputs, timed in the row's rounds, against the row's own bound (the bandwidth beside it,
+    the matmul peak) and the row's time (KDA / GDN; --kda: only those rows);
   - the targets (report.py's bars), PASS / FAIL / NOISY (met while other processes shared the
     cores: never claimed) / n/a, with their numbers.
 The run ends with one table (table.py): case, time, GB/s or GFLOP/s, % of the bound the row is
@@ -63,7 +67,7 @@ import pygdn  # first: it points OpenCL at the wheel's CPU runtime before dpctl 
 import dpctl
 
 import peers as P
-from cases import H, HV, K, V, W, chunked_flops, make_case, run_case, traffic_bytes
+from cases import H, HV, K, KDA_H, V, W, chunked_flops, make_case, run_case, traffic_bytes
 from machine import c_host_overhead, cpu_model, host_overhead, measure_bandwidth, measure_peak
 from prefill_sweep import CHECKPOINT_INTERVAL, checkpoint_line, run_checkpoint_case, run_sweep, sweep_line
 from report import HEADER, Log, beside_GBps, c_abi_us, plain_call_us, plot, prepared_call_us, replay_lines, row_line, \
@@ -73,24 +77,33 @@ from timing import FOREIGN_FLAG, CpuWatch, wait_quiet
 
 # specs: (num_spec, batches) of the spec decode cases; sweep: the prefill sweep's points (pygdn
 # alone; a tuple of sequence lengths each); checkpoints: prefills timed with and without block
-# checkpoints. --quick keeps to what runs in ~2 minutes; the sweep's long points are full-run only.
+# checkpoints; kda: the cases (kind, batch, num_spec, prefill lengths) timed with a KDA twin.
+# --quick keeps to what runs in ~2 minutes; the sweep's long points are full-run only.
+KDA_TWINS = (("decode", 8, 0, ()), ("spec", 8, 2, ()), ("prefill", 0, 0, (2048,)))
 QUICK_PLAN = dict(batches=(1, 8), specs=((1, (1, 8)), (2, (1, 8)), (3, (1, 8)), (7, (8,))),
                   prefills=[(512,), (2048,)], sweep=[(512,), (2048,)], checkpoints=[(2048,)],
                   deadline_s=240.0, host_calls=300,
                   reps_ours={"decode": 9, "spec": 9, "prefill": 3}, reps_peer={"decode": 5, "spec": 5, "prefill": 2},
                   budget_s=5.0, retry_left_s=30.0, quiet_left_s=30.0, sweep_reps=3, sweep_budget_s=5.0,
-                  sweep_rounds=1)
+                  sweep_rounds=1, kda=KDA_TWINS)
 FULL_PLAN = dict(batches=(1, 8, 32), specs=tuple((s, (1, 8, 32)) for s in (1, 2, 3, 7)),
                  prefills=[(512,), (1024,), (2048,), (4096,), (8192,), (1024,) * 4],
                  sweep=[(512,), (2048,), (8192,), (32768,), (131072,), (8192,) * 16], checkpoints=[(2048,), (8192,)],
                  deadline_s=3600.0, host_calls=2000,
                  reps_ours={"decode": 15, "spec": 15, "prefill": 5}, reps_peer={"decode": 5, "spec": 5, "prefill": 3},
                  budget_s=20.0, retry_left_s=300.0, quiet_left_s=300.0, sweep_reps=5, sweep_budget_s=30.0,
-                 sweep_rounds=2)
+                 sweep_rounds=2, kda=KDA_TWINS)
 # --replay: the spec rows replay mode is judged on (S = 1, 3, 7 at B = 1, 8, 32) with the full run's
 # repeats, and nothing else (no decode, prefill, sweep or checkpoint rows).
 REPLAY_PLAN = dict(FULL_PLAN, batches=(), specs=tuple((s, (1, 8, 32)) for s in (1, 3, 7)), prefills=[], sweep=[],
-                   checkpoints=[], deadline_s=1800.0, host_calls=300)
+                   checkpoints=[], deadline_s=1800.0, host_calls=300, kda=())
+
+
+def kda_only(sizes):
+    """--kda: the rows with a KDA twin (KDA_TWINS) and nothing else, with the repeats of `sizes`
+    (FULL_PLAN, or QUICK_PLAN with --quick)."""
+    return dict(sizes, batches=(8,), specs=((2, (8,)),), prefills=[(2048,)], sweep=[], checkpoints=[],
+                host_calls=300)
 
 
 log = Log()
@@ -101,6 +114,8 @@ def parse_args(argv):
     ap.add_argument("--quick", action="store_true", help="fewer sizes and repeats (< 5 min on 2 cores)")
     ap.add_argument("--replay", action="store_true", help="only the spec rows of the per-token / replay mode "
                     "table: S = 1, 3, 7 at B = 1, 8, 32 (REPLAY_PLAN)")
+    ap.add_argument("--kda", action="store_true", help="only the rows with a KDA twin: decode B=8, spec S=2 B=8, "
+                    "prefill 2048, each beside its KDA twin (kda_only; with --quick, the quick run's repeats)")
     ap.add_argument("--dtype", choices=("bf16", "f32"), default="bf16", help="activation dtype (default bf16)")
     ap.add_argument("--json", default=os.path.join("bench_results", "bench.json"), help="JSON record path")
     ap.add_argument("--plot", default=os.path.join("bench_results", "bench.png"), help="PNG plot path")
@@ -118,7 +133,7 @@ def describe_run(queue, args):
     log(f"pygdn {pygdn.__version__} benchmark{' (--quick)' if args.quick else ''}: Gated DeltaNet attention, "
         f"Qwen3-Next TP=1 shapes H={H} HV={HV} K={K} V={V} W={W}, {args.dtype} activations, fp32 ssm state "
         f"(layout vk; decode/spec also kv layout and bf16 state when the build has it), conv time_major, "
-        f"spec conv rolled")
+        f"spec conv rolled; KDA twins (per-channel gates) H=HV={KDA_H} K={K} V={V}")
     log(f"device: {dev.name} [{dev.backend.name}, {dev.device_type.name}, {dev.max_compute_units} compute units, "
         f"driver {dev.driver_version}]")
     if is_cpu:
@@ -200,13 +215,16 @@ def compile_kernels(queue, dtype):
     never a compile); returns the seconds it took. The bf16-state builds only where the build
     has a state_dtype."""
     t = time.perf_counter()
-    for label, shape, layout, sd in ((f"act={dtype} K={K} ssm vk (benchmark shapes)", (H, HV, K, V), "vk", "f32"),
-                                     (f"act={dtype} K={K} ssm kv (layout column)", (H, HV, K, V), "kv", "f32"),
-                                     (f"act={dtype} K={K} ssm vk, bf16 state", (H, HV, K, V), "vk", "bf16"),
-                                     (f"act={dtype} K={K} ssm kv, bf16 state", (H, HV, K, V), "kv", "bf16"),
-                                     (f"act={dtype} K=16 (host-overhead probe)", (1, 1, 16, 16), "vk", "f32")):
+    for label, shape, layout, sd, gate in (
+            (f"act={dtype} K={K} ssm vk (benchmark shapes)", (H, HV, K, V), "vk", "f32", "head"),
+            (f"act={dtype} K={K} ssm kv (layout column)", (H, HV, K, V), "kv", "f32", "head"),
+            (f"act={dtype} K={K} ssm vk, bf16 state", (H, HV, K, V), "vk", "bf16", "head"),
+            (f"act={dtype} K={K} ssm kv, bf16 state", (H, HV, K, V), "kv", "bf16", "head"),
+            (f"act={dtype} K={K} ssm vk, KDA (the twins)", (KDA_H, HV, K, V), "vk", "f32", "channel"),
+            (f"act={dtype} K=16 (host-overhead probe)", (1, 1, 16, 16), "vk", "f32", "head")):
         t1 = time.perf_counter()
         kw = {} if sd == "f32" else {"state_dtype": sd}
+        kw.update(gate_mode=gate)
         try:
             cfg = pygdn.Config(num_k_heads=shape[0], num_v_heads=shape[1], head_k_dim=shape[2], head_v_dim=shape[3],
                                num_slots=1, act_dtype=dtype, ssm_layout=layout, **kw)
@@ -254,11 +272,11 @@ def measure_machine(queue, torch_ok):
 
 
 def make_plan(sizes, bw, peak, t_start):
-    """(plan, case list) of a plan's sizes (QUICK_PLAN, FULL_PLAN, REPLAY_PLAN): repeats, time
+    """(plan, case list) of a plan's sizes (QUICK_PLAN, FULL_PLAN, REPLAY_PLAN, kda_only): repeats, time
     budgets and the soft deadline of the run, and its cases as (kind, batch, num_spec, prefill lengths)."""
     plan = {k: sizes[k] for k in ("reps_ours", "reps_peer", "budget_s", "retry_left_s", "quiet_left_s", "sweep_reps",
                                   "sweep_budget_s", "sweep_rounds", "sweep", "checkpoints")}
-    plan.update(bw=bw, peak=peak, deadline=t_start + sizes["deadline_s"], unsupported={})
+    plan.update(bw=bw, peak=peak, deadline=t_start + sizes["deadline_s"], unsupported={}, kda=set(sizes["kda"]))
     specs = [("decode", b, 0, ()) for b in sizes["batches"]] \
         + [("spec", b, s, ()) for s, batches in sizes["specs"] for b in batches] \
         + [("prefill", 0, 0, lens) for lens in sizes["prefills"]]
@@ -287,12 +305,14 @@ def run_cases(queue, specs, dtype, peers, plan, missing):
     records = []
     for i, (kind, b, s, lens) in enumerate(specs):
         case = make_case(kind, dtype, batch=b, num_spec=s, lens=lens, seed=100 + i)
+        twin = make_case(kind, dtype, batch=b, num_spec=s, lens=lens, seed=100 + i, gate_mode="channel") \
+            if (kind, b, s, lens) in plan["kda"] else None
         try:
-            records.append(run_case(queue, case, peers, plan, log, missing))
+            records.append(run_case(queue, case, peers, plan, log, missing, twin))
         except Exception as e:  # noqa: BLE001
             log(f"{case.label:<18s} FAILED: {type(e).__name__}: {e}")
             records.append({"kind": kind, "label": case.label, "error": f"{type(e).__name__}: {e}"})
-        del case
+        del case, twin
     return records
 
 
@@ -451,13 +471,14 @@ def main(argv=None) -> int:
     facts["host"]["peers"] = torch_msg
     compile_s = compile_kernels(queue, args.dtype)
     bw, peak = measure_machine(queue, P.TorchPeer in peers)
-    plan, specs = make_plan(REPLAY_PLAN if args.replay else QUICK_PLAN if args.quick else FULL_PLAN, bw, peak, t_start)
+    sizes = QUICK_PLAN if args.quick else FULL_PLAN
+    sizes = REPLAY_PLAN if args.replay else kda_only(sizes) if args.kda else sizes
+    plan, specs = make_plan(sizes, bw, peak, t_start)
     records = run_cases(queue, specs, args.dtype, peers, plan, missing)
     plan.pop("reference_passes", None)  # (their 512 MiB back before the prefills)
     checkpoints = run_checkpoints(queue, plan, args.dtype)
     sweep = run_sweep(queue, plan["sweep"], args.dtype, plan, log)
-    ho = measure_host_overhead(queue, args.dtype, (REPLAY_PLAN if args.replay else QUICK_PLAN if args.quick
-                                                   else FULL_PLAN)["host_calls"])
+    ho = measure_host_overhead(queue, args.dtype, sizes["host_calls"])
     remeasure_bandwidth(queue, bw)
 
     dev = facts["device"]
@@ -475,7 +496,9 @@ def main(argv=None) -> int:
         "pygdn_version": pygdn.__version__, "quick": args.quick, "act_dtype": args.dtype,
         "shapes": {"H": H, "HV": HV, "K": K, "V": V, "W": W, "ssm_layout": "vk (ours), kv (ours_kv_layout)",
                    "conv_layout": "time_major", "conv_spec_layout": "rolled",
-                   "state_dtype": "f32 (ours), bf16 (ours_bf16_state*)"},
+                   "state_dtype": "f32 (ours), bf16 (ours_bf16_state*)",
+                   "kda_twin": {"H": KDA_H, "HV": HV, "K": K, "V": V, "gate_mode": "channel", "state_dtype": "f32",
+                                "ssm_layout": "vk", "rows": [list(t[:3]) + [list(t[3])] for t in sorted(plan["kda"])]}},
         **facts, "compile_s": compile_s, "bandwidth": bw, "peak": peak, "cases": records, "host_overhead": ho,
         "sweep": sweep, "checkpoints": checkpoints, "unsupported": plan["unsupported"],
         "targets": tg, "table": rows, "total_s": total, "foreign_cpu_share": foreign, "quiet": foreign <= FOREIGN_FLAG,

@@ -1,6 +1,7 @@
 """The benchmark's work: one step at Qwen3-Next TP=1 shapes as a Case (host inputs, initial
 caches, metadata), its useful bytes and FLOPs, pygdn running it (Ours), and one case measured
-against the peers (run_case)."""
+against the peers (run_case), with its KDA twin where the plan asks for one (KDA_H: Kimi Linear's
+per-channel gates at the same H*K*V)."""
 from __future__ import annotations
 
 import dataclasses as dc
@@ -9,14 +10,18 @@ import time
 import numpy as np
 
 import pygdn
+from pygdn import reference as ref
 from pygdn.batch import make_batch, to_device
 
 from machine import StatePass, reference_passes
 from peers import CHUNK
-from report import REFERENCE_PASSES, REPLAY_PASSES, STATE_PASSES, progress_line, row_line
+from report import KDA_TWIN, REFERENCE_PASSES, REPLAY_PASSES, STATE_PASSES, progress_line, row_line
 from timing import LATE_BUDGET_S, RETRY_SHARE, first_call_s, timed_blocks, wait_quiet
 
 H, HV, K, V, W = 16, 32, 128, 128, 4          # Qwen3-Next-80B-A3B linear attention, TP=1
+# KDA (gate_mode "channel", Kimi-Linear-48B-A3B TP=1: 32 heads, head dim 128) needs as many k-heads as
+# v-heads: its twin of a GDN case has KDA_H = HV k-heads, so HV*K*V (the state) is the same.
+KDA_H = HV
 
 
 # ----------------------------------------------------------------------------- the work
@@ -47,6 +52,12 @@ class Case:
     V: int = V
     W: int = W
     l2_eps: float = 1e-6
+    gate_mode: str = "head"  # "channel": KDA (a and dt_bias hold HV*K gates per row)
+
+    @property
+    def gate_k(self):
+        """Gates per v-head and row (pygdn.Config.gate_k)."""
+        return self.K if self.gate_mode == "channel" else 1
 
     @property
     def C(self):
@@ -82,10 +93,13 @@ def _lean_rows(rng, T, C, act, period=2048):
     return out
 
 
-def make_case(kind, act, batch=1, num_spec=0, lens=(), seed=0, lean=False):
+def make_case(kind, act, batch=1, num_spec=0, lens=(), seed=0, lean=False, gate_mode="head"):
     """lean: mixed_qkv already encoded for pygdn (bf16 bits) and built by _lean_rows (a prefill
-    measured for pygdn only: the peers need float inputs)."""
+    measured for pygdn only: the peers need float inputs). gate_mode "channel": the KDA twin (KDA_H
+    k-heads, a gate per key channel, labelled "KDA ...")."""
     rng = np.random.default_rng(seed)
+    kda = gate_mode == "channel"
+    h, gk = (KDA_H, K) if kda else (H, 1)
     if kind == "decode":
         slots = batch
         meta = make_batch(rng, num_slots=slots, num_decodes=batch, order="grouped", identity_indices=True)
@@ -101,17 +115,18 @@ def make_case(kind, act, batch=1, num_spec=0, lens=(), seed=0, lean=False):
                           order="grouped", identity_indices=True)
         label = f"prefill {lens[0]}" if batch == 1 else f"prefill {batch}x{lens[0]}"
     T = int(meta["num_actual_tokens"])
-    C = 2 * H * K + HV * V
+    C = 2 * h * K + HV * V
     st = W - 1 + num_spec
     f32 = np.float32
-    return Case(kind=kind, label=label, batch=batch, num_spec=num_spec, lens=tuple(lens), act=act, meta=meta,
+    return Case(kind=kind, label=("KDA " if kda else "") + label, batch=batch, num_spec=num_spec, lens=tuple(lens),
+                act=act, meta=meta,
                 x=_lean_rows(rng, T, C, act) if lean else _round_act(rng.standard_normal((T, C), f32), act),
-                a=_round_act(rng.standard_normal((T, HV), f32), act),
+                a=_round_act(rng.standard_normal((T, HV * gk), f32), act),
                 b=_round_act(rng.standard_normal((T, HV), f32), act),
-                conv_w=_round_act(rng.standard_normal((C, W), f32) * 0.5, act), conv_b=None,  # Qwen3-Next: no conv bias
-                A_log=np.log(rng.uniform(1.0, 16.0, HV)).astype(f32), dt_bias=np.ones(HV, f32),
+                conv_w=_round_act(rng.standard_normal((C, W), f32) * 0.5, act), conv_b=None,  # neither has a conv bias
+                A_log=np.log(rng.uniform(1.0, 16.0, HV)).astype(f32), dt_bias=np.ones(HV * gk, f32),
                 conv0=_round_act(rng.standard_normal((slots, st, C), f32), act),
-                ssm0=rng.standard_normal((slots, HV, V, K), f32) * f32(0.05))
+                ssm0=rng.standard_normal((slots, HV, V, K), f32) * f32(0.05), H=h, gate_mode=gate_mode)
 
 
 STATE_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
@@ -128,8 +143,8 @@ def traffic_bytes(case, state_dtype="f32", replay=False):
 
 
 def ring_entry_bytes(case):
-    """Bytes of one replay-mode ring entry: k [H, K], v [HV, V], g and beta [HV], f32."""
-    return 4 * (case.H * case.K + case.HV * case.V + 2 * case.HV)
+    """Bytes of one replay-mode ring entry: k [H, K], v [HV, V], g [HV, gate_k], beta [HV], f32."""
+    return 4 * (case.H * case.K + case.HV * case.V + case.HV * (case.gate_k + 1))
 
 
 def traffic_split(case, state_dtype="f32", replay=False):
@@ -137,7 +152,7 @@ def traffic_split(case, state_dtype="f32", replay=False):
     act = 2 if case.act == "bf16" else 4
     C, T, n = case.C, case.rows, case.batch
     sb = case.HV * case.K * case.V * STATE_BYTES[state_dtype]
-    read = T * C * act + 2 * T * case.HV * act + C * case.W * act + n * sb + n * (case.W - 1) * C * act
+    read = T * C * act + T * case.HV * (case.gate_k + 1) * act + C * case.W * act + n * sb + n * (case.W - 1) * C * act
     written = T * case.HV * case.V * act
     if case.kind == "spec" and replay:
         accepted = int(np.sum(case.meta["num_accepted_tokens"]))
@@ -154,13 +169,15 @@ def chunked_flops(case):
     """FLOPs of the chunked (WY/UT, chunks of CHUNK tokens) gated delta rule + conv of a prefill, per
     v-head and chunk of n tokens (multiply-add = 2, triangular products counted half):
     K K^T and Q K^T: 2 n^2 K; T=(I+A)^-1: n^3/3; W = T(beta e^G K): n^2 K; U = T(beta V): n^2 V;
-    u = U - W S, q S, S += K^T u: 6 n K V; Aqk u: n^2 V; decay of S: K V. Conv: 2 W C per token."""
+    u = U - W S, q S, S += K^T u: 6 n K V; Aqk u: n^2 V; decay of S: K V. Conv: 2 W C per token.
+    KDA (a decay per key channel): the same products on q and k scaled by the cumulative per-channel
+    decays, and 5 n K for those (the cumulative sum, the scalings of q, k and of k to the chunk end)."""
     f = 0.0
     for L in case.lens:
         for c0 in range(0, L, CHUNK):
             n = min(CHUNK, L - c0)
             f += case.HV * (3 * n * n * case.K + 2 * n * n * case.V + n ** 3 / 3 + 6 * n * case.K * case.V
-                            + case.K * case.V)
+                            + case.K * case.V + (5 * n * case.K if case.gate_k > 1 else 0))
         f += 2 * case.W * case.C * L
     return f
 
@@ -224,7 +241,7 @@ class Ours:
             self.cfg = pygdn.Config(num_k_heads=case.H, num_v_heads=case.HV, head_k_dim=case.K, head_v_dim=case.V,
                                     num_slots=slots, conv_width=case.W, act_dtype=case.act, ssm_layout=ssm_layout,
                                     conv_layout="time_major", conv_spec_layout="rolled", conv_state_len=case.state_len,
-                                    **dtype_kw)
+                                    gate_mode=case.gate_mode, **dtype_kw)
         except TypeError as e:
             raise Unsupported("pygdn.Config has no state_dtype" if "state_dtype" in str(e) else str(e)) from None
         enc = pygdn.to_bf16_bits if case.act == "bf16" else (lambda v: np.ascontiguousarray(v, np.float32))
@@ -349,7 +366,7 @@ VARIANTS = (("ours_kv_layout", "kv", "f32"), ("ours_bf16_state", "vk", "bf16"), 
 REPLAY_VARIANTS = (("ours_replay", "f32"), ("ours_replay_bf16_state", "bf16"))
 # Timed in interleaved rounds (timing.timed_blocks): the variants, and the state passes and the
 # reference's stream kernels their times are read against.
-TOGETHER = ("ours",) + tuple(v[0] for v in VARIANTS + REPLAY_VARIANTS) \
+TOGETHER = ("ours", KDA_TWIN) + tuple(v[0] for v in VARIANTS + REPLAY_VARIANTS) \
     + tuple(p[0] for p in STATE_PASSES + REPLAY_PASSES + REFERENCE_PASSES)
 # A bf16 state cache is rounded once per stored state (relative 2^-9): its outputs and states
 # against the f32-state step, max |diff| / max |f32|, must stay well inside this.
@@ -395,7 +412,48 @@ def replay_set_bytes(case, state_dtype):
                          + (case.num_spec + 1) * ring_entry_bytes(case))
 
 
-def run_case(queue, case, peers, plan, log, missing=()):
+def reference_error(case, out, ssm):
+    """Our first step's outputs [rows, HV, V] and ssm states [slots, HV, V, K] against the float64
+    reference (pygdn.reference.gdn_attention) on v-head 0 and its k-head: max |diff| / max |ref| of
+    each. A row without a peer (the KDA twins) is checked this way; one head keeps it cheap."""
+    H, K, V, gk = case.H, case.K, case.V, case.gate_k
+    ch = np.r_[0:K, H * K:H * K + K, 2 * H * K:2 * H * K + V]               # q0 | k0 | v0
+    x = case.x if case.x.dtype != np.uint16 else pygdn.from_bf16_bits(case.x)
+    o, _, want_ssm = ref.gdn_attention(x[:, ch], case.a[:, :gk], case.b[:, :1], case.conv_w[ch], None,
+                                       case.A_log[:1], case.dt_bias[:gk], np.swapaxes(case.conv0, 1, 2)[:, ch],
+                                       np.swapaxes(case.ssm0[:, :1], 2, 3), case.meta, 1, 1, K, V,
+                                       spec_layout="rolled")
+    return {"out": rel_err(out[:, :1], o), "ssm": rel_err(np.swapaxes(ssm[:, :1], 2, 3), want_ssm)}
+
+
+def add_twin(queue, twin, impls, reps, tol):
+    """The KDA twin of a row (make_case(..., gate_mode="channel")): our step on it, rotating over
+    copies of its caches as the row's own step does (decode / spec), into impls[KDA_TWIN], to be
+    timed in the row's rounds, its first step checked against the float64 reference (it has no
+    peer; tol: the row's agreement tolerance). Returns its record fields (bytes, FLOPs, the check),
+    or an error."""
+    try:
+        if twin.kind == "prefill":
+            first = Ours(queue, twin)
+            run = first.step
+        else:
+            rot = Rotating(lambda: Ours(queue, twin), cache_set_bytes(twin))
+            first, run = rot.first, rot.call("step")
+        impls[KDA_TWIN] = (run, reps, first_call_s(run))
+    except (Unsupported, pygdn.GdnError) as e:
+        return {"label": twin.label, "error": f"{type(e).__name__}: {e}"}
+    check = reference_error(twin, *first.result())
+    check["ok"] = bool(max(check["out"], check["ssm"]) <= tol)
+    out = {"label": twin.label, "H": twin.H, "bytes": traffic_bytes(twin), "bytes_read_written": traffic_split(twin),
+           "agreement_vs_reference": check}
+    if twin.kind == "prefill":
+        out["flops"] = chunked_flops(twin)
+    return out
+
+
+def run_case(queue, case, peers, plan, log, missing=(), twin=None):
+    """One row: our step, its cache-format variants, bare passes and the peers; with twin (a KDA case at
+    the same H*K*V), our step on it too, in the same rounds (record key KDA_TWIN, "vs_gdn": its time / ours)."""
     late = time.perf_counter() > plan["deadline"]
     if late:
         # Past the run's soft deadline (--quick: a loaded machine): no waiting, no retries, and
@@ -432,6 +490,9 @@ def run_case(queue, case, peers, plan, log, missing=()):
     first = first_call_s(step)   # copy 0: the agreement check reads its result
     ref_out, ref_ssm = ours.result()
     impls = {"ours": (step, reps_ours, first)}
+    kda = add_twin(queue, twin, impls, reps_ours, tol) if twin is not None else None
+    if kda and "error" in kda:
+        log(f"  {kda['label']}: not run ({kda['error']})")
     if case.kind != "prefill":
         # The same step with the ssm cache in the "kv" layout [slots, HV, K, V], and with a bf16
         # state cache in both layouts (when this build has it; the bytes counted are then bf16's).
@@ -547,6 +608,13 @@ def run_case(queue, case, peers, plan, log, missing=()):
             rec[name]["GBps"] = plan["reference_passes"][kind][1] / rec[name]["min_s"] / 1e9
     if "flops" in rec:
         rec["ours"]["GFLOPs"] = rec["flops"] / t_ours / 1e9
+    if kda:  # the twin's rates in its own bytes and FLOPs, and its time against ours
+        rec[KDA_TWIN] = dict(rec.get(KDA_TWIN, {}), **kda)
+        t = rec[KDA_TWIN].get("median_s")
+        if t:
+            rec[KDA_TWIN].update(GBps=kda["bytes"] / t / 1e9, vs_gdn=t / t_ours)
+            if "flops" in kda:
+                rec[KDA_TWIN]["GFLOPs"] = kda["flops"] / t / 1e9
     log.detail(row_line(rec, plan))
     log.brief(progress_line(rec, plan))
     return rec

@@ -43,6 +43,11 @@ PLAIN_CALL_US = 40.0   # plain pygdn.attention() per call, tiny padded batch
 PREPARED_CALL_US = 60.0  # prepared pygdn call
 C_ABI_US = 12.0        # C ABI per call with GDN_VALIDATE_COUNTS
 C_ABI_FIRST_US = 20.0  # ... the first bar
+KDA_VS_GDN = 1.3       # KDA decode B=8 and prefill 2048: time / GDN's at the same H*K*V (same state traffic)
+
+# The record key of a row's KDA twin (cases.add_twin): a decode / spec / prefill step with Kimi
+# Linear's per-channel gates at the same H*K*V as the row, timed in the row's rounds.
+KDA_TWIN = "ours_kda"
 
 
 def _fmt_ms(s):
@@ -115,6 +120,13 @@ def row_line(rec, plan):
     kv, b16 = rec.get("ours_kv_layout", {}), rec.get("ours_bf16_state", {})
     extra += f"  kv {kv['vs_ours']:.2f}x" if "vs_ours" in kv else ""
     extra += f"  bf16 state {b16['median_s'] * 1e3:.2f} ms {100 * b16['GBps'] / bw:.0f}%" if "GBps" in b16 else ""
+    kda = rec.get(KDA_TWIN, {})
+    if "vs_gdn" in kda:
+        rate = (f"{100 * kda['GFLOPs'] / plan['peak']['numpy_matmul_GFLOPs']:.0f}% of peak" if "GFLOPs" in kda
+                else f"{100 * kda['GBps'] / bw:.0f}%")
+        ag = kda.get("agreement_vs_reference", {})
+        extra += f"  KDA {kda['median_s'] * 1e3:.2f} ms {rate} ({kda['vs_gdn']:.2f}x GDN)" + (
+            f" ref {ag['out']:.1e}/{ag['ssm']:.1e}{'' if ag['ok'] else ' MISMATCH'}" if ag else "")
     busy = rec.get("foreign_cpu", 0.0)
     extra += f"  [other processes {100 * busy:.0f}% CPU]" if busy > FOREIGN_FLAG else ""
     single = [n for n in ("ours", "numpy", "torch") if rec.get(n, {}).get("first_call_only")]
@@ -274,7 +286,51 @@ def targets(records, plan, torch_msg, ho=None, sweep=(), run_foreign=0.0):
     out = []
     _limit_targets(out, records, plan, ho, sweep, base, bw, peak)
     _peer_targets(out, records, plan, torch_msg, ho, base)
+    _kda_targets(out, records, plan, base, peak)
     return out
+
+
+def kda_ratios(records, kinds=("decode", "spec", "prefill")):
+    """(KDA twin's time / the row's, row label) of every row of these kinds with a timed twin."""
+    return [(r[KDA_TWIN]["vs_gdn"], r["label"]) for r in records
+            if r["kind"] in kinds and "vs_gdn" in r.get(KDA_TWIN, {})]
+
+
+def _kda_targets(out, records, plan, base, peak):
+    """The KDA twins: the time bar against GDN (decode B=8 and prefill 2048 tokens, the rows it is set
+    on; every twin listed), and the bounds of the GDN rows applied to them (bandwidth at B >= 8,
+    matmul peak at 2048 tokens)."""
+    rows = [r for r in records if "vs_gdn" in r.get(KDA_TWIN, {})]
+    on = [r for r in rows if (r["kind"] == "decode" and r["batch"] == 8)
+          or (r["kind"] == "prefill" and r["tokens"] == 2048 and r["batch"] == 1)]
+    name = f"KDA decode B=8 and prefill 2048 within {KDA_VS_GDN}x of GDN's time at the same H*K*V"
+    if not on:
+        _target(out, "kda_vs_gdn", name, None, "no KDA twin of decode B=8 or prefill 2048 ran", base)
+    else:
+        worst = max(kda_ratios(on))
+        _target(out, "kda_vs_gdn", name, worst[0] <= KDA_VS_GDN, f"worst {worst[0]:.2f}x ({worst[1]}); all: "
+                + ", ".join(f"{lab} {x:.2f}x" for x, lab in kda_ratios(rows)) + " (KDA time / GDN time, same rounds)",
+                rows_foreign(on, base), worst[0], worst[1])
+    b8 = [r for r in rows if r["kind"] in ("decode", "spec") and r["batch"] >= 8]
+    name = f"KDA decode & spec at B>=8 >= {BW_B8:.0%} of measured bandwidth, f32 state"
+    if b8:
+        vals = [(r[KDA_TWIN]["GBps"] / row_reference(r, plan), r[KDA_TWIN]["label"]) for r in b8]
+        worst = min(vals)
+        _target(out, "kda_bw_b8", name, worst[0] >= BW_B8, f"min {100 * worst[0]:.1f}% ({worst[1]}); all: "
+                + ", ".join(f"{lab} {100 * f:.0f}%" for f, lab in vals) + "; of the stream kernel timed beside the row",
+                rows_foreign(b8, base), worst[0], worst[1])
+    else:
+        _target(out, "kda_bw_b8", name, None, "no KDA twin at B >= 8 ran", base)
+    p2k = [r for r in rows if r["kind"] == "prefill" and r["tokens"] == 2048 and r["batch"] == 1]
+    name = f"KDA chunked prefill 2048 tokens >= {PREFILL_PEAK:.0%} of measured matmul peak"
+    if p2k:
+        k = p2k[0][KDA_TWIN]
+        f = k["GFLOPs"] / peak
+        _target(out, "kda_prefill_peak", name, f >= PREFILL_PEAK, f"{100 * f:.1f}% ({k['GFLOPs']:.1f} of {peak:.1f} "
+                f"GFLOP/s; chunked-form FLOPs with per-channel decays / median time)", rows_foreign(p2k, base), f,
+                k["label"])
+    else:
+        _target(out, "kda_prefill_peak", name, None, "no KDA twin of the 2048-token prefill ran", base)
 
 
 def _bw_target(out, tkey, records, plan, name, key, sd, pick, share, base, bw, need_specs):

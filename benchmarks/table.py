@@ -5,9 +5,9 @@ formats, state passes, rounds, the targets' evidence) are report.py's, printed w
 kept in the JSON record."""
 from __future__ import annotations
 
-from report import (BW_B1, BW_B8, C_ABI_US, FLAT, KV_VS_VK, PLAIN_CALL_US, PREFILL_PEAK, PREFILL_VS_TORCH,
-                    PREPARED_CALL_US, SPEC_BW_B8, SPEC_VS_TORCH, STATE_PASSES, base_foreign, row_reference,
-                    rows_foreign, state_pass_share, verdict)
+from report import (BW_B1, BW_B8, C_ABI_US, FLAT, KDA_TWIN, KDA_VS_GDN, KV_VS_VK, PLAIN_CALL_US, PREFILL_PEAK,
+                    PREFILL_VS_TORCH, PREPARED_CALL_US, SPEC_BW_B8, SPEC_VS_TORCH, STATE_PASSES, base_foreign,
+                    row_reference, rows_foreign, state_pass_share, verdict)
 
 COLUMNS = ("case", "time", "rate", "% of bound", "vs peer", "verdict")
 _WIDTHS = (24, 10, 14, 20, 12)
@@ -82,6 +82,38 @@ def _prefill_row(r, plan, base):
                 f"GFLOP/s", _peer(r, "ours"), _verdicts(checks, rows_foreign([r], base)))
 
 
+def _kda_row(r, plan, base):
+    """A row's KDA twin (cases.add_twin), under the row: its time and rate against the row's own bound
+    (the bandwidth beside it, or the matmul peak), the bar of the row's kind and size, and its time
+    against the row's ("<= 1.3x GDN", the rows the bar is set on: decode B=8 and prefill 2048). In
+    the peer column, its check against the float64 reference ("ref ok", or the error and "!")."""
+    k = r.get(KDA_TWIN)
+    if k is None:
+        return None
+    if "median_s" not in k:
+        return _row(k["label"], verdicts="not run: " + k.get("error", "no time"))
+    checks, f = [], rows_foreign([r], base)
+    if "GFLOPs" in k:
+        peak = plan["peak"]["numpy_matmul_GFLOPs"]
+        share = k["GFLOPs"] / peak
+        rate, bound = f"{k['GFLOPs']:.0f} GFLOP/s", f"{100 * share:.0f}% of {peak:.0f} GFLOP/s"
+        if r["tokens"] == 2048 and r["batch"] == 1:
+            checks.append((share >= PREFILL_PEAK, f">= {PREFILL_PEAK:.0%} peak", ""))
+    else:
+        ref = row_reference(r, plan)
+        share = k["GBps"] / ref
+        rate, bound = f"{k['GBps']:.1f} GB/s", f"{100 * share:.0f}% of {ref:.0f} GB/s"
+        bar = BW_B8 if r["batch"] >= 8 else BW_B1 if r["batch"] == 1 else None
+        if bar is not None:
+            checks.append((share >= bar, f">= {bar:.0%} BW", ""))
+    judged = (r["kind"] == "decode" and r["batch"] == 8) or (r["kind"] == "prefill" and r["tokens"] == 2048
+                                                             and r["batch"] == 1)
+    checks.append((k["vs_gdn"] <= KDA_VS_GDN if judged else None, f"<= {KDA_VS_GDN}x GDN", f"({k['vs_gdn']:.2f}x)"))
+    ag = k.get("agreement_vs_reference")  # it has no peer: its first step against the float64 reference
+    peer = "-" if ag is None else "ref ok" if ag["ok"] else f"ref {max(ag['out'], ag['ssm']):.0e}!"
+    return _row(k["label"], _time(k["median_s"]), rate, bound, peer, _verdicts(checks, f))
+
+
 def _target_rows(tg):
     """The rows of the targets that span rows or stand alone (layouts, flatness, host overhead)."""
     by = {t["key"]: t for t in tg}
@@ -96,6 +128,9 @@ def _target_rows(tg):
 
     if value("kv") is not None:
         add("kv", "kv / vk layout", f"<= {KV_VS_VK}x", span=f"worst {value('kv'):.2f}x ({by['kv']['at']})")
+    if value("kda_vs_gdn") is not None:
+        add("kda_vs_gdn", "KDA / GDN time", f"<= {KDA_VS_GDN}x",
+            span=f"worst {value('kda_vs_gdn'):.2f}x ({by['kda_vs_gdn']['at']}; same H*K*V, same rounds)")
     if value("flat") is not None:
         add("flat", f"prefill flat {by['flat']['at']}", f"<= {FLAT}x", span=f"max/min {value('flat'):.2f}x per token",
             note=" over 512..131072 tokens: full run only")
@@ -116,10 +151,13 @@ def table_rows(records, plan, tg, run_foreign):
     for r in records:
         if "ours" not in r:
             rows.append(_row(r["label"], verdicts="FAILED: " + r.get("error", "")))
-        elif r["kind"] in ("decode", "spec"):
+            continue
+        if r["kind"] in ("decode", "spec"):
             rows += _state_rows(r, plan, base)
         else:
             rows.append(_prefill_row(r, plan, base))
+        kda = _kda_row(r, plan, base)
+        rows += [kda] if kda else []
     return rows + _target_rows(tg)
 
 

@@ -1,6 +1,7 @@
 """python -m pygdn {demo,warmup,info,bench} [options]   (run with --help for each)
 
   demo    a Qwen3-Next MTP layer step on the default SYCL device, checked and timed
+          (--model kimi-linear: a Kimi-Linear KDA layer step)
   warmup  compile the kernels of a deployment into the library's disk cache ahead of time
   info    the library version and the default device
   bench   the benchmark; it is not part of the package: this runs benchmarks/bench.py of the

@@ -1,9 +1,10 @@
-"""The main job: one GDN attention layer step of Qwen3-Next-80B-A3B on a realistic MTP batch
-(prefills + speculative decodes, interleaved), on the default SYCL device: checked against the
-float64 reference on a subset of heads, and timed per phase.
+"""The main job: one linear-attention layer step of a model (MODELS: Qwen3-Next-80B-A3B's GDN
+layer, or Kimi-Linear-48B-A3B's KDA layer) on a realistic MTP batch (prefills + speculative
+decodes, interleaved), on the default SYCL device: checked against the float64 reference on a
+subset of heads, and timed per phase.
 
-    python -m pygdn demo [--tp 1] [--prefills 4 --prefill-len 512] [--spec 16 --num-spec 2] ...
-                         [--spec-mode replay]
+    python -m pygdn demo [--model qwen3-next|kimi-linear] [--tp 1] [--prefills 4 --prefill-len 512]
+                         [--spec 16 --num-spec 2] ... [--spec-mode replay]
 
 --spec-mode replay runs the spec sequences in replay mode (docs/op.md "Replay mode"): two steps,
 the second replaying the first's accepted tokens, each against the reference's per-token
@@ -24,6 +25,19 @@ from ._usm import UsmArray, from_bf16_bits, to_bf16_bits
 from .batch import make_batch, to_device
 from .ops import Config, attention, causal_conv1d, flush_replay, gated_delta_rule, warmup
 from ._lib import version
+
+
+# The layers the demo runs, at their models' real shapes (TP=1): k-heads, v-heads, head dim (K = V),
+# conv width, and the gates. Kimi-Linear-48B-A3B (linear_attn_config: num_heads 32, head_dim 128,
+# short_conv_kernel_size 4; vLLM kimi_gdn_linear_attn.py) decays the state per key channel
+# (gate_mode "channel": a, dt_bias [H*K], A_log [H]) and gates the output norm with a sigmoid; its
+# config sets no gate_lower_bound, so the gate is the softplus form (lower bound 0 here).
+MODELS = {
+    "qwen3-next": dict(name="Qwen3-Next-80B-A3B GDN layer", k_heads=16, v_heads=32, head_dim=128, conv_width=4,
+                       gate_mode="head", out_gate="silu", gate_lower_bound=0.0),
+    "kimi-linear": dict(name="Kimi-Linear-48B-A3B KDA layer", k_heads=32, v_heads=32, head_dim=128, conv_width=4,
+                        gate_mode="channel", out_gate="sigmoid", gate_lower_bound=0.0),
+}
 
 
 def _say(msg):
@@ -74,7 +88,9 @@ def _median_ms(fn, repeat):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m pygdn demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default=None, help="dpctl filter string (default: the default SYCL device)")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree: H=16/tp, HV=32/tp")
+    p.add_argument("--model", default="qwen3-next", choices=sorted(MODELS), help="the layer (default qwen3-next)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree: the model's heads / tp "
+                   "(qwen3-next: H=16/tp, HV=32/tp; kimi-linear: H=HV=32/tp)")
     p.add_argument("--prefills", type=int, default=4)
     p.add_argument("--prefill-len", type=int, default=512)
     p.add_argument("--decodes", type=int, default=0, help="plain 1-token decodes")
@@ -85,11 +101,20 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--spec-mode", default="per-token", choices=["per-token", "replay"],
                    help="spec decoding writing each token's state (per-token) or one state per step (replay)")
+    p.add_argument("--gate-lower-bound", type=float, default=None,
+                   help="< 0: the gate's lower-bound form, g = lb * sigmoid(exp(A_log) * (a + dt_bias)) "
+                   "(default: the model's, MODELS)")
+    p.add_argument("--force-recurrent", action="store_true",
+                   help="prefills through the token recurrence instead of the chunked algorithm (cfg.force_recurrent)")
     args = p.parse_args(argv)
 
-    H, HV, K, V, W = 16 // args.tp, 32 // args.tp, 128, 128, 4
-    if H < 1 or HV < 1:
-        p.error("--tp too large for 16 k-heads")
+    model = MODELS[args.model]
+    if args.tp < 1 or model["k_heads"] % args.tp or model["v_heads"] % args.tp:
+        p.error(f"--tp {args.tp}: expected a divisor of the model's {model['k_heads']} k-heads")
+    H, HV = model["k_heads"] // args.tp, model["v_heads"] // args.tp
+    K = V = model["head_dim"]
+    W = model["conv_width"]
+    lower_bound = model["gate_lower_bound"] if args.gate_lower_bound is None else args.gate_lower_bound
     rng = np.random.default_rng(args.seed)
     q = _queue(args.device)
     _say(f"libgdn_xpu {version()} | device: {_device_line(q)}")
@@ -103,23 +128,28 @@ def main(argv=None) -> int:
     T = meta["num_actual_tokens"]
     cfg = Config(num_k_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V, num_slots=num_slots, conv_width=W,
                  act_dtype=args.dtype, ssm_layout="vk", conv_layout="time_major", conv_spec_layout="rolled",
-                 conv_state_len=W - 1 + args.num_spec, replay_tokens=cols if args.spec_mode == "replay" else 0)
-    C = cfg.conv_dim
-    _say(f"Qwen3-Next-80B-A3B GDN layer, TP={args.tp}: H={H} HV={HV} K={K} V={V} W={W}, {args.dtype} activations, "
-         f"f32 state, spec decoding: {args.spec_mode} mode")
+                 conv_state_len=W - 1 + args.num_spec, replay_tokens=cols if args.spec_mode == "replay" else 0,
+                 gate_mode=model["gate_mode"], out_gate=model["out_gate"], gate_lower_bound=lower_bound,
+                 force_recurrent=args.force_recurrent)
+    C, GK = cfg.conv_dim, cfg.gate_k
+    gate = "a gate per key channel" if GK > 1 else "a gate per head"
+    gate += f", lower bound {lower_bound:g}" if lower_bound else ""
+    _say(f"{model['name']}, TP={args.tp}: H={H} HV={HV} K={K} V={V} W={W}, {gate}, {cfg.out_gate} output gate, "
+         f"{args.dtype} activations, f32 state, spec decoding: {args.spec_mode} mode"
+         + (", prefills through the token recurrence" if args.force_recurrent else ""))
     _say(f"batch: {args.prefills} prefills x {args.prefill_len} tokens, {args.decodes} decodes, {args.spec} spec "
          f"sequences (<= {args.num_spec} drafts, ragged), {T} tokens interleaved, {num_slots} state slots")
 
     # ---- inputs (host) and device arrays
     x = _Act(rng.standard_normal((T, C)), args.dtype)
-    a = _Act(rng.standard_normal((T, HV)), args.dtype)
+    a = _Act(rng.standard_normal((T, HV * GK)), args.dtype)
     b = _Act(rng.standard_normal((T, HV)), args.dtype)
     z = _Act(rng.standard_normal((T, HV, V)), args.dtype)
     w = _Act(rng.standard_normal((C, W)) * 0.5, args.dtype)
     bias = _Act(rng.standard_normal(C) * 0.1, args.dtype)
     norm_w = _Act(rng.uniform(0.5, 1.5, V), args.dtype)
     A_log = np.log(rng.uniform(1, 16, HV)).astype(np.float32)
-    dt_bias = rng.uniform(-1, 1, HV).astype(np.float32)
+    dt_bias = rng.uniform(-1, 1, HV * GK).astype(np.float32)
     conv0 = _Act(rng.standard_normal((num_slots, cfg.state_len, C)), args.dtype)      # time-major
     ssm0 = (rng.standard_normal((num_slots, HV, V, K)) * 0.1).astype(np.float32)      # vk
     replay = {}
@@ -196,11 +226,8 @@ def _replay_check(q, cfg, meta, rng, x, a, b, z, w, bias, norm_w, A_log, dt_bias
     ssm_r[slots[:, 0]] = ssm0[slots[np.arange(n_spec), accepted - 1]]
     conv_state, ssm_state = UsmArray.from_numpy(conv0.store, q), UsmArray.from_numpy(ssm_r, q)
     out = UsmArray((T, cfg.num_v_heads, cfg.head_v_dim), x.store.dtype, q)
-    H, HV, K, V = cfg.num_k_heads, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim
-    r = HV // H
-    ch = np.r_[0:K, H * K:H * K + K, 2 * H * K:2 * H * K + r * V]          # q0 | k0 | v of heads 0..r-1
-    ref_conv = np.swapaxes(conv0.f64, 1, 2)[:, ch, :]                       # the reference's caches, k-head 0
-    ref_ssm = np.swapaxes(ssm0[:, :r].astype(np.float64), 2, 3)
+    r = cfg.num_v_heads // cfg.num_k_heads
+    ref_conv, ref_ssm = _subset_caches(cfg, conv0, ssm0)                    # the reference's caches, k-head 0
     ok, tol = True, 2e-3 if cfg.act_dtype == "f32" else 5e-2
     for step in range(2):
         if step:  # new tokens; this step's acceptance of the last step's drafts
@@ -212,10 +239,8 @@ def _replay_check(q, cfg, meta, rng, x, a, b, z, w, bias, norm_w, A_log, dt_bias
                   **replay)
         got = out.to_numpy()
         got = from_bf16_bits(got).astype(np.float64) if cfg.act_dtype == "bf16" else got.astype(np.float64)
-        o, ref_conv, ref_ssm = ref.gdn_attention(x.f64[:, ch], a.f64[:, :r], b.f64[:, :r], w.f64[ch], bias.f64[ch],
-                                                 A_log[:r], dt_bias[:r], ref_conv, ref_ssm, meta, 1, r, K, V,
-                                                 spec_layout=cfg.conv_spec_layout, z=z.f64[:, :r],
-                                                 norm_weight=norm_w.f64)
+        o, ref_conv, ref_ssm = _subset_reference(cfg, meta, x, a, b, z, w, bias, norm_w, A_log, dt_bias, ref_conv,
+                                                 ref_ssm)
         err = float(np.max(np.abs(got[:, :r] - o)) / max(np.max(np.abs(o)), 1e-12))
         ok = ok and err <= tol
         _say(f"  replay mode, step {step + 1}: max relative output error {err:.2e} against the reference "
@@ -232,16 +257,34 @@ def _replay_check(q, cfg, meta, rng, x, a, b, z, w, bias, norm_w, A_log, dt_bias
     return ok, to_device(dict(meta, num_accepted_tokens=final), q)
 
 
+def _subset_channels(cfg):
+    """conv_dim columns of k-head 0 and the v-heads that use it (GVA group 0): q0 | k0 | v of heads 0..r-1."""
+    H, HV, K, V = cfg.num_k_heads, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim
+    return np.r_[0:K, H * K:H * K + K, 2 * H * K:2 * H * K + HV // H * V]
+
+
+def _subset_caches(cfg, conv0, ssm0):
+    """The reference's caches of that subset: conv [slots, C_sub, state_len], ssm [slots, r, K, V] (from vk)."""
+    r = cfg.num_v_heads // cfg.num_k_heads
+    return (np.swapaxes(conv0.f64, 1, 2)[:, _subset_channels(cfg), :],
+            np.swapaxes(ssm0[:, :r].astype(np.float64), 2, 3))
+
+
+def _subset_reference(cfg, meta, x, a, b, z, w, bias, norm_w, A_log, dt_bias, conv, ssm):
+    """ref.gdn_attention on k-head 0 and its v-heads, every input sliced to them (gates: cfg.gate_k per
+    v-head), with the config's gate and output-gate settings. Returns (out, conv, ssm) of the subset."""
+    r, gk, ch = cfg.num_v_heads // cfg.num_k_heads, cfg.gate_k, _subset_channels(cfg)
+    return ref.gdn_attention(x.f64[:, ch], a.f64[:, :r * gk], b.f64[:, :r], w.f64[ch], bias.f64[ch], A_log[:r],
+                             dt_bias[:r * gk], conv, ssm, meta, 1, r, cfg.head_k_dim, cfg.head_v_dim,
+                             spec_layout=cfg.conv_spec_layout, z=z.f64[:, :r], norm_weight=norm_w.f64,
+                             lower_bound=cfg.gate_lower_bound, out_gate=cfg.out_gate)
+
+
 def _check_subset(cfg, meta, x, a, b, z, w, bias, norm_w, A_log, dt_bias, conv0, ssm0, got_out, got_ssm):
     """Reference on k-head 0 and the v-heads that use it (GVA group 0): slice every array."""
-    H, HV, K, V = cfg.num_k_heads, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim
-    r = HV // H
-    ch = np.r_[0:K, H * K:H * K + K, 2 * H * K:2 * H * K + r * V]          # q0 | k0 | v of heads 0..r-1
-    conv_canon = np.swapaxes(conv0.f64, 1, 2)[:, ch, :]                     # [slots, C_sub, state_len]
-    ssm_canon = np.swapaxes(ssm0[:, :r].astype(np.float64), 2, 3)           # vk -> kv
-    o, _, ssm = ref.gdn_attention(x.f64[:, ch], a.f64[:, :r], b.f64[:, :r], w.f64[ch], bias.f64[ch], A_log[:r],
-                                  dt_bias[:r], conv_canon, ssm_canon, meta, 1, r, K, V,
-                                  spec_layout=cfg.conv_spec_layout, z=z.f64[:, :r], norm_weight=norm_w.f64)
+    r = cfg.num_v_heads // cfg.num_k_heads
+    conv_canon, ssm_canon = _subset_caches(cfg, conv0, ssm0)
+    o, _, ssm = _subset_reference(cfg, meta, x, a, b, z, w, bias, norm_w, A_log, dt_bias, conv_canon, ssm_canon)
     rel = lambda g, w_: float(np.max(np.abs(g - w_)) / max(np.max(np.abs(w_)), 1e-12))
     got_ssm_canon = np.swapaxes(got_ssm[:, :r].astype(np.float64), 2, 3)
     return {"out": rel(got_out[:, :r], o), "state": rel(got_ssm_canon, ssm)}

@@ -18,16 +18,15 @@ import time
 
 import dpctl
 
+from .demo import MODELS
 from .ops import Config, warmup
 
-# Model shapes per tensor-parallel rank (H k-heads, HV v-heads, K, V, conv width). Kernel builds
-# depend on the dtype, K and the layouts (docs/design.md), so TP degrees mostly share them.
-PRESETS = {
-    "qwen3-next-tp1": (16, 32, 128, 128, 4),  # Qwen3-Next-80B-A3B
-    "qwen3-next-tp2": (8, 16, 128, 128, 4),
-    "qwen3-next-tp4": (4, 8, 128, 128, 4),
-    "qwen3-next-tp8": (2, 4, 128, 128, 4),
-}
+# Model shapes per tensor-parallel rank (H k-heads, HV v-heads, K, V, conv width, gate mode) of
+# the demo's models: qwen3-next-tp1 .. tp8 (Qwen3-Next-80B-A3B), kimi-linear-tp1 .. tp8
+# (Kimi-Linear-48B-A3B, KDA). Kernel builds depend on the dtype, K, the gate mode and the layouts
+# (docs/design.md), so TP degrees mostly share them.
+PRESETS = {f"{name}-tp{tp}": (m["k_heads"] // tp, m["v_heads"] // tp, m["head_dim"], m["head_dim"], m["conv_width"],
+                              m["gate_mode"]) for name, m in MODELS.items() for tp in (1, 2, 4, 8)}
 PRESETS["demo"] = PRESETS["qwen3-next-tp1"]  # python -m pygdn demo's default layer
 
 
@@ -45,9 +44,9 @@ def main(argv=None) -> int:
     total = time.perf_counter()
     for name, dtype, layout, state in itertools.product(args.config or ["demo"], args.dtype or ["bf16"],
                                                         args.ssm_layout or ["vk"], args.state_dtype or ["f32"]):
-        H, HV, K, V, W = PRESETS[name]
+        H, HV, K, V, W, gate_mode = PRESETS[name]
         cfg = Config(num_k_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V, num_slots=1, conv_width=W,
-                     act_dtype=dtype, ssm_layout=layout, state_dtype=state)
+                     act_dtype=dtype, ssm_layout=layout, state_dtype=state, gate_mode=gate_mode)
         t0 = time.perf_counter()
         warmup(q, cfg)
         print(f"  {name} {dtype} {layout}{'' if state == 'f32' else f' {state} state'}: ready in "
