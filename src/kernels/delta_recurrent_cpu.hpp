@@ -24,8 +24,8 @@ static inline void prefetch_states(const state_t *p, size_t n) { prefetch_bytes(
 // channel, i.e. per state row k), beta. They are the prep kernel's outputs,
 // or, when the call launched no gdn_prep (p.prep_inline: no chunk kernels in it, K % 16 == 0),
 // prepared here from the conv output into kb, qb with the prep kernel's own arithmetic
-// (delta_prep.hpp). Every walk takes its tokens through this. Out-parameters, not a returned
-// struct: the struct form ran 1.5x slower.
+// (delta_prep.hpp: prep_qk16, and the gates as prep_gates computes them). Every walk takes its
+// tokens through this. Out-parameters, not a returned struct: the struct form ran 1.5x slower.
 static inline int64_t token_in(const GdnDeltaParams &p, const RecurrentSeq &rs, int32_t t, int32_t h, int32_t hv,
                                float *kb, float *qb, const float *&kn, const float *&qn, float *decay, float &beta) {
   if (rs.ring_in) {  // a replay (GDN_REPLAY_APPLY): ring entry t; no q (k stands in), no outputs
