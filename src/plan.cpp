@@ -22,10 +22,11 @@ std::string act_option(const gdn_config_t &cfg) {
   }
 }
 // The delta-rule builds: per (activation dtype, head_k_dim[, ssm layout]) (kernels/delta.hpp).
-// GDN_GATE_CHANNEL builds (KDA) decay each state row by its own gate (kernels/delta.hpp, GK).
+// GDN_GATE_CHANNEL configs (KDA) build with -DGDN_GATE_PER_CHANNEL=1: each state row decays by its
+// own gate (kernels/delta.hpp, GDN_GATE_CHANNEL and GK).
 std::string head_option(const gdn_config_t &cfg) {
   return act_option(cfg) + " -DGDN_HEAD_K=" + std::to_string(cfg.head_k_dim) +
-         (cfg.gate_mode == GDN_GATE_CHANNEL ? " -DGDN_GATE_CHANNEL=1" : "");
+         (cfg.gate_mode == GDN_GATE_CHANNEL ? " -DGDN_GATE_PER_CHANNEL=1" : "");
 }
 // The builds that load or store ssm_state: also per ssm layout and state dtype.
 std::string state_option(const gdn_config_t &cfg) {

@@ -18,11 +18,14 @@
 #error "GDN_HEAD_K must be defined"
 #endif
 #define KD GDN_HEAD_K
-// -DGDN_GATE_CHANNEL=1 (gdn_xpu.h GDN_GATE_CHANNEL, KDA): state row k decays by its own gate; the
-// gate arrays (prep's g, a ring entry's g) hold GK values per v-head and token (params.hpp, gdn_gate_k).
-#ifndef GDN_GATE_CHANNEL
-#define GDN_GATE_CHANNEL 0
+// -DGDN_GATE_PER_CHANNEL=1 (a config with gate_mode GDN_GATE_CHANNEL, KDA): state row k decays by
+// its own gate; the gate arrays (prep's g, a ring entry's g) hold GK values per v-head and token
+// (params.hpp, gdn_gate_k). From here on GDN_GATE_CHANNEL is that flag of the build (0 or 1), not
+// gdn_xpu.h's enum constant: a -DGDN_GATE_CHANNEL would rewrite the enum's own declaration.
+#ifndef GDN_GATE_PER_CHANNEL
+#define GDN_GATE_PER_CHANNEL 0
 #endif
+#define GDN_GATE_CHANNEL GDN_GATE_PER_CHANNEL
 #define GK (GDN_GATE_CHANNEL ? KD : 1)
 #if GDN_VK_LAYOUT
 #define K_STRIDE 1
