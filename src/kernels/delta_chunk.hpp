@@ -57,13 +57,14 @@ static inline void chunk_scan_columns(const GdnDeltaParams &p, int64_t pos, int3
                                       typename Lanes<NL>::T (*qs)[GDN_CHUNK_SIZE]) {
   typedef Lanes<NL> L;
   typedef typename L::T lane_t;
-  const float *dstart = p.chunk_dstart + pos, *dend = p.chunk_dend + pos;
+  const float *dstart = p.chunk_dstart + pos * GK, *dend = p.chunk_dend + pos * GK;
   for (int32_t i0 = 0; i0 < len; i0 += RB) {  // u = U - W S and q S, RB rows at a time
-    const float *w[RB], *qi[RB];
+    const float *w[RB], *qi[RB], *dq[RB];
     for (int r = 0; r < RB; ++r) {  // rows past len repeat row i0: computed, not stored
       const int32_t i = i0 + r < len ? i0 + r : i0;
       w[r] = p.chunk_w + (pos + i) * KD;
       qi[r] = p.qn + qk_off[i];
+      dq[r] = dstart + i * GK;
     }
     lane_t ws[CB][RB], q_s[CB][RB];
     for (int b = 0; b < CB; ++b)
@@ -72,7 +73,7 @@ static inline void chunk_scan_columns(const GdnDeltaParams &p, int64_t pos, int3
       lane_t sk[CB];
       for (int b = 0; b < CB; ++b) sk[b] = s[b][k];
       for (int r = 0; r < RB; ++r) {
-        const float wk = w[r][k], qk = qi[r][k];
+        const float wk = w[r][k], qk = GDN_GATE_CHANNEL ? qi[r][k] * dq[r][k] : qi[r][k];  // per channel: (q (.) dstart) S
         for (int b = 0; b < CB; ++b) {
           ws[b][r] += sk[b] * wk;
           q_s[b][r] += sk[b] * qk;
@@ -91,7 +92,7 @@ static inline void chunk_scan_columns(const GdnDeltaParams &p, int64_t pos, int3
     const float *aqk[RB];
     for (int r = 0; r < RB; ++r) {
       const int32_t i = r < nr ? i0 + r : i0;
-      for (int b = 0; b < CB; ++b) o[b][r] = dstart[i] * qs[b][i];
+      for (int b = 0; b < CB; ++b) o[b][r] = GDN_GATE_CHANNEL ? qs[b][i] : dstart[i] * qs[b][i];
       aqk[r] = p.chunk_aqk + (pos + i) * GDN_CHUNK_SIZE;
     }
     for (int32_t j = 0; j < i0 + nr; ++j) {
@@ -107,19 +108,22 @@ static inline void chunk_scan_columns(const GdnDeltaParams &p, int64_t pos, int3
       for (int b = 0; b < cb; ++b) L::store_act(p.out, at + v[b], o[b][r]);
     }
   }
-  const float dlast = dstart[len - 1];  // S = d_last S + K^T (D[last][.] u)
-  for (int32_t j = 0; j < len; ++j)
-    for (int b = 0; b < CB; ++b) up[b][j] *= dend[j];
+  // S = d_last S + K^T (D[last][.] u); per channel: Diag(dlast) S + (K (.) dend)^T u.
+  const float *dlast_k = dstart + (len - 1) * GK, dlast = dlast_k[0];
+  if (!GDN_GATE_CHANNEL)
+    for (int32_t j = 0; j < len; ++j)
+      for (int b = 0; b < CB; ++b) up[b][j] *= dend[j];
   for (int k0 = 0; k0 < KD; k0 += KB) {
     lane_t acc[CB][KB];
     for (int b = 0; b < CB; ++b)
-      for (int kk = 0; kk < KB; ++kk) acc[b][kk] = k0 + kk < KD ? s[b][k0 + kk] * dlast : lane_t(0.0f);
+      for (int kk = 0; kk < KB; ++kk)
+        acc[b][kk] = k0 + kk < KD ? s[b][k0 + kk] * (GDN_GATE_CHANNEL ? dlast_k[k0 + kk] : dlast) : lane_t(0.0f);
     for (int32_t j = 0; j < len; ++j) {
       lane_t uj[CB];
       for (int b = 0; b < CB; ++b) uj[b] = up[b][j];
-      const float *kj = p.kn + qk_off[j] + k0;
+      const float *kj = p.kn + qk_off[j] + k0, *dj = dend + j * GK + k0;
       for (int kk = 0; kk < KB && k0 + kk < KD; ++kk) {
-        const float x = kj[kk];
+        const float x = GDN_GATE_CHANNEL ? kj[kk] * dj[kk] : kj[kk];
         for (int b = 0; b < CB; ++b) acc[b][kk] += uj[b] * x;
       }
     }

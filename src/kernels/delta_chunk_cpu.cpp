@@ -80,6 +80,7 @@ GDN_KERNEL(1) void gdn_chunk_prep_cpu(GdnDeltaParams p) {
   // are zeros; those entries are never read.
   for (int32_t i = len; i < (len + 3) / 4 * 4; ++i)
     for (int cc = 0; cc < KV16; ++cc) kc[i][cc] = vf16(0.0f);
+#if !GDN_GATE_CHANNEL  // (per channel the decays enter the products: per v-head, below)
   float KK[GDN_CHUNK_SIZE][GDN_CHUNK_SIZE], QK[GDN_CHUNK_SIZE][GDN_CHUNK_SIZE];
   for (int32_t i = 0; i < len; ++i) {
     const float *qi = p.qn + (rows[i] * p.H + h) * KD;
@@ -98,6 +99,7 @@ GDN_KERNEL(1) void gdn_chunk_prep_cpu(GdnDeltaParams p) {
       for (int l = 0; l < 4; ++l) KK[i][j0 + l] = r[2 * l], QK[i][j0 + l] = r[8 + 2 * l];
     }
   }
+#endif
   const int32_t ratio = p.HV / p.H;
   const int64_t vcol0 = p.v_offset;
   // W, U and Aqk go out by streaming stores (vstore_nt; each row is 64-byte aligned: the arrays are,
@@ -110,6 +112,64 @@ GDN_KERNEL(1) void gdn_chunk_prep_cpu(GdnDeltaParams p) {
   for (int32_t r = 0; r < ratio; ++r) {
     const int32_t hv = h * ratio + r;
     const int64_t pos = chunk_pos(p, hv, c);
+#if GDN_GATE_CHANNEL
+    // A decay per key channel (delta_chunk.hpp): alpha = e^g of every row, dstart and dend by
+    // running products over the rows.
+    float B[GDN_CHUNK_SIZE];
+    vf16 al[GDN_CHUNK_SIZE][KV16];
+    float *const dstart = p.chunk_dstart + pos * GK, *const dend = p.chunk_dend + pos * GK;
+    {
+      vf16 d[KV16];
+      for (int cc = 0; cc < KV16; ++cc) d[cc] = vf16(1.0f);
+      for (int32_t i = 0; i < len; ++i) {
+        const float *gi = p.g + (rows[i] * p.HV + hv) * GK;
+        B[i] = p.beta[rows[i] * p.HV + hv];
+        for (int cc = 0; cc < KV16; ++cc) {
+          al[i][cc] = sycl::exp(vload(gi + 16 * cc));
+          d[cc] *= al[i][cc];
+          vstore(dstart + i * GK + 16 * cc, d[cc]);
+        }
+      }
+      for (int cc = 0; cc < KV16; ++cc) d[cc] = vf16(1.0f);
+      for (int32_t i = len - 1; i >= 0; --i)
+        for (int cc = 0; cc < KV16; ++cc) {
+          vstore(dend + i * GK + 16 * cc, d[cc]);
+          d[cc] *= al[i][cc];
+        }
+    }
+    // Row i of A = beta_i (k_i (.) D).k_j (j < i) and of Aqk = (q_i (.) D).k_j (j <= i), with
+    // D = prod_{s=j+1..i} alpha_s: j from i down, kd = k_i (.) D and qd = q_i (.) D taking one more
+    // factor per step, 4 j per sums8 reduction. Aqk's rows whole, zeros past the diagonal.
+    float A[GDN_CHUNK_SIZE][GDN_CHUNK_SIZE];
+    for (int32_t i = 0; i < len; ++i) {
+      const float *qi = p.qn + (rows[i] * p.H + h) * KD;
+      vf16 kd[KV16], qd[KV16];
+      for (int cc = 0; cc < KV16; ++cc) kd[cc] = kc[i][cc], qd[cc] = vload(qi + 16 * cc);
+      float aq[GDN_CHUNK_SIZE];
+      for (int32_t jb = 0; jb < GDN_CHUNK_SIZE; jb += 16) vstore(aq + jb, vf16(0.0f));
+      for (int32_t j0 = i; j0 >= 0; j0 -= 4) {
+        vf16 a[8];
+        for (int l = 0; l < 8; ++l) a[l] = vf16(0.0f);
+        for (int l = 0; l < 4 && j0 - l >= 0; ++l) {
+          const int32_t j = j0 - l;
+          for (int cc = 0; cc < KV16; ++cc) {
+            const vf16 x = kc[j][cc];
+            a[l] += kd[cc] * x;
+            a[4 + l] += qd[cc] * x;
+            kd[cc] *= al[j][cc];
+            qd[cc] *= al[j][cc];
+          }
+        }
+        const vf16 r = sums8(a);
+        for (int l = 0; l < 4 && j0 - l >= 0; ++l) {
+          A[i][j0 - l] = j0 - l < i ? B[i] * r[2 * l] : 0.0f;
+          aq[j0 - l] = r[8 + 2 * l];
+        }
+      }
+      float *aqk = p.chunk_aqk + (pos + i) * GDN_CHUNK_SIZE;
+      for (int32_t jb = 0; jb < GDN_CHUNK_SIZE; jb += 16) vstore_nt(aqk + jb, vload(aq + jb));
+    }
+#else
     // P, R and d of delta_chunk.hpp ("Decays and resets"): cumulative g without the resets, the
     // last reset at or before each row, the decay from the chunk's initial state.
     float P[GDN_CHUNK_SIZE], B[GDN_CHUNK_SIZE], D[GDN_CHUNK_SIZE];
@@ -150,12 +210,17 @@ GDN_KERNEL(1) void gdn_chunk_prep_cpu(GdnDeltaParams p) {
         vstore_nt(aqk + jb, q);
       }
     }
+#endif
     // W = T (beta d K) and U = T (beta V), T = (I + A)^-1, without forming T (substitute_rows).
     vf16 wb[GDN_CHUNK_SIZE][KV16];
     float *const wout = p.chunk_w + pos * KD;
     substitute_rows<KV16>(A, len, wb, [&](int32_t i, vf16 *x) {
+#if GDN_GATE_CHANNEL
+      for (int cc = 0; cc < KV16; ++cc) x[cc] = B[i] * (kc[i][cc] * vload(dstart + i * GK + 16 * cc));
+#else
       const float bd = B[i] * D[i];
       for (int cc = 0; cc < KV16; ++cc) x[cc] = bd * kc[i][cc];
+#endif
     }, [&](int32_t i, const vf16 *x) {
       for (int cc = 0; cc < KV16; ++cc) vstore_nt(wout + i * KD + 16 * cc, x[cc]);
     });
