@@ -271,10 +271,9 @@ GDN_SUB_GROUP_KERNEL(2) void gdn_chunk_scan(GdnDeltaParams p) {
       float kk[TILE_KS];
       load_slice(p.kn + (global_row(p.token_indx, jfirst + j) * p.H + h) * KD, lane, kk);
 #if GDN_GATE_CHANNEL
-      float de[TILE_KS];
-      load_slice(dend + j * GK, lane, de);
+      const float *de = dend + j * GK + lane;
 #pragma unroll
-      for (int i = 0; i < TILE_KS; ++i) kk[i] *= de[i];
+      for (int i = 0; i < TILE_KS; ++i) kk[i] *= tile_row(lane, i) ? de[GDN_SUB_GROUP * i] : 0.0f;
       const float dj = 1.0f;  // (in k)
 #else
       const float dj = dend[j];
