@@ -19,6 +19,28 @@
 //   D[i][j] = R_i > j ? 0 : e^(P_i - P_j)      d_i = R_i >= 0 ? 0 : e^(P_i)
 // exactly the products the recurrence forms, and finite wherever it is. is_reset() is the
 // recurrence's own e^g, so both paths agree on which tokens reset.
+//
+// A decay per key channel (GDN_GATE_CHANNEL, KDA). With alpha_t = e^(g_t) in [0, 1]^K, D[i][j] and
+// d_i become K-vectors, and the chunk's terms become
+//   A[i][j] = beta_i sum_k k_i[k] k_j[k] D[i][j][k],   Aqk[i][j] = sum_k q_i[k] k_j[k] D[i][j][k],
+//   D[i][j] = prod_{s=j+1..i} alpha_s,  dstart_i = prod_{s<=i} alpha_s,  dend_i = prod_{s=i+1..last} alpha_s,
+//   W = T (beta K (.) dstart),  o_i = (q_i (.) dstart_i) S + Aqk u,  S = Diag(dstart_last) S + (K (.) dend)^T u.
+// chunk_dstart / chunk_dend hold the vectors, GK floats per chunk row. Everything is a running
+// product of alphas in linear space: no quotient and no difference of cumulative logs, the two
+// forms that fail here. A per-channel reset (alpha = 0 on some channels) makes every product across
+// it exactly 0 on those channels only, with no special case (the head gate's P/R bookkeeping does
+// that for one value per token); e^(G_i - G_j) with G a cumulative log would make -inf - -inf =
+// NaN there, and a factorization (k_i e^G_i).(k_j e^-G_j) overflows once a chunk's decay passes
+// e^-88. Every factor is <= 1, so nothing overflows; a product that underflows is one the
+// recurrence also takes to (nearly) 0. D[i][j] for all j <= i of row i comes from ONE walk, j from
+// i down, multiplying k_i (.) D and q_i (.) D by one more alpha per step: 2K multiplies per pair on
+// top of the 2K FMAs of the two dot products, no vector of D[i][j] stored, and each product exactly
+// the recurrence's (every factor applied once, in order). FLA's secondary sub-chunking computes the
+// same terms with fewer operations -- off-diagonal 16x16 blocks (row block I, r its first row) as
+// plain dot products of k_i (.) prod_{r+1..i} alpha and k_j (.) prod_{j+1..r} alpha, both <= 1,
+// K multiplies per row and block instead of per pair; running products on the diagonal blocks --
+// and makes the off-diagonal blocks a matrix product for a matrix engine; the walk is the form
+// with one loop and no block bookkeeping.
 #pragma once
 #include "delta.hpp"
 
