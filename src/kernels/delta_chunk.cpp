@@ -31,11 +31,11 @@ GDN_SUB_GROUP_KERNEL(2) void gdn_chunk_prep(GdnDeltaParams p) {
 
   const bool valid = i < len;
   const int64_t row = valid ? global_row(p.token_indx, jfirst + i) : 0;
+#if GDN_GATE_CHANNEL
   const float b = valid ? p.beta[row * p.HV + hv] : 0.0f;
   const int64_t pos = chunk_pos(p, hv, c);
   const float *ki = p.kn + (row * p.H + h) * KD, *qi = p.qn + (row * p.H + h) * KD;
   float *aqk = p.chunk_aqk + (pos + i) * GDN_CHUNK_SIZE;
-#if GDN_GATE_CHANNEL
   // A decay per key channel (delta_chunk.hpp, "A decay per key channel"). Work-item i walks the
   // rows for channels i, i + GDN_CHUNK_SIZE, ...: dstart by its running product, and each row's
   // alpha = e^g to dend's row, which the products below read and the walk back turns into dend.
@@ -90,7 +90,7 @@ GDN_SUB_GROUP_KERNEL(2) void gdn_chunk_prep(GdnDeltaParams p) {
     }
   }
 #else
-  const float g = valid ? p.g[row * p.HV + hv] : 0.0f;
+  const float g = valid ? p.g[row * p.HV + hv] : 0.0f, b = valid ? p.beta[row * p.HV + hv] : 0.0f;
   const bool reset = valid && is_reset(g);
   const float P = sycl::inclusive_scan_over_group(grp, reset ? 0.0f : g, sycl::plus<float>());
   const int32_t R = sycl::inclusive_scan_over_group(grp, reset ? i : -1, sycl::maximum<int32_t>());
@@ -100,10 +100,13 @@ GDN_SUB_GROUP_KERNEL(2) void gdn_chunk_prep(GdnDeltaParams p) {
   B_s[i] = b;
   D_s[i] = d;
   row_s[i] = row;
+  const int64_t pos = chunk_pos(p, hv, c);
   sycl::group_barrier(grp);
   p.chunk_dstart[pos + i] = d;
   p.chunk_dend[pos + i] = valid ? decay_between(P_s[len - 1], R_s[len - 1], P, i) : 0.0f;
 
+  const float *ki = p.kn + (row * p.H + h) * KD, *qi = p.qn + (row * p.H + h) * KD;
+  float *aqk = p.chunk_aqk + (pos + i) * GDN_CHUNK_SIZE;
   for (int32_t j = 0; j < GDN_CHUNK_SIZE; ++j) {
     float a = 0.0f, aq = 0.0f;
     if (valid && j <= i) {
