@@ -32,15 +32,16 @@
 // that for one value per token); e^(G_i - G_j) with G a cumulative log would make -inf - -inf =
 // NaN there, and a factorization (k_i e^G_i).(k_j e^-G_j) overflows once a chunk's decay passes
 // e^-88. Every factor is <= 1, so nothing overflows; a product that underflows is one the
-// recurrence also takes to (nearly) 0. D[i][j] for all j <= i of row i comes from ONE walk, j from
-// i down, multiplying k_i (.) D and q_i (.) D by one more alpha per step: 2K multiplies per pair on
-// top of the 2K FMAs of the two dot products, no vector of D[i][j] stored, and each product exactly
-// the recurrence's (every factor applied once, in order). FLA's secondary sub-chunking computes the
-// same terms with fewer operations -- off-diagonal 16x16 blocks (row block I, r its first row) as
-// plain dot products of k_i (.) prod_{r+1..i} alpha and k_j (.) prod_{j+1..r} alpha, both <= 1,
-// K multiplies per row and block instead of per pair; running products on the diagonal blocks --
-// and makes the off-diagonal blocks a matrix product for a matrix engine; the walk is the form
-// with one loop and no block bookkeeping.
+// recurrence also takes to (nearly) 0. The pair terms A[i][j], Aqk[i][j] come in two forms:
+//   walk         D[i][j] for all j <= i of row i from ONE walk, j from i down, multiplying k_i (.) D
+//                and q_i (.) D by one more alpha per step: 2K multiplies per pair on top of the 2K
+//                FMAs of the two dot products, no vector of D[i][j] stored (gdn_chunk_prep: one
+//                loop, no block bookkeeping across its work-items).
+//   sub-chunks   FLA's secondary sub-chunking (gdn_chunk_prep_cpu): rows in blocks of 16, r the
+//                block's first row; columns j < r as plain dot products of k_i (.) prod_{r+1..i}
+//                alpha and k_j (.) prod_{j+1..r} alpha, both <= 1 (K multiplies per row and block
+//                instead of per pair; a matrix product for a matrix engine); columns r..i by the walk.
+// Both multiply every alpha in once, in order, as the recurrence does.
 #pragma once
 #include "delta.hpp"
 
