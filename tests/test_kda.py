@@ -288,3 +288,100 @@ def test_kda_replay_equals_per_token(queue, ssm_layout, state_dtype, S, op, K):
     tw = KdaTwins(queue, np.random.default_rng(465 + S), K, K, S, num_slots=3 * (S + 1) + 2, state_dtype=state_dtype,
                   ssm_layout=ssm_layout)
     mtp_loop(tw, steps=6 if S > 3 else 8, op=op)
+# ----------------------------------------------------------------------------- chunked prefill
+# The chunk kernels (gdn_chunk_prep / gdn_chunk_scan and their CPU-device variants) with a decay per
+# key channel, on the delta rule alone (conv output, g and beta given), against the float64
+# recurrence. Gates: decays from e^-2.7 to ~1 per channel (a chunk's products of them underflow to
+# 0 on the strongly decaying channels); channels ONE never decay (alpha = 1); channels ZERO reset
+# (alpha = 0: g = -inf, or g = -1e4, whose e^g underflows) at some tokens, both sides of a chunk
+# boundary, two in a row; the shortest prefill has no decay at all.
+PAD = -1
+ONE, ZERO = [1, 6], [0, 3, 7]
+RESET_POSITIONS = [0, 5, 6, 63, 64, 100, 149]
+
+
+def chunk_gates(rng, meta, H, K):
+    T = meta["num_actual_tokens"]
+    g = -np.exp(rng.uniform(-5.0, 1.0, (T, H, K)))
+    g[:, :, ONE] = 0.0
+    qsl, tok = meta["non_spec_query_start_loc"], meta["non_spec_token_indx"]
+    lens = np.diff(qsl)
+    for s in range(len(lens)):
+        rows = tok[qsl[s]:qsl[s + 1]]
+        if lens[s] <= 2:
+            g[rows] = 0.0
+        for n, t in enumerate(p for p in RESET_POSITIONS if p < lens[s]):
+            g[rows[t], n % H, ZERO] = -np.inf if n % 2 else -1e4
+    beta = rng.uniform(0.0, 1.0, (T, H))
+    return g.astype(np.float32), beta.astype(np.float32)
+
+
+def chunk_run(queue, meta, H, K, V, ssm_layout, state_dtype="f32", rng_seed=7, num_slots=16):
+    """(device out [T, H, V], device ssm [slots, H, K, V] canonical, reference out, reference ssm)."""
+    rng = np.random.default_rng(rng_seed)
+    T = meta["num_actual_tokens"]
+    cfg = pygdn.Config(num_k_heads=H, num_v_heads=H, head_k_dim=K, head_v_dim=V, num_slots=num_slots,
+                       act_dtype="f32", ssm_layout=ssm_layout, state_dtype=state_dtype, gate_mode="channel")
+    qkv = rng.standard_normal((T, 2 * H * K + H * V)).astype(np.float32)
+    g, beta = chunk_gates(rng, meta, H, K)
+    s0 = (rng.standard_normal((num_slots, H, K, V)) * 0.5).astype(np.float32)
+    if state_dtype != "f32":  # the stored start state is what the reference reads
+        s0 = dequantize(quantize(s0, state_dtype)[0], state_dtype).astype(np.float32)
+    d_ssm = usm(queue, ssm_from_canonical(quantize(s0, state_dtype)[0], ssm_layout))
+    d_out = usm(queue, np.full((T + 1, H, V), 5.0, np.float32))
+    pygdn.gated_delta_rule(queue, cfg, to_device(meta, queue), conv_out=usm(queue, qkv), ssm_state=d_ssm,
+                           core_attn_out=d_out, g=usm(queue, g.reshape(T, H * K)), beta=usm(queue, beta))
+    queue.wait()
+    out = d_out.to_numpy()
+    assert np.all(out[T] == 5.0), "canary row past num_actual_tokens was written"
+    got_ssm = dequantize(ssm_to_canonical(d_ssm.to_numpy(), ssm_layout), state_dtype).astype(np.float64)
+    want_o, want_ssm = ref.gated_delta_rule(qkv, g, beta, s0.astype(np.float64), meta, H, H, K, V,
+                                            state_dtype=None if state_dtype == "f32" else state_dtype)
+    return out[:T], got_ssm, want_o, want_ssm, s0
+
+
+def chunk_check(got_o, got_ssm, want_o, want_ssm, s0, state_dtype, tol=2e-4):
+    assert_close(got_o, want_o, tol, "core_attn_out")
+    assert_close(got_ssm, want_ssm, tol if state_dtype == "f32" else {"bf16": 1e-2, "f16": 2e-3}[state_dtype], "ssm_state")
+    for s in range(s0.shape[0]):  # slots no sequence writes stay bit for bit
+        if np.array_equal(want_ssm[s], s0[s]):
+            assert np.array_equal(got_ssm[s], s0[s].astype(np.float64)), f"slot {s} changed"
+
+
+@pytest.mark.parametrize("K,ssm_layout,state_dtype", [(64, "kv", "f32"), (64, "vk", "f32"), (64, "kv", "f16"),
+                                                      (128, "kv", "f32"), (128, "vk", "bf16")])
+def test_kda_chunked_prefill(queue, kernels, K, ssm_layout, state_dtype):
+    """Prefills of 150 (three chunks, the last partial), 64 (one whole chunk) and 2 tokens, with and
+    without initial state, interleaved rows, 2 heads."""
+    rng = np.random.default_rng(461)
+    meta = make_batch(rng, num_slots=16, prefill_lens=[150, 64, 2], has_initial_state=[1, 0, 1], order="random")
+    chunk_check(*chunk_run(queue, meta, 2, K, K, ssm_layout, state_dtype), state_dtype)
+
+
+@pytest.mark.parametrize("ssm_layout", ["kv", "vk"])
+def test_kda_chunked_prefill_checkpoints(queue, kernels, ssm_layout):
+    """Block checkpoints every 64 tokens: a 300-token prefill of a request holding 100 tokens, reading
+    slot 1, storing 5 boundaries (the third not stored); a 70-token prefill from position 0 with one
+    checkpoint and no initial state. Chunks end at the boundaries (positions 128, 192, ... of the
+    request), so the per-channel decays of chunks shorter than 64 tokens are checked too."""
+    T_ns = 370
+    rows = np.random.default_rng(462).permutation(T_ns).astype(np.int32)
+    ckpt = np.array([[10, 11, PAD, 12, 13], [14, PAD, PAD, PAD, PAD]], np.int32)
+    meta = dict(num_prefills=2, num_actual_tokens=T_ns, non_spec_token_count=T_ns,
+                non_spec_query_start_loc=np.array([0, 300, 370], np.int32),
+                non_spec_state_indices=np.array([2, 3], np.int32),
+                non_spec_read_state_indices=np.array([1, 3], np.int32),
+                non_spec_start_pos=np.array([100, 0], np.int32), has_initial_state=np.array([1, 0], np.uint8),
+                non_spec_token_indx=rows, checkpoint_interval=64, checkpoint_cols=5, checkpoint_state_indices=ckpt)
+    chunk_check(*chunk_run(queue, meta, 2, 64, 64, ssm_layout), "f32")
+
+
+def test_kda_long_prefill(queue, kernels):
+    """One prefill of 32768 tokens (512 chunks), one head, K = V = 64: outputs and final state finite
+    and close to the float64 recurrence (channels that never decay, resets on others)."""
+    T = 32768
+    meta = make_batch(np.random.default_rng(463), num_slots=4, prefill_lens=[T], has_initial_state=[1],
+                      order="grouped")
+    got_o, got_ssm, want_o, want_ssm, s0 = chunk_run(queue, meta, 1, 64, 64, "kv", num_slots=4)
+    assert np.isfinite(got_o).all() and np.isfinite(got_ssm).all()
+    chunk_check(got_o, got_ssm, want_o, want_ssm, s0, "f32", tol=1e-3)

@@ -6,6 +6,10 @@
 #include <sycl/group_algorithm.hpp>
 #include <sycl/group_barrier.hpp>
 
+// Channels per pass of the per-channel (GDN_CHANNEL_GATE) A and Aqk products: a work-item's
+// running k_i (.) D and q_i (.) D slices stay in registers.
+#define CHUNK_KB 8
+
 // Global: (chunk_capacity*HV, GDN_CHUNK_SIZE), local (1, GDN_CHUNK_SIZE): one work-group per (chunk, v-head),
 // the chunk's matrices in work-group local memory. In sub-groups of GDN_SUB_GROUP as gdn_chunk_scan:
 // kernels of one file with different sub-group sizes become separate programs, which the disk
@@ -27,6 +31,65 @@ GDN_SUB_GROUP_KERNEL(2) void gdn_chunk_prep(GdnDeltaParams p) {
 
   const bool valid = i < len;
   const int64_t row = valid ? global_row(p.token_indx, jfirst + i) : 0;
+#if GDN_CHANNEL_GATE
+  const float b = valid ? p.beta[row * p.HV + hv] : 0.0f;
+  const int64_t pos = chunk_pos(p, hv, c);
+  const float *ki = p.kn + (row * p.H + h) * KD, *qi = p.qn + (row * p.H + h) * KD;
+  float *aqk = p.chunk_aqk + (pos + i) * GDN_CHUNK_SIZE;
+  // A decay per key channel (delta_chunk.hpp, "A decay per key channel"). Work-item i walks the
+  // rows for channels i, i + GDN_CHUNK_SIZE, ...: dstart by its running product, and each row's
+  // alpha = e^g to dend's row, which the products below read and the walk back turns into dend.
+  B_s[i] = b;
+  row_s[i] = row;
+  float *dstart = p.chunk_dstart + pos * GK, *dend = p.chunk_dend + pos * GK;
+  sycl::group_barrier(grp);
+  for (int k = i; k < KD; k += GDN_CHUNK_SIZE) {
+    float d = 1.0f;
+    for (int32_t s = 0; s < len; ++s) {
+      const float alpha = sycl::exp(p.g[(row_s[s] * p.HV + hv) * GK + k]);
+      d *= alpha;
+      dstart[s * GK + k] = d;
+      dend[s * GK + k] = alpha;
+    }
+  }
+  sycl::group_barrier(grp);
+  // Row i of A and Aqk, CHUNK_KB channels at a time, j from i down: kd = k_i (.) D and qd = q_i (.) D
+  // with D = prod_{s=j+1..i} alpha_s, one more factor per step (A's row in A_s, Aqk's in T_s).
+  for (int32_t j = 0; j < GDN_CHUNK_SIZE; ++j) A_s[i][j] = T_s[i][j] = 0.0f;
+  if (valid)
+    for (int k0 = 0; k0 < KD; k0 += CHUNK_KB) {
+      float kd[CHUNK_KB], qd[CHUNK_KB];
+#pragma unroll
+      for (int kk = 0; kk < CHUNK_KB; ++kk) kd[kk] = k0 + kk < KD ? ki[k0 + kk] : 0.0f, qd[kk] = k0 + kk < KD ? qi[k0 + kk] : 0.0f;
+      for (int32_t j = i; j >= 0; --j) {
+        const float *kj = p.kn + (row_s[j] * p.H + h) * KD + k0, *al = dend + j * GK + k0;
+        float a = 0.0f, aq = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < CHUNK_KB; ++kk)
+          if (k0 + kk < KD) {
+            a += kd[kk] * kj[kk];
+            aq += qd[kk] * kj[kk];
+            kd[kk] *= al[kk];
+            qd[kk] *= al[kk];
+          }
+        A_s[i][j] += a;
+        T_s[i][j] += aq;
+      }
+    }
+  for (int32_t j = 0; j < GDN_CHUNK_SIZE; ++j) {
+    A_s[i][j] = j < i ? b * A_s[i][j] : 0.0f;
+    aqk[j] = j <= i ? T_s[i][j] : 0.0f;
+  }
+  sycl::group_barrier(grp);
+  for (int k = i; k < KD; k += GDN_CHUNK_SIZE) {  // dend from the alphas, in place (nothing else reads them)
+    float d = 1.0f;
+    for (int32_t s = len - 1; s >= 0; --s) {
+      const float alpha = dend[s * GK + k];
+      dend[s * GK + k] = d;
+      d *= alpha;
+    }
+  }
+#else
   const float g = valid ? p.g[row * p.HV + hv] : 0.0f, b = valid ? p.beta[row * p.HV + hv] : 0.0f;
   const bool reset = valid && is_reset(g);
   const float P = sycl::inclusive_scan_over_group(grp, reset ? 0.0f : g, sycl::plus<float>());
@@ -60,6 +123,7 @@ GDN_SUB_GROUP_KERNEL(2) void gdn_chunk_prep(GdnDeltaParams p) {
     A_s[i][j] = a;
     aqk[j] = aq;
   }
+#endif
   sycl::group_barrier(grp);
 
   // Forward substitution, work-item i owns column i: T[r][i] = -sum_{l=i}^{r-1} A[r][l] T[l][i].
@@ -74,17 +138,21 @@ GDN_SUB_GROUP_KERNEL(2) void gdn_chunk_prep(GdnDeltaParams p) {
   sycl::group_barrier(grp);
 
   if (!valid) return;
-  // Row i of T diag(beta) (for U) in place of T's, row i of T diag(beta d) (for W) in place of A's:
-  // work-item i alone reads either row from here on.
+  // Row i of T diag(beta) (for U) in place of T's, row i of T diag(beta d) (for W) in place of A's
+  // (per channel: T diag(beta), dstart in the sum): work-item i alone reads either row from here on.
   for (int32_t j = 0; j <= i; ++j) {
     const float tb = T_s[i][j] * B_s[j];
     T_s[i][j] = tb;
-    A_s[i][j] = tb * D_s[j];
+    if (!GDN_CHANNEL_GATE) A_s[i][j] = tb * D_s[j];
   }
   float *w = p.chunk_w + (pos + i) * KD;
   for (int k = 0; k < KD; ++k) {
     float acc = 0.0f;
+#if GDN_CHANNEL_GATE
+    for (int32_t j = 0; j <= i; ++j) acc += T_s[i][j] * (p.kn[(row_s[j] * p.H + h) * KD + k] * dstart[j * GK + k]);
+#else
     for (int32_t j = 0; j <= i; ++j) acc += A_s[i][j] * p.kn[(row_s[j] * p.H + h) * KD + k];
+#endif
     w[k] = acc;
   }
   float *u = p.chunk_u + (pos + i) * p.V;
@@ -134,7 +202,7 @@ GDN_SUB_GROUP_KERNEL(2) void gdn_chunk_scan(GdnDeltaParams p) {
   for (int32_t c = c0; c < c0 + nc; ++c) {
     const int32_t jfirst = p.chunk_table[(int64_t)c * GDN_TABLE_INTS + 1], len = p.chunk_table[(int64_t)c * GDN_TABLE_INTS + 2];
     const int64_t pos = chunk_pos(p, hv, c);
-    const float *dstart = p.chunk_dstart + pos, *dend = p.chunk_dend + pos;
+    const float *dstart = p.chunk_dstart + pos * GK, *dend = p.chunk_dend + pos * GK;
     sycl::group_barrier(sg);  // the previous chunk's reads of U_s are done
 #pragma unroll
     for (int b = 0; b < TILE_COLS; ++b)
@@ -148,10 +216,10 @@ GDN_SUB_GROUP_KERNEL(2) void gdn_chunk_scan(GdnDeltaParams p) {
     for (int m = 0; m < SCAN_ROWS; ++m) {  // u = U - W S and q S
       const int32_t i = lane + GDN_SUB_GROUP * m, ic = sycl::min(i, len - 1);
       const float *w = p.chunk_w + (pos + ic) * KD;
-      const float *q = p.qn + (global_row(p.token_indx, jfirst + ic) * p.H + h) * KD;
+      const float *q = p.qn + (global_row(p.token_indx, jfirst + ic) * p.H + h) * KD, *dq = dstart + ic * GK;
       float ws[TILE_COLS] = {}, qs[TILE_COLS] = {};
       for (int k = 0; k < KD; ++k) {
-        const float wk = w[k], qk = q[k];
+        const float wk = w[k], qk = GDN_CHANNEL_GATE ? q[k] * dq[k] : q[k];  // per channel: (q (.) dstart) S
 #pragma unroll
         for (int b = 0; b < TILE_COLS; ++b) {
           const float sk = S_s[me][k][b];
@@ -173,7 +241,7 @@ GDN_SUB_GROUP_KERNEL(2) void gdn_chunk_scan(GdnDeltaParams p) {
       const float *aqk = p.chunk_aqk + (pos + ic) * GDN_CHUNK_SIZE;
       float o[TILE_COLS];
 #pragma unroll
-      for (int b = 0; b < TILE_COLS; ++b) o[b] = dstart[ic] * Q_s[me][b][ic];
+      for (int b = 0; b < TILE_COLS; ++b) o[b] = GDN_CHANNEL_GATE ? Q_s[me][b][ic] : dstart[ic] * Q_s[me][b][ic];
       for (int32_t j = 0; j < len; ++j) {
         const float a = aqk[j];
 #pragma unroll
@@ -186,15 +254,33 @@ GDN_SUB_GROUP_KERNEL(2) void gdn_chunk_scan(GdnDeltaParams p) {
           if (v0 + b < p.V) store_act(p.out, at + b, o[b]);
       }
     }
-    const float dlast = dstart[len - 1];  // S = d_last S + K^T (D[last][.] u)
+    // S = d_last S + K^T (D[last][.] u); per channel: Diag(dlast) S + (K (.) dend)^T u, the lane's
+    // rows' dlast and dend beside its k slice.
+#if GDN_CHANNEL_GATE
+    float dl[TILE_KS];
+    load_slice(dstart + (len - 1) * GK, lane, dl);
+#pragma unroll
+    for (int b = 0; b < TILE_COLS; ++b)
+#pragma unroll
+      for (int i = 0; i < TILE_KS; ++i) s[b][i] *= dl[i];
+#else
+    const float dlast = dstart[len - 1];
 #pragma unroll
     for (int b = 0; b < TILE_COLS; ++b)
 #pragma unroll
       for (int i = 0; i < TILE_KS; ++i) s[b][i] *= dlast;
+#endif
     for (int32_t j = 0; j < len; ++j) {
       float kk[TILE_KS];
       load_slice(p.kn + (global_row(p.token_indx, jfirst + j) * p.H + h) * KD, lane, kk);
+#if GDN_CHANNEL_GATE
+      const float *de = dend + j * GK + lane;
+#pragma unroll
+      for (int i = 0; i < TILE_KS; ++i) kk[i] *= tile_row(lane, i) ? de[GDN_SUB_GROUP * i] : 0.0f;
+      const float dj = 1.0f;  // (in k)
+#else
       const float dj = dend[j];
+#endif
 #pragma unroll
       for (int b = 0; b < TILE_COLS; ++b) {
         const float ub = U_s[me][b][j] * dj;

@@ -19,6 +19,29 @@
 //   D[i][j] = R_i > j ? 0 : e^(P_i - P_j)      d_i = R_i >= 0 ? 0 : e^(P_i)
 // exactly the products the recurrence forms, and finite wherever it is. is_reset() is the
 // recurrence's own e^g, so both paths agree on which tokens reset.
+//
+// A decay per key channel (GDN_CHANNEL_GATE, KDA). With alpha_t = e^(g_t) in [0, 1]^K, D[i][j] and
+// d_i become K-vectors, and the chunk's terms become
+//   A[i][j] = beta_i sum_k k_i[k] k_j[k] D[i][j][k],   Aqk[i][j] = sum_k q_i[k] k_j[k] D[i][j][k],
+//   D[i][j] = prod_{s=j+1..i} alpha_s,  dstart_i = prod_{s<=i} alpha_s,  dend_i = prod_{s=i+1..last} alpha_s,
+//   W = T (beta K (.) dstart),  o_i = (q_i (.) dstart_i) S + Aqk u,  S = Diag(dstart_last) S + (K (.) dend)^T u.
+// chunk_dstart / chunk_dend hold the vectors, GK floats per chunk row. Everything is a running
+// product of alphas in linear space: no quotient and no difference of cumulative logs, the two
+// forms that fail here. A per-channel reset (alpha = 0 on some channels) makes every product across
+// it exactly 0 on those channels only, with no special case (the head gate's P/R bookkeeping does
+// that for one value per token); e^(G_i - G_j) with G a cumulative log would make -inf - -inf =
+// NaN there, and a factorization (k_i e^G_i).(k_j e^-G_j) overflows once a chunk's decay passes
+// e^-88. Every factor is <= 1, so nothing overflows; a product that underflows is one the
+// recurrence also takes to (nearly) 0. The pair terms A[i][j], Aqk[i][j] come in two forms:
+//   walk         D[i][j] for all j <= i of row i from ONE walk, j from i down, multiplying k_i (.) D
+//                and q_i (.) D by one more alpha per step: 2K multiplies per pair on top of the 2K
+//                FMAs of the two dot products, no vector of D[i][j] stored (gdn_chunk_prep: one
+//                loop, no block bookkeeping across its work-items).
+//   sub-chunks   FLA's secondary sub-chunking (gdn_chunk_prep_cpu): rows in blocks of 16, r the
+//                block's first row; columns j < r as plain dot products of k_i (.) prod_{r+1..i}
+//                alpha and k_j (.) prod_{j+1..r} alpha, both <= 1 (K multiplies per row and block
+//                instead of per pair; a matrix product for a matrix engine); columns r..i by the walk.
+// Both multiply every alpha in once, in order, as the recurrence does.
 #pragma once
 #include "delta.hpp"
 
@@ -57,13 +80,14 @@ static inline void chunk_scan_columns(const GdnDeltaParams &p, int64_t pos, int3
                                       typename Lanes<NL>::T (*qs)[GDN_CHUNK_SIZE]) {
   typedef Lanes<NL> L;
   typedef typename L::T lane_t;
-  const float *dstart = p.chunk_dstart + pos, *dend = p.chunk_dend + pos;
+  const float *dstart = p.chunk_dstart + pos * GK, *dend = p.chunk_dend + pos * GK;
   for (int32_t i0 = 0; i0 < len; i0 += RB) {  // u = U - W S and q S, RB rows at a time
-    const float *w[RB], *qi[RB];
+    const float *w[RB], *qi[RB], *dq[RB];
     for (int r = 0; r < RB; ++r) {  // rows past len repeat row i0: computed, not stored
       const int32_t i = i0 + r < len ? i0 + r : i0;
       w[r] = p.chunk_w + (pos + i) * KD;
       qi[r] = p.qn + qk_off[i];
+      dq[r] = dstart + i * GK;
     }
     lane_t ws[CB][RB], q_s[CB][RB];
     for (int b = 0; b < CB; ++b)
@@ -72,7 +96,7 @@ static inline void chunk_scan_columns(const GdnDeltaParams &p, int64_t pos, int3
       lane_t sk[CB];
       for (int b = 0; b < CB; ++b) sk[b] = s[b][k];
       for (int r = 0; r < RB; ++r) {
-        const float wk = w[r][k], qk = qi[r][k];
+        const float wk = w[r][k], qk = GDN_CHANNEL_GATE ? qi[r][k] * dq[r][k] : qi[r][k];  // per channel: (q (.) dstart) S
         for (int b = 0; b < CB; ++b) {
           ws[b][r] += sk[b] * wk;
           q_s[b][r] += sk[b] * qk;
@@ -91,7 +115,7 @@ static inline void chunk_scan_columns(const GdnDeltaParams &p, int64_t pos, int3
     const float *aqk[RB];
     for (int r = 0; r < RB; ++r) {
       const int32_t i = r < nr ? i0 + r : i0;
-      for (int b = 0; b < CB; ++b) o[b][r] = dstart[i] * qs[b][i];
+      for (int b = 0; b < CB; ++b) o[b][r] = GDN_CHANNEL_GATE ? qs[b][i] : dstart[i] * qs[b][i];
       aqk[r] = p.chunk_aqk + (pos + i) * GDN_CHUNK_SIZE;
     }
     for (int32_t j = 0; j < i0 + nr; ++j) {
@@ -107,19 +131,22 @@ static inline void chunk_scan_columns(const GdnDeltaParams &p, int64_t pos, int3
       for (int b = 0; b < cb; ++b) L::store_act(p.out, at + v[b], o[b][r]);
     }
   }
-  const float dlast = dstart[len - 1];  // S = d_last S + K^T (D[last][.] u)
-  for (int32_t j = 0; j < len; ++j)
-    for (int b = 0; b < CB; ++b) up[b][j] *= dend[j];
+  // S = d_last S + K^T (D[last][.] u); per channel: Diag(dlast) S + (K (.) dend)^T u.
+  const float *dlast_k = dstart + (len - 1) * GK, dlast = dlast_k[0];
+  if (!GDN_CHANNEL_GATE)
+    for (int32_t j = 0; j < len; ++j)
+      for (int b = 0; b < CB; ++b) up[b][j] *= dend[j];
   for (int k0 = 0; k0 < KD; k0 += KB) {
     lane_t acc[CB][KB];
     for (int b = 0; b < CB; ++b)
-      for (int kk = 0; kk < KB; ++kk) acc[b][kk] = k0 + kk < KD ? s[b][k0 + kk] * dlast : lane_t(0.0f);
+      for (int kk = 0; kk < KB; ++kk)
+        acc[b][kk] = k0 + kk < KD ? s[b][k0 + kk] * (GDN_CHANNEL_GATE ? dlast_k[k0 + kk] : dlast) : lane_t(0.0f);
     for (int32_t j = 0; j < len; ++j) {
       lane_t uj[CB];
       for (int b = 0; b < CB; ++b) uj[b] = up[b][j];
-      const float *kj = p.kn + qk_off[j] + k0;
+      const float *kj = p.kn + qk_off[j] + k0, *dj = dend + j * GK + k0;
       for (int kk = 0; kk < KB && k0 + kk < KD; ++kk) {
-        const float x = kj[kk];
+        const float x = GDN_CHANNEL_GATE ? kj[kk] * dj[kk] : kj[kk];
         for (int b = 0; b < CB; ++b) acc[b][kk] += uj[b] * x;
       }
     }

@@ -2,10 +2,11 @@
 builds for each kernel file, validate it with spirv-val, compile it with ocloc for Intel GPUs and
 print what the native code looks like (docs/gpu.md explains the columns).
 
-    python tests/gpu_isa/isa_table.py [--all] [--variant ACT/STATE/K/LAYOUT ...] [--device dg2 ...]
+    python tests/gpu_isa/isa_table.py [--all] [--variant ACT/STATE/K/LAYOUT[/kda] ...] [--device dg2 ...]
                                       [--no-dump] [--keep DIR]
 
-Per variant (activation dtype, state dtype, K = V, ssm layout) one process with an empty kernel cache
+Per variant (activation dtype, state dtype, K = V, ssm layout; "/kda": gate_mode "channel", the
+builds with a decay per key channel) one process with an empty kernel cache
 runs pygdn's warmup with GDN_XPU_GENERIC_KERNELS=1 and SYCL_DUMP_IMAGES=1: the runtime writes the
 SPIR-V of every kernel file it builds (img_spir64_N.spv; the file without a number holds the
 runtime's own kernels and is ignored). Identical files (the conv, prep and norm builds do not
@@ -35,8 +36,9 @@ from dataclasses import dataclass, field
 
 DEVICES = ("dg2", "pvc", "tgllp")
 # The representative set the test compiles: the demo's deployment (bf16, K = V = 128, vk) with
-# f32 and bf16 state, the kv layout, and f16 activations with an f16 state.
-DEFAULT_VARIANTS = ("bf16/f32/128/vk", "bf16/bf16/128/vk", "bf16/f32/128/kv", "f16/f16/128/vk")
+# f32 and bf16 state, the kv layout, f16 activations with an f16 state, and KDA's deployment (Kimi
+# Linear: K = V = 128, a decay per key channel).
+DEFAULT_VARIANTS = ("bf16/f32/128/vk", "bf16/bf16/128/vk", "bf16/f32/128/kv", "f16/f16/128/vk", "bf16/f32/128/vk/kda")
 # --all: every activation dtype x state dtype x K = V in {64, 128, 256} x layout.
 ALL_VARIANTS = tuple(f"{a}/{s}/{k}/{l}" for a in ("f32", "f16", "bf16") for s in ("f32", "bf16", "f16")
                      for k in (64, 128, 256) for l in ("vk", "kv"))
@@ -47,11 +49,12 @@ ALL_VARIANTS = tuple(f"{a}/{s}/{k}/{l}" for a in ("f32", "f16", "bf16") for s in
 _WARMUP = """
 import dpctl, sys
 from pygdn.ops import Config, warmup
-act, state, k, layout = sys.argv[1].split("/")
-k = int(k)
+act, state, k, layout, *gate = sys.argv[1].split("/")
+k, kda = int(k), gate == ["kda"]
 q = dpctl.SyclQueue("cpu", property="in_order")
-warmup(q, Config(num_k_heads=2, num_v_heads=4, head_k_dim=k, head_v_dim=k, num_slots=1, conv_width=4,
-                 act_dtype=act, state_dtype=state, ssm_layout=layout, replay_tokens=2))
+warmup(q, Config(num_k_heads=2, num_v_heads=2 if kda else 4, head_k_dim=k, head_v_dim=k, num_slots=1, conv_width=4,
+                 act_dtype=act, state_dtype=state, ssm_layout=layout, replay_tokens=2,
+                 gate_mode="channel" if kda else "head"))
 """
 
 
@@ -287,7 +290,7 @@ def ocloc_version() -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--variant", action="append", help="ACT/STATE/K/LAYOUT, e.g. bf16/f32/128/vk (repeatable)")
+    p.add_argument("--variant", action="append", help="ACT/STATE/K/LAYOUT[/kda], e.g. bf16/f32/128/vk (repeatable)")
     p.add_argument("--all", action="store_true", help="every act x state x K in {64,128,256} x layout")
     p.add_argument("--device", action="append", choices=DEVICES)
     p.add_argument("--no-dump", action="store_true", help="skip IGC's shader dump (no instruction counts)")
