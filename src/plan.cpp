@@ -48,10 +48,11 @@ void shape2(Launch &l, int64_t groups, int64_t n, int64_t wg) {
   l.global[0] = (size_t)groups, l.global[1] = (size_t)std::max(round_up(n, wg), wg);
   l.local[0] = 1, l.local[1] = (size_t)wg;
 }
-// The generic recurrent kernel and chunk scan: a sub-group per tile of gdn_tile_cols(K) state
+// The generic recurrent kernel and chunk scan: a sub-group per tile of gdn_tile_cols(K, gk) state
 // columns of each of `groups` (sequence, v-head) pairs, up to GDN_TILE_SUB_GROUPS per work-group.
-void shape_tiles(Launch &l, int64_t groups, int64_t V, int64_t K) {
-  const int64_t tiles = (V + gdn_tile_cols((int32_t)K) - 1) / gdn_tile_cols((int32_t)K);
+void shape_tiles(Launch &l, int64_t groups, int64_t V, const gdn_config_t &cfg) {
+  const int32_t cols = gdn_tile_cols(cfg.head_k_dim, gate_k_of(cfg));
+  const int64_t tiles = (V + cols - 1) / cols;
   shape2(l, groups, tiles * GDN_SUB_GROUP, std::min<int64_t>(tiles, GDN_TILE_SUB_GROUPS) * GDN_SUB_GROUP);
 }
 void shape1(Launch &l, int64_t n, int64_t wg) {
@@ -106,7 +107,7 @@ Launch recurrent(const gdn_config_t &cfg, const Target &t, int64_t num_seqs) {
     shape2(l, groups, V / (GDN_CPU_LANES * gdn_kv_cpu_vecs((int32_t)V)), 1);  // alone in its work-group
   } else {
     l = kernel(Family::DeltaRecurrent, state_option(cfg), "gdn_recurrent");
-    shape_tiles(l, groups, V, cfg.head_k_dim);
+    shape_tiles(l, groups, V, cfg);
   }
   return l;
 }
@@ -151,7 +152,7 @@ void plan_delta(Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b, const Ta
       shape2(p.chunk_scan, p.seq_capacity * HV, (V + cols - 1) / cols, 1);
     } else {
       shape2(p.chunk_prep, p.chunk_capacity * HV, GDN_CHUNK_SIZE, GDN_CHUNK_SIZE);
-      shape_tiles(p.chunk_scan, p.seq_capacity * HV, V, cfg.head_k_dim);
+      shape_tiles(p.chunk_scan, p.seq_capacity * HV, V, cfg);
     }
   }
   if (b.num_spec_decodes > 0 && b.spec_token_count > 0) p.recurrent_spec = recurrent(cfg, t, b.num_spec_decodes);

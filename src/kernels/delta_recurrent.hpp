@@ -7,15 +7,16 @@
 //   a = S^T k,  c = S^T q,  kq = k.q        lane sums, then sub-group reductions
 //   u = beta (v - d a);  o = d c + u kq;    S = d S + k u^T
 // (o = S'^T q for the updated S' = d S + k u^T; the reference's order, S = d S; u = beta (v - S^T k);
-// S += k u^T; o = S^T q, is the same sum.) With a decay per state row (GDN_CHANNEL_GATE, D = Diag(d)):
-//   a = S^T (d k),  c = S^T (d q);  u = beta (v - a);  o = c + u kq;  S = D S + k u^T
-// the lane's rows' decays beside its k slice.
+// S += k u^T; o = S^T q, is the same sum.) With a decay per state row (GDN_CHANNEL_GATE,
+// D = Diag(d)) the tile decays first, each lane's rows by their own decays, S = D S, and the walk
+// goes on with d = 1: no decays held beside the tile and the k slice (held, they spilled
+// registers on dg2 at K = 128, tests/gpu_isa).
 #pragma once
 #include <sycl/group_algorithm.hpp>
 #include "delta.hpp"
 
 #define TILE_KS ((KD + GDN_SUB_GROUP - 1) / GDN_SUB_GROUP)
-#define TILE_COLS gdn_tile_cols(KD)
+#define TILE_COLS gdn_tile_cols(KD, GK)
 // Where a lane's row i of a column is, from the column's start. vk: the lane's offset plus a
 // constant. kv: the lane's first row plus i uniform steps of GDN_SUB_GROUP rows (per-lane offsets
 // (lane + 16 i) V for every i stay live across the chunk scan's loop and spill registers).
@@ -100,23 +101,24 @@ static inline void recurrent_tile(const GdnDeltaParams &p, const sycl::sub_group
     // The token's gates: g of v-head hv (GK values: the lane's rows' with GDN_CHANNEL_GATE), beta.
     const float *gs = state_only ? e + ring_g(p, hv) : p.g + (row * p.HV + hv) * GK;
     const float beta = state_only ? e[ring_beta(p, hv)] : p.beta[row * p.HV + hv];
-    // The decays: per row in dk (GDN_CHANNEL_GATE; its k slice scaled by them in kd), else the one
-    // decay, applied to the sums (dsum) -- the per-head walk's own arithmetic.
-    float dk[TILE_KS], kd[TILE_KS];
-    const float decay = GDN_CHANNEL_GATE ? 1.0f : sycl::exp(gs[0]), dsum = decay;
+    // The decay of the sums and the update: the head's one, or 1 after the tile's rows decayed by
+    // their own (GDN_CHANNEL_GATE).
+    const float decay = GDN_CHANNEL_GATE ? 1.0f : sycl::exp(gs[0]);
+    if (GDN_CHANNEL_GATE)
 #pragma unroll
-    for (int i = 0; i < TILE_KS; ++i) {
-      dk[i] = GDN_CHANNEL_GATE ? (tile_row(lane, i) ? sycl::exp(gs[lane + GDN_SUB_GROUP * i]) : 0.0f) : decay;
-      kd[i] = GDN_CHANNEL_GATE ? kk[i] * dk[i] : kk[i];
-    }
+      for (int i = 0; i < TILE_KS; ++i) {
+        const float d = tile_row(lane, i) ? sycl::exp(gs[lane + GDN_SUB_GROUP * i]) : 0.0f;
+#pragma unroll
+        for (int b = 0; b < TILE_COLS; ++b) s[b][i] *= d;
+      }
     if (r.ring_out) {
       float *o = r.ring_out + (int64_t)t * p.ring_floats;
       if (v0 == 0 && hv % (p.HV / p.H) == 0)
 #pragma unroll
         for (int i = 0; i < TILE_KS; ++i)
           if (tile_row(lane, i)) o[h * KD + lane + GDN_SUB_GROUP * i] = kk[i];
-      if (v0 == 0)
-#pragma unroll
+      if (v0 == 0)  // (a loop, not unrolled: its addresses live one at a time)
+#pragma unroll 1
         for (int i = 0; i < (GK + GDN_SUB_GROUP - 1) / GDN_SUB_GROUP; ++i)
           if (lane + GDN_SUB_GROUP * i < GK) o[ring_g(p, hv) + lane + GDN_SUB_GROUP * i] = gs[lane + GDN_SUB_GROUP * i];
       if (v0 == 0 && lane == 0) o[ring_beta(p, hv)] = beta;
@@ -126,12 +128,11 @@ static inline void recurrent_tile(const GdnDeltaParams &p, const sycl::sub_group
 #pragma unroll
     for (int i = 0; i < TILE_KS; ++i) {
       const float qi = !state_only && tile_row(lane, i) ? qn[lane + GDN_SUB_GROUP * i] : 0.0f;
-      const float qd = GDN_CHANNEL_GATE ? qi * dk[i] : qi;
       if (!state_only) kq += kk[i] * qi;
 #pragma unroll
       for (int b = 0; b < TILE_COLS; ++b) {
-        a[b] = sycl::fma(s[b][i], kd[i], a[b]);
-        if (!state_only) c[b] += s[b][i] * qd;
+        a[b] = sycl::fma(s[b][i], kk[i], a[b]);
+        if (!state_only) c[b] += s[b][i] * qi;
       }
     }
     if (!state_only) kq = sg_sum(sg, kq);
@@ -140,13 +141,13 @@ static inline void recurrent_tile(const GdnDeltaParams &p, const sycl::sub_group
 #pragma unroll
     for (int b = 0; b < TILE_COLS; ++b) {
       const float vv = v0 + b < p.V ? v_at(p, r, vrow + b) : 0.0f;  // one address: a broadcast load
-      const float u = beta * sycl::fma(-dsum, sg_sum(sg, a[b]), vv);
+      const float u = beta * sycl::fma(-decay, sg_sum(sg, a[b]), vv);
       if (!state_only) {
-        const float ob = dsum * sg_sum(sg, c[b]) + u * kq;
+        const float ob = decay * sg_sum(sg, c[b]) + u * kq;
         o = lane == b ? ob : o;
       }
 #pragma unroll
-      for (int i = 0; i < TILE_KS; ++i) s[b][i] = sycl::fma(s[b][i], dk[i], kk[i] * u);
+      for (int i = 0; i < TILE_KS; ++i) s[b][i] = sycl::fma(s[b][i], decay, kk[i] * u);
     }
     if (writer && !state_only) store_act(p.out, row * p.out_stride + (int64_t)hv * p.V + vl, o);
     const int32_t to = token_store_slot(r, t);  // spec write-back or block checkpoint

@@ -68,14 +68,18 @@ enum {
 
 // Shapes of the generic kernels on Intel GPUs (docs/gpu.md): the recurrent kernel and the chunk
 // scan run sub-groups of GDN_SUB_GROUP lanes (a required sub-group size), each holding a tile of
-// the state in registers: lane l keeps rows k = l, l + GDN_SUB_GROUP, ... of gdn_tile_cols(K)
+// the state in registers: lane l keeps rows k = l, l + GDN_SUB_GROUP, ... of gdn_tile_cols(K, gk)
 // state columns, GDN_TILE_FLOATS floats a lane. On Xe-HPG / Xe-LP a SIMD16 float takes two of a
 // thread's 128 registers: 16 tile floats, with the token's k and q slices beside them, fit there
-// (32 spill on dg2 at K = 128); pvc's registers are twice as wide. GDN_TILE_SUB_GROUPS
-// sub-groups (tiles) share a work-group.
+// (32 spill on dg2 at K = 128); pvc's registers are twice as wide. With a decay per state row
+// (gk > 1: GDN_GATE_CHANNEL) a lane also keeps its rows' decays beside the k slice: half the
+// tile floats (at K = 128 the full tile spilled 2.4-2.7 KB a thread on dg2, tests/gpu_isa).
+// GDN_TILE_SUB_GROUPS sub-groups (tiles) share a work-group.
 enum { GDN_SUB_GROUP = 16, GDN_TILE_FLOATS = 16, GDN_TILE_SUB_GROUPS = 4 };
-static inline constexpr int32_t gdn_tile_cols(int32_t K) {
-  return (K + GDN_SUB_GROUP - 1) / GDN_SUB_GROUP >= GDN_TILE_FLOATS ? 1 : GDN_TILE_FLOATS / ((K + GDN_SUB_GROUP - 1) / GDN_SUB_GROUP);
+static inline constexpr int32_t gdn_tile_cols(int32_t K, int32_t gk) {
+  return (K + GDN_SUB_GROUP - 1) / GDN_SUB_GROUP >= GDN_TILE_FLOATS / (gk > 1 ? 2 : 1)
+             ? 1
+             : GDN_TILE_FLOATS / (gk > 1 ? 2 : 1) / ((K + GDN_SUB_GROUP - 1) / GDN_SUB_GROUP);
 }
 
 // gdn_recurrent_kv_cpu's 16-column vectors per work-item, V % 16 == 0: whole rows when V is

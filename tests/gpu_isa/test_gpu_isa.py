@@ -18,9 +18,6 @@ EXPECTED = {"gdn_conv_non_spec", "gdn_conv_spec", "gdn_prep", "gdn_chunk_plan", 
 NO_SCRATCH = {"gdn_recurrent", "gdn_conv_spec", "gdn_conv_non_spec", "gdn_replay_count"}
 NO_SPILL = NO_SCRATCH | {"gdn_chunk_prep", "gdn_chunk_scan"}
 JUDGED = ("dg2", "pvc")
-# Kernels judged for the head gate (GDN) only: gdn_recurrent with a decay per key channel (KDA's
-# variant, "/kda") spills on dg2 (isa_table.py's table shows how much).
-HEAD_GATE_ONLY = {"gdn_recurrent"}
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +55,6 @@ def test_hot_kernels_have_no_spill_and_no_scratch(results):
         for d in JUDGED:
             for name, k in f.isa[d].items():
                 n = isa_table.short(name)
-                if n in HEAD_GATE_ONLY and all(v.endswith("/kda") for v in f.variants):
-                    continue
                 if (n in NO_SPILL and k.spill) or (n in NO_SCRATCH and k.scratch):
                     bad.append((n, d, ",".join(f.variants), k.spill, k.scratch))
     assert bad == []
