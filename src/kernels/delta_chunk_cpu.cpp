@@ -127,7 +127,7 @@ GDN_KERNEL(1) void gdn_chunk_prep_cpu(GdnDeltaParams p) {
         const float *gi = p.g + (rows[i] * p.HV + hv) * GK;
         B[i] = p.beta[rows[i] * p.HV + hv];
         for (int cc = 0; cc < KV16; ++cc) {
-          al[i][cc] = sycl::exp(vload(gi + 16 * cc));
+          al[i][cc] = exp16_ieee(vload(gi + 16 * cc));  // (sycl::exp of a vector: a call per lane)
           d[cc] *= al[i][cc];
           vstore(dstart + i * GK + 16 * cc, d[cc]);
         }
