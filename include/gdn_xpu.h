@@ -186,7 +186,7 @@ typedef enum gdn_packed_order {
 
 /* How the state decays (gdn_config_t.gate_mode; docs/op.md "Gate modes"). With x the raw gate
  * plus dt_bias and e = exp(A_log[head]), the log-decay is g = -e*softplus(x), or with
- * cfg->gate_lower_bound = lb < 0, g = lb*sigmoid(e*x) (in (lb, 0): the decay never reaches 0).
+ * cfg->gate_lower_bound = lb < 0, g = lb*sigmoid(e*x) (in [lb, 0]: the decay never reaches 0).
  *  HEAD:    the gated delta rule of Qwen3-Next / Qwen3.5 (GDN): one g per v-head and token;
  *           a, b [rows, HV], dt_bias [HV], g [rows, HV].
  *  CHANNEL: Kimi Delta Attention (KDA, Kimi Linear): one g per key channel, v-head and token,
