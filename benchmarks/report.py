@@ -321,16 +321,21 @@ def _kda_targets(out, records, plan, base, peak):
                 rows_foreign(b8, base), worst[0], worst[1])
     else:
         _target(out, "kda_bw_b8", name, None, "no KDA twin at B >= 8 ran", base)
-    p2k = [r for r in rows if r["kind"] == "prefill" and r["tokens"] == 2048 and r["batch"] == 1]
-    name = f"KDA chunked prefill 2048 tokens >= {PREFILL_PEAK:.0%} of measured matmul peak"
-    if p2k:
-        k = p2k[0][KDA_TWIN]
-        f = k["GFLOPs"] / peak
-        _target(out, "kda_prefill_peak", name, f >= PREFILL_PEAK, f"{100 * f:.1f}% ({k['GFLOPs']:.1f} of {peak:.1f} "
-                f"GFLOP/s; chunked-form FLOPs with per-channel decays / median time)", rows_foreign(p2k, base), f,
-                k["label"])
-    else:
-        _target(out, "kda_prefill_peak", name, None, "no KDA twin of the 2048-token prefill ran", base)
+    _prefill_peak_target(out, "kda_prefill_peak", "KDA chunked prefill", rows, KDA_TWIN,
+                         "chunked-form FLOPs with per-channel decays", "no KDA twin of the 2048-token prefill ran",
+                         base, peak)
+
+
+def _prefill_peak_target(out, tkey, what, records, key, flops, missing, base, peak):
+    """The 2048-token prefill's share of the matmul peak, its record r[key] ("ours" or a KDA twin)."""
+    p2k = [r for r in records if r["kind"] == "prefill" and r["tokens"] == 2048 and r["batch"] == 1]
+    name = f"{what} 2048 tokens >= {PREFILL_PEAK:.0%} of measured matmul peak"
+    if not p2k:
+        return _target(out, tkey, name, None, missing, base)
+    k = p2k[0][key]
+    f = k["GFLOPs"] / peak
+    _target(out, tkey, name, f >= PREFILL_PEAK, f"{100 * f:.1f}% ({k['GFLOPs']:.1f} of {peak:.1f} GFLOP/s; {flops} / "
+            "median time)", rows_foreign(p2k, base), f, k.get("label", p2k[0]["label"]))  # (a twin has its own label)
 
 
 def _bw_target(out, tkey, records, plan, name, key, sd, pick, share, base, bw, need_specs):
@@ -404,14 +409,8 @@ def _limit_targets(out, records, plan, ho, sweep, base, bw, peak):
                 rows_foreign(rows, base), worst[0], worst[1])
     else:
         _target(out, "kv", name, None, "no kv-layout row ran", base)
-    p2k = [r for r in records if r["kind"] == "prefill" and r["tokens"] == 2048 and r["batch"] == 1]
-    name = f"chunked prefill 2048 tokens >= {PREFILL_PEAK:.0%} of measured matmul peak"
-    if p2k:
-        f = p2k[0]["ours"]["GFLOPs"] / peak
-        _target(out, "prefill_peak", name, f >= PREFILL_PEAK, f"{100 * f:.1f}% ({p2k[0]['ours']['GFLOPs']:.1f} of "
-                f"{peak:.1f} GFLOP/s; chunked-form FLOPs / median time)", rows_foreign(p2k, base), f, p2k[0]["label"])
-    else:
-        _target(out, "prefill_peak", name, None, "no 2048-token prefill ran", base)
+    _prefill_peak_target(out, "prefill_peak", "chunked prefill", records, "ours", "chunked-form FLOPs",
+                         "no 2048-token prefill ran", base, peak)
     _flat_targets(out, sweep, base)
     if ho is not None:
         hf = max(base, ho.get("foreign_cpu", 0.0))
