@@ -67,8 +67,9 @@ static inline vf16 gate_g16(const GdnPrepParams &p, int64_t row, int32_t e0) {
     typedef int32_t lanes_t __attribute__((ext_vector_type(16)));  // (a compare's all-ones / zero lanes)
     const native_vf16 xn = sycl::bit_cast<native_vf16>(x);
     const lanes_t in = p.lower_bound != 0.0f ? (lanes_t)(xn == xn) : (lanes_t)((xn >= -80.0f) & (xn <= hi));
-    if (__builtin_reduce_and(in) && p.lower_bound != 0.0f) return p.lower_bound / (1.0f + exp16(-(e * x)));  // (e * 0 = 0)
-    if (__builtin_reduce_and(in)) return -e * softplus16(x);
+    if (__builtin_reduce_and(in))
+      return p.lower_bound != 0.0f ? p.lower_bound / (1.0f + exp16(-(e * x)))  // (e * 0 = 0)
+                                   : -e * softplus16(x);
   }
   vf16 g;
   for (int l = 0; l < 16; ++l) g[l] = gate_g(p, row, e0 + l);

@@ -19,6 +19,14 @@ static inline bool streaming_to(const RecurrentSeq &rs, int32_t to) { return !(r
 // (prefetch_bytes, common.hpp: prefetcht0 inline on an x86-64 host).
 static inline void prefetch_states(const state_t *p, size_t n) { prefetch_bytes(p, n * sizeof(state_t)); }
 
+// A token's GK decays e^g from its log-decays g: as vectors for KDA's K (exp16_ieee), else sycl::exp.
+static inline void token_decays(const float *g, float *decay) {
+  if (GK % 16 == 0)
+    for (int c = 0; c < GK; c += 16) vstore(decay + c, exp16_ieee(vload(g + c)));
+  else
+    for (int c = 0; c < GK; ++c) decay[c] = sycl::exp(g[c]);
+}
+
 // Token t of the walk, for k-head h and v-head hv: returns its global row; kn, qn point to its
 // l2-normalized k and q (KD floats each), decay[0 .. GK) = e^g (GDN_CHANNEL_GATE: one per key
 // channel, i.e. per state row k), beta. They are the prep kernel's outputs,
@@ -31,10 +39,7 @@ static inline int64_t token_in(const GdnDeltaParams &p, const RecurrentSeq &rs, 
   if (rs.ring_in) {  // a replay (GDN_REPLAY_APPLY): ring entry t; no q (k stands in), no outputs
     const float *e = rs.ring_in + (int64_t)t * p.ring_floats;
     kn = qn = e + h * KD;
-    if (GK % 16 == 0)  // (the same decays as the walk that wrote the entry: token_in below)
-      for (int c = 0; c < GK; c += 16) vstore(decay + c, exp16_ieee(vload(e + ring_g(p, hv) + c)));
-    else
-      for (int c = 0; c < GK; ++c) decay[c] = sycl::exp(e[ring_g(p, hv) + c]);
+    token_decays(e + ring_g(p, hv), decay);  // (the decays of the walk that wrote the entry, below)
     beta = e[ring_beta(p, hv)];
     return t;
   }
@@ -58,10 +63,7 @@ static inline int64_t token_in(const GdnDeltaParams &p, const RecurrentSeq &rs, 
     for (int c = 0; c < GK; ++c) g[c] = p.g[(row * p.HV + hv) * GK + c];
     beta = p.beta[row * p.HV + hv];
   }
-  if (GK % 16 == 0)  // (KDA: K decays a token, as vectors)
-    for (int c = 0; c < GK; c += 16) vstore(decay + c, exp16_ieee(vload(g + c)));
-  else
-    for (int c = 0; c < GK; ++c) decay[c] = sycl::exp(g[c]);
+  token_decays(g, decay);
   if (rs.ring_out) {  // replay mode's walk: the token's inputs to the ring (RecurrentSeq)
     if (rs.ring_k)
       for (int k = 0; k < KD; ++k) rs.ring_out[(int64_t)t * p.ring_floats + h * KD + k] = kn[k];
