@@ -8,6 +8,7 @@
 #include <sycl/builtins.hpp>
 #include <sycl/ext/oneapi/free_function_queries.hpp>
 #include <sycl/ext/oneapi/kernel_properties/properties.hpp>
+#include <sycl/multi_ptr.hpp>
 #include <sycl/vector.hpp>
 #include <stdint.h>
 #include "params.hpp"
@@ -108,8 +109,22 @@ static inline void prefetch_bytes(const void *p, size_t n) {
 #endif
 }
 
-// The compiler's own vector type, for its builtins (shuffles, non-temporal stores); bit_cast to/from vf16.
+// The compiler's own vector types, for its builtins (shuffles, non-temporal stores, conversions);
+// bit_cast to/from the sycl::vec types.
 typedef float native_vf16 __attribute__((ext_vector_type(16)));
+typedef int32_t native_vi16 __attribute__((ext_vector_type(16)));
+typedef uint32_t native_vu32x16 __attribute__((ext_vector_type(16)));
+typedef uint16_t native_vu16x16 __attribute__((ext_vector_type(16)));
+typedef _Float16 native_vh16 __attribute__((ext_vector_type(16)));
+// Lane-wise conversion of a 16-lane vector, as the compiler's own __builtin_convertvector (float to
+// integer truncates; integer narrowing keeps the low bits; float to half rounds to nearest even).
+// sycl::vec::convert is a library template whose instantiations the run-time compiler of some
+// runtimes does not provide: 2026.2 fails the CPU kernels with "Symbols not found:
+// vec<float,16>::convert<int, rte>" and its kin. Nothing here calls it.
+template <typename To, typename NativeFrom, typename NativeTo, typename From>
+static inline To convert16(const From &x) {
+  return sycl::bit_cast<To>(__builtin_convertvector(sycl::bit_cast<NativeFrom>(x), NativeTo));
+}
 // 16 contiguous floats as ONE vector move. A lane-by-lane loop (r[i] = p[i]) compiled to 16
 // scalar loads + 16 scalar stores through the stack per vector on the CPU device: ~57% of a
 // decode work-item's instructions in the recurrent kernels.
@@ -130,7 +145,7 @@ typedef sycl::vec<uint32_t, 16> vu32;
 static inline vf16 load_bf16x16(const uint16_t *p) {
   vu16 h;
   __builtin_memcpy(&h, p, sizeof(h));
-  return sycl::bit_cast<vf16>(h.convert<uint32_t>() << 16u);
+  return sycl::bit_cast<vf16>(convert16<vu32, native_vu16x16, native_vu32x16>(h) << 16u);
 }
 // Each lane of v rounded to bf16 (to nearest even, as float_to_bf16; a NaN stays a NaN) in the
 // upper half of its 32-bit word.
@@ -148,7 +163,7 @@ static inline vu32 bf16_in_upper_half(const vf16 &v) {
 }
 // The upper halves of 16 32-bit words as 16 consecutive 2-byte values at p (one 32-byte store).
 static inline void store_upper_halves(uint16_t *p, const vu32 &w) {
-  const vu16 h = (w >> 16u).convert<uint16_t>();
+  const vu16 h = convert16<vu16, native_vu32x16, native_vu16x16>(w >> 16u);
   __builtin_memcpy(p, &h, sizeof(h));
 }
 // 32 two-byte values (64 bytes) as the compiler's own vector, for whole-line stores.
@@ -200,10 +215,10 @@ typedef sycl::vec<sycl::half, 16> vh16;
 static inline vf16 load_f16x16(const sycl::half *p) {
   vh16 h;
   __builtin_memcpy(&h, p, sizeof(h));
-  return h.convert<float>();
+  return convert16<vf16, native_vh16, native_vf16>(h);
 }
 static inline void store_f16x16(sycl::half *p, const vf16 &v) {
-  const vh16 h = v.convert<sycl::half, sycl::rounding_mode::rte>();
+  const vh16 h = convert16<vh16, native_vf16, native_vh16>(v);
   __builtin_memcpy(p, &h, sizeof(h));
 }
 #if defined(GDN_ACT_BF16)
@@ -263,7 +278,7 @@ static inline vf16 exp16(vf16 x) {
   e = e * r + 1.0f;
   // n is integral already: truncation (one instruction), not the default round-to-nearest
   // conversion, which the CPU device's compiler made a library call.
-  const sycl::vec<int32_t, 16> bits = (n.convert<int32_t, sycl::rounding_mode::rtz>() + 127) << 23;
+  const sycl::vec<int32_t, 16> bits = (convert16<sycl::vec<int32_t, 16>, native_vf16, native_vi16>(n) + 127) << 23;
   return e * sycl::bit_cast<vf16>(bits);
 }
 // e^x on 16 lanes as exp16, with IEEE results outside its clamp: 0 below -87.33 (where f32 e^x is
@@ -288,7 +303,7 @@ static inline vf16 log16(vf16 x) {
   p = p * s2 + 1.0f / 5.0f;
   p = p * s2 + 1.0f / 3.0f;
   p = p * s2 + 1.0f;
-  return k.convert<float>() * 0.693147181f + 2.0f * s * p;
+  return convert16<vf16, native_vi16, native_vf16>(k) * 0.693147181f + 2.0f * s * p;
 }
 // softplus(x) = max(x, 0) + ln(1 + e^-|x|) on 16 lanes, x for x > 20 (as the scalar softplus), for
 // finite x >= -80 (e^-|x| normal; others give no meaningful value). ln(1 + t) as ln(u) t / (u - 1),
@@ -340,8 +355,7 @@ static inline void store_state(state_t *p, float f) { *p = float_to_f16(f); }
 static inline vf16 vload_state(const state_t *p) { return load_f16x16((const sycl::half *)p); }
 static inline void vstore_state(state_t *p, const vf16 &x) { store_f16x16((sycl::half *)p, x); }
 static inline void vstore_state2_nt(state_t *p, const vf16 &x0, const vf16 &x1) {
-  store_64_nt(p, join_16x2(sycl::bit_cast<vu16>(x0.convert<sycl::half, sycl::rounding_mode::rte>()),
-                           sycl::bit_cast<vu16>(x1.convert<sycl::half, sycl::rounding_mode::rte>())));
+  store_64_nt(p, join_16x2(convert16<vu16, native_vf16, native_vh16>(x0), convert16<vu16, native_vf16, native_vh16>(x1)));
 }
 #else
 typedef float state_t;
