@@ -154,7 +154,7 @@ def describe_run(queue, args):
 def build_check():
     """Which build the run measures: the imported pygdn's library against the checkout this script
     sits in -- its VERSION and its kernel sources and public header, which the library embeds
-    verbatim (src/embed_kernels.py). An environment installed before the last change measures the
+    verbatim (tools/embed_kernels.py). An environment installed before the last change measures the
     old kernels under the new benchmark's rows, and nothing in the numbers shows it. Returns the
     facts and a line to log (a WARNING when they differ)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

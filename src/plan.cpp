@@ -211,17 +211,11 @@ auto all_launches(P &p) {
                     &p.replay_spec,   &p.recurrent_spec, &p.fused_spec,     &p.replay_count_spec, &p.norm};
 }
 
-// The CPU-device variants (*_cpu.cpp), which plan.cpp picks when target.cpu_variants allows.
-bool cpu_family(Family f) {
-  return f == Family::Conv1dCpu || f == Family::DeltaPrepCpu || f == Family::DeltaRecurrentCpu ||
-         f == Family::DeltaChunkCpu;
-}
-
 // Every CPU-variant build may round bf16 by AVX512-BF16's instructions (common.hpp, to_bf16x32,
 // store_bf16x16) and prefetch by x86 instructions (common.hpp, prefetch_bytes).
 void cpu_options(Plan &p, const Target &t) {
   for (Launch *l : all_launches(p))
-    if (l->on && cpu_family(l->family)) {
+    if (l->on && family_file(l->family).cpu) {
       if (t.bf16_instructions) l->options += " -DGDN_CPU_BF16_INSN";
       if (t.x86) l->options += " -DGDN_CPU_X86";
     }

@@ -7,9 +7,11 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+#include <sycl/sycl.hpp>
 
-#include "cache/kernel_cache.hpp"
-#include "validate.hpp"  // Op
+#include "gdn_xpu.h"
+#include "kernels/families.hpp"
+#include "validate/call.hpp"
 
 namespace gdn {
 
