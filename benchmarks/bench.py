@@ -54,10 +54,10 @@ report.py (detailed rows, cache-format table, targets, plot), table.py (the clos
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import platform
+import re
 import sys
 import time
 
@@ -168,9 +168,11 @@ def build_check():
     except OSError as e:
         facts["matches_checkout"] = None
         return facts, f"build: pygdn {pygdn.__version__} ({lib_path}); not compared with a checkout ({e})"
-    # meson.build's kernel_files: the kernel sources and the public header they include
-    kernels = sorted(glob.glob(os.path.join(root, "src", "kernels", "*.[ch]pp"))) + [
-        os.path.join(root, "include", "gdn_xpu.h")]
+    # src/kernels/meson.build's kernel_files: the kernel sources and the headers they include
+    kernel_dir = os.path.join(root, "src", "kernels")
+    with open(os.path.join(kernel_dir, "meson.build"), encoding="utf-8") as f:
+        listed = re.findall(r"'([^']+)'", re.search(r"kernel_files = files\((.*?)\)", f.read(), re.S).group(1))
+    kernels = sorted(os.path.normpath(os.path.join(kernel_dir, name)) for name in listed)
     differ = []
     for path in kernels:
         with open(path, "rb") as f:
