@@ -1,6 +1,7 @@
 """Engine-native state caches (include/gdn_xpu.h "State caches"): bf16/f16 SSM states,
 read slots apart from write slots, block checkpoints during a prefill -- against the float64
-reference (pygdn/reference.py), which rounds a stored state exactly where SPEC.md says.
+reference (pygdn/reference.py), which rounds a stored state exactly where docs/op.md "State dtype"
+says.
 
 Tolerances, and why. Outputs: a call computes in f32 from the states as they are stored and
 rounds only what it stores, so its outputs stay within the f32 bound of the delta-rule tests
