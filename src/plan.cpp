@@ -260,8 +260,8 @@ Plan make_plan(const gdn_config_t &cfg, const gdn_batch_t &b, const PlanInputs &
   // without chunk kernels, the non-spec group of a step without prefills (a long forced-recurrent
   // prefill's conv would run in one work-item). Its conv takes a k-head's q, k and v channels in
   // 16-channel blocks: each range a whole number of them (q, k: K % 16 == 0 with prep_inline); conv
-  // width 4.
-  // Decode whole steps, alternated in one process: B=1 0.257 -> 0.194 ms, B=8 1.04 -> 0.96 (0.2.5).
+  // width 4. One launch less a step: separate launches made a decode step 8-30% longer (the more,
+  // the smaller the batch).
   const bool v_blocks = (int64_t)cfg.num_v_heads / cfg.num_k_heads * cfg.head_v_dim % GDN_CPU_LANES == 0;
   const bool width4 = cfg.conv_width == 4;  // the fused conv's one compiled width (delta_recurrent_cpu.cpp)
   auto fuse = [&](Launch &fused, Launch &conv, Launch &rec, int64_t seqs) {

@@ -88,17 +88,16 @@ typedef sycl::vec<float, 16> vf16;
 // work-item id (no get_global_id / get_local_id / sub-group or group functions: no work-group
 // loop to vectorize), so every *_cpu kernel runs in work-groups of ONE work-item and takes its
 // coordinates from GROUP ids only (get_group(d) == get_global_id(d) with local size 1, so the
-// meaning is the same on any device). The back-end time of the demo's CPU kernels: 44-54 s
-// vectorized across work-items, ~3.5 s this way (0.2.0; docs/design.md, "Cold start").
+// meaning is the same on any device). Vectorized across work-items, the demo's CPU kernels took
+// over ten times the back-end time (docs/design.md, "Generic kernels and CPU variants").
 
 // Asks for the bytes [p, p + n), n > 0, to be brought into this core's caches, without waiting for them
 // (prefetcht0 on each 64-byte line they touch; never faults). On an x86-64 host (GDN_CPU_X86,
 // plan.cpp: the CPU-variant builds) the instructions inline -- a fixed count, unrolled where n is
 // known, then the last byte's line for a span not line-aligned; else the CPU runtime's
 // __cpu_lprefetch, a call looping the same instruction, after which the callers reload the
-// vectors the call may clobber (inline against the call, alternated in one process: cache-resident
-// bf16 decode B=8 0.190 -> 0.166 ms, 0.2.18). (Register operands only: a memory operand does not
-// link through SPIR-V.)
+// vectors the call may clobber (the call made a cache-resident bf16 decode step ~14% longer).
+// (Register operands only: a memory operand does not link through SPIR-V.)
 static inline void prefetch_bytes(const void *p, size_t n) {
 #if defined(GDN_CPU_X86)
   const char *first = (const char *)p;
@@ -153,10 +152,10 @@ static inline vu32 bf16_in_upper_half(const vf16 &v) {
   const vu32 u = sycl::bit_cast<vu32>(v);
   const vu32 rounded = u + 0x7fffu + ((u >> 16u) & 1u);
   // All-ones where NaN, by a float compare (one vcmpunordps into a mask register; the integer
-  // test of the magnitude took an AND besides: bf16 whole steps ~3-5% faster, decode and spec
-  // B=8 alternated in one process, 0.2.5). A blend by bit masks: sycl::select on the CPU device
-  // went lane by lane. Kept NaN: rounding adds up to 0x8000, which carries a NaN's all-ones low
-  // bits into the sign (0x7fffffff -> -0; test_bf16_store_keeps_nan_payloads).
+  // test of the magnitude took an AND besides, and bf16 steps ~4% longer). A blend by bit masks:
+  // sycl::select on the CPU device went lane by lane. Kept NaN: rounding adds up to 0x8000,
+  // which carries a NaN's all-ones low bits into the sign (0x7fffffff -> -0;
+  // test_bf16_store_keeps_nan_payloads).
   const native_vf16 f = sycl::bit_cast<native_vf16>(v);
   const vu32 is_nan = sycl::bit_cast<vu32>(f != f);
   return (rounded & ~is_nan) | ((u | 0x400000u) & is_nan);
@@ -180,8 +179,8 @@ typedef uint16_t native_vu16x32 __attribute__((ext_vector_type(32)));
 // (test_bf16_instructions_store_the_bit_operations_bits, and with denormal states
 // test_bf16_store_flushes_denormal_states_both_ways). (The runtime's compiler takes x86 assembly
 // through SPIR-V: sycl::ext::oneapi::bfloat16 is not usable, above.) No test for denormal inputs
-// before it: two vfpclassps and a branch per pair cost ~9% of a cache-resident bf16 decode step
-// (0.2.16), for values that cannot occur.
+// before it: two vfpclassps and a branch per pair cost ~9% of a cache-resident bf16 decode step,
+// for values that cannot occur.
 static inline native_vu16x32 to_bf16x32(const vf16 &x0, const vf16 &x1) {
 #if defined(GDN_CPU_BF16_INSN)
   const native_vf16 f0 = sycl::bit_cast<native_vf16>(x0), f1 = sycl::bit_cast<native_vf16>(x1);
@@ -257,7 +256,7 @@ static inline void store_act32(void *p, int64_t i, const vf16 &x0, const vf16 &x
 
 // e^x on 16 lanes with vector operations only (sycl::exp of a vf16 is a library call the CPU
 // device's compiler may run lane by lane; the prefill's conv, 16 channels per vector, timed up
-// to ~10% faster with this, near the noise, 0.2.0). x = n ln2 + r, |r| <= ln2/2
+// to ~10% faster with this, near the noise). x = n ln2 + r, |r| <= ln2/2
 // (Cody-Waite split of ln2), e^r by its degree-6 Taylor polynomial (relative error < 2e-7),
 // 2^n by the exponent bits. Inputs are clamped to [-87, 88], where f32 e^x is normal, each bound
 // by a select on a compare (one vmaxps / vminps; sycl::fmax/fmin and sycl::max/min took four
@@ -318,8 +317,8 @@ static inline vf16 softplus16(vf16 x) {
 }
 // A store of data nothing reads in this call (spec decoding's per-token states, a step's final
 // state) to lines not in the caches: a streaming (non-temporal) store skips the read-for-ownership
-// of each line, which cost the CPU device a second pass over the written bytes (recurrent kernel
-// ~5.9 -> ~4.8 ms at spec S=3, B=8, 0.2.0). It needs a 64-byte aligned address:
+// of each line, which cost the CPU device a second pass over the written bytes (a spec decode's
+// recurrent kernel ~20% longer). It needs a 64-byte aligned address:
 // vstore_states_stream checks once per state.
 static inline void vstore_nt(float *p, const vf16 &x) {
   __builtin_nontemporal_store(sycl::bit_cast<native_vf16>(x), (native_vf16 *)p);
@@ -382,8 +381,8 @@ static inline void vstore_state2(state_t *p, const vf16 &x0, const vf16 &x1) {
 // streaming ones store 32), lane by lane otherwise -- a loop of plain f32 vector stores there was
 // merged with the streaming loop by the compiler, dropping the hint (f16: not checked). Lane by
 // lane, the walks kept their rows on the stack for it: the bf16 vector stores took 4-9% off a
-// cache-resident bf16 decode step (0.2.17; the streaming stores' count unchanged in the
-// generated assembly of the vk and kv decode and spec builds).
+// cache-resident bf16 decode step (the streaming stores' count unchanged in the generated
+// assembly of the vk and kv decode and spec builds).
 static inline void vstore_states_stream(state_t *p, const vf16 *x, int n) {
   if (((uintptr_t)p & 63u) == 0) {
     int i = 0;
@@ -401,8 +400,8 @@ static inline void vstore_states_stream(state_t *p, const vf16 *x, int n) {
 
 // The vectors x[0..n) to p: streaming, or plain stores where p is the state this work-item read
 // (in place, a decode's usual case): its lines are still in this core's caches, and a streaming
-// store to a cached line evicts it first (decode B=8 recurrent kernel 1.27 -> 1.08 ms with plain
-// stores in place, 0.2.1; stores to other slots, which no cache holds, stay streaming).
+// store to a cached line evicts it first (a decode's recurrent kernel ~18% longer with streaming
+// stores in place; stores to other slots, which no cache holds, stay streaming).
 static inline void vstore_states(state_t *p, const vf16 *x, int n, bool stream) {
   if (stream) {
     vstore_states_stream(p, x, n);
@@ -443,13 +442,12 @@ template <> struct Lanes<1> {
 // 16 lanes: contiguous (step 1) as one vector, else lane by lane in a function of its own. Inline,
 // the lane-by-lane forms had the compiler keep 16 lane offsets per call site live across the
 // fused conv's loops (moved between stack slots every block, though a contiguous layout never
-// takes them): with them inline, cache-resident bf16 decode B=8 steps through conv_decode_blocks
-// took ~0.41 ms against ~0.19 (0.2.17). They take the vector BY VALUE: a
+// takes them): with them inline, cache-resident bf16 decode steps through conv_decode_blocks
+// took more than twice as long. They take the vector BY VALUE: a
 // reference to the caller's variable (a conv window column, hist[i]) let its address escape into
 // the call, so the whole window lived on the stack and every token moved it through memory, even
-// in a layout that never makes the call (the fused conv's loops in the generated assembly). By
-// value, alternated in one process, bf16 state: a fused conv alone, cache-resident, decode B=32
-// 0.135 -> 0.109 ms, spec S=3 B=8 0.155 -> 0.123 (0.2.21).
+// in a layout that never makes the call (the fused conv's loops in the generated assembly): a
+// cache-resident fused conv ~25% longer by reference.
 template <> struct Lanes<16> {
   typedef vf16 T;
   static T load(const float *p) { return vload(p); }

@@ -57,7 +57,7 @@ static inline void fused_conv(const GdnConvParams &c, const GdnDeltaParams &p, i
 
 #if GDN_VK_LAYOUT
 // Global (num_seqs*HV, V / GDN_VK_ITEM_ROWS rounded up), local (1, 1): a work-item walks
-// GDN_VK_ITEM_ROWS rows. (A work-item per 16 rows took decode B=8 1.01 ms against 0.90, 0.2.1.)
+// GDN_VK_ITEM_ROWS rows. (A work-item per 16 rows made a decode's kernel ~12% longer.)
 GDN_KERNEL(2) void gdn_recurrent_vk_cpu(GdnDeltaParams p) {
   const auto it = item2();
   recurrent_item(p, (int32_t)(it.get_group(0) / p.HV), (int32_t)(it.get_group(0) % p.HV),
@@ -85,8 +85,8 @@ GDN_KERNEL(2) void gdn_fused_cpu(GdnFusedParams fp) {  // (see fused_conv)
       copy_z<16>(fp.conv, fp.conv.query_start_loc[seq], fp.conv.query_start_loc[seq + 1], e);
   // While this work-item walks its states, the lines the next one's conv reads first come in
   // (conv_prefetch; the next group id: the work-item this core most likely runs next). Without it
-  // the conv's first loads of each window column waited for DRAM (time-major conv state, bf16,
-  // alternated in one process: spec B=8 S=3 1.124 -> 1.002 ms, decode B=8 0.351 -> 0.342, 0.2.20).
+  // the conv's first loads of each window column waited for DRAM (time-major conv state, bf16:
+  // a spec decode step ~12% longer, a decode step ~3%).
   const int32_t next = (int32_t)it.get_group(0) + 1;
   if (next / p.H < p.num_seqs) {
     const KHeadChannels next_head = k_head_channels(p, next % p.H);

@@ -7,7 +7,7 @@
 
 // A work-item's walk (recurrent_item, one per layout) is ONE function both kernels of this build
 // call (gdn_recurrent_*_cpu and gdn_fused_cpu), not an inlined copy in each: an inlined copy
-// doubled the build's back-end time (cold compile at K = 128: ~3 -> ~7 s, 0.2.5).
+// doubled the build's back-end time (a cold compile at K = 128 over twice as long).
 #define GDN_NOINLINE static __attribute__((noinline))
 
 // Whether a store of this walk's state to slot `to` streams: not when it is in place, to the slot

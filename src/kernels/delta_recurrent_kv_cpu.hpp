@@ -11,18 +11,17 @@
 // Why NV vectors, whole rows: a walk reads and writes NV*64 contiguous bytes of each of the K
 // state rows, and the NV column vectors are NV independent FMA chains. With one vector (64 bytes
 // a row) the kv layout took ~1.6x the vk layout's time at spec S=3, bound by that access pattern,
-// not by instructions (0.2.0). Half rows cost too, alternated in one process: two work-items on
-// alternate 256-byte halves of every 512-byte row, decode B=8 1.64 ms against 1.07 (0.2.1); one
-// work-item walking the two halves in turn, spec B=8 f32 S=3 4.47 ms against 4.02 (0.2.3).
+// not by instructions. Half rows cost too: two work-items on alternate 256-byte halves of every
+// 512-byte row made a decode ~50% longer, one work-item walking the two halves in turn a spec
+// decode ~10% longer.
 #pragma once
 #include "delta_recurrent_cpu.hpp"
 
 // 2-byte states: a walk's last pass (the WY write pass, the held block's last update) reads no
 // memory but this core's caches, so each of its rows asks for the same row and columns of the
 // next head (the next walk of this work-item in gdn_fused_cpu, else likely of the next
-// work-item), as the vk walks do for the rows ahead: bf16 decode B=8 0.708 -> 0.624 ms, spec S=3
-// B=8 2.79 -> 2.53 (0.2.8's kv walks, alternated in one process). Not for f32 states (a head is
-// 64 KB, the whole L1 twice over): decode B=8 3-8% slower.
+// work-item), as the vk walks do for the rows ahead: bf16 decode and spec steps ~10% longer
+// without. Not for f32 states (a head is 64 KB, the whole L1 twice over): decode 3-8% slower.
 static inline bool ask_next_head(const GdnDeltaParams &p, const RecurrentSeq &rs, int32_t hv) {
   return sizeof(state_t) == 2 && rs.init && hv + 1 < p.HV;
 }
@@ -32,9 +31,9 @@ static inline const state_t *next_head(const GdnDeltaParams &p, const state_t *S
 // GDN_WALK_TOKENS (forced-recurrent prefills): the K x 16 NV block stays in registers (on the
 // stack) across the tokens, and token t's read pass applies token t-1's update and stores the
 // updated row as it goes: one pass over the block per token, not three (products, update, store;
-// measured on spec walks, B=8 f32 S=3 whole steps 3.92 -> 3.51-3.67 ms, 0.2.4). Token 0's read
-// pass loads the block, without a copy pass before it (spec B=8 f32 S=1 1.665 -> 1.592 ms,
-// 0.2.11; the vk 16-row walk gains nothing that way and keeps its load loop).
+// three made f32 spec steps ~10% longer). Token 0's read pass loads the block, without a copy
+// pass before it (~5% of a short spec step; the vk 16-row walk gains nothing that way and keeps
+// its load loop).
 template <int NV, bool SO>
 static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int32_t hv, int32_t v, int32_t h) {
   const state_t *S = state_column(p, rs.read_slot, hv, v);  // read only when rs.init
@@ -107,12 +106,11 @@ static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int
 // S^T (P(t) k_t) and D(t, i) (k_i.k_t) is (D(t, i) k_i).k_t, the same walk otherwise (K products
 // per coefficient: L(L+1)/2 of them, few beside the state's passes). The u and o differ from the
 // held walk's by the summation order: rounding only, the coefficients being bounded (|k_i.k_t| <= 1
-// for l2-normalized k and q, decays in [0, 1]). Against the held walk, alternated in one process,
-// spec B=8: f32 S=3 2.460 -> 2.069 ms, bf16 S=3 2.072 -> 1.903 (0.2.12). One token (a decode)
+// for l2-normalized k and q, decays in [0, 1]). The held walk made spec steps ~10-20% longer.
+// One token (a decode)
 // reads the block twice, for its products and then from this core's caches for the write pass
-// (holding the block spilled it through the stack). A decode walk of its own took the same time
-// (decode B=8 f32 0.879 ms either way, 0.2.13), and the build compiles ~1.6 s faster from cold
-// without one.
+// (holding the block spilled it through the stack). A decode walk of its own took the same time,
+// and the build compiles faster from cold without one.
 template <int NV, bool SO>
 static inline void walk_columns_kv_wy(const GdnDeltaParams &p, RecurrentSeq &rs, const PreparedTokens &pt, int32_t hv,
                                       int32_t v) {

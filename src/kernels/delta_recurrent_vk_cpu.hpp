@@ -67,11 +67,11 @@ static inline int32_t slot_rows_from(const GdnDeltaParams &p, int32_t hv, int32_
 // they do not fit: 16 rows of K = 128 are 128 vectors, four times the register file), and token
 // t's read pass (its two dot products) applies token t-1's update as it goes and stores the
 // updated row: one pass over the held rows per token instead of three (read for the products,
-// update, read again for the store; spec B=8 f32 whole steps S=7 5.23 -> 4.93 ms, 0.2.4). One
-// token (a decode step, !HOLD): the rows are read twice, once for the two dot products and once
-// more (from this core's caches by then) for the update and its store, instead of being held:
-// the copy the compiler kept on the stack cost a store and two loads per vector (decode B=8
-// recurrent kernel 1.5 -> 0.9-1.3 ms, 0.2.1).
+// update, read again for the store; three made f32 spec steps ~6% longer). One token (a decode
+// step, !HOLD): the rows are read twice, once for the two dot products and once more (from this
+// core's caches by then) for the update and its store, instead of being held: the copy the
+// compiler kept on the stack cost a store and two loads per vector (and a decode's recurrent
+// kernel up to 1.5x its time).
 template <bool HOLD, bool SO>
 static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const PreparedTokens &pt, int32_t hv,
                                 int32_t v0, int32_t nr, int32_t h) {
@@ -89,12 +89,11 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
   // The walk's last pass (a decode's update pass, the held rows' last update) runs from this
   // core's caches and reads no memory, which would idle through it: each of its rows asks for
   // the row walk_ahead rows on (this head's rows, or the next head's, which this work-item or the
-  // one after it walks; within the slot), so the walks ahead find their rows arrived (decode B=8
-  // 0.93 -> 0.87 ms, 0.2.7). How far, alternated in one process, bf16 state: 32 rows on (the same
-  // row of the walk after next) against 16, decode B=8 0.375 -> 0.326 ms, spec B=8 S=3 1.049 ->
-  // 0.956 (0.2.14); for a one-token walk (a decode) 24 against 32, decode B=32 1.400 -> 1.262 ms,
-  // where spec S=3 B=8 lost ~1-3% (0.2.19): 24 rows on for a decode, 32 otherwise. (The kv walks
-  // do the same for 2-byte states only, one head on.)
+  // one after it walks; within the slot), so the walks ahead find their rows arrived (a decode
+  // ~7% longer without). How far, bf16 state: 32 rows on (the same row of the walk after next)
+  // beat 16 by ~10-15%; for a one-token walk (a decode) 24 beat 32 by ~10%, where spec steps lost
+  // ~1-3%: 24 rows on for a decode, 32 otherwise. (The kv walks do the same for 2-byte states
+  // only, one head on.)
   const int32_t walk_ahead = rs.len == 1 ? 24 : 32;
   const bool ahead = rs.init && slot_rows_from(p, hv, v0) >= walk_ahead + 16;  // every row's request in the slot
   // Row r, vector c of the state before the token (HOLD: after applying the pending update).
@@ -188,23 +187,22 @@ static inline vf16 sum_partials(const vf16 *x) {
 // vk layout each state row is a recurrence of its own (row r's u and o need row r alone), so a row
 // walks all the tokens in KC registers: read once, stored after each token, then the next row -- a
 // decode moves its state as a bare state pass does, not in walk_rows_vk's two passes over 16 rows,
-// and a spec walk holds no block on the stack (against walk_rows_vk, alternated in one process,
-// f32 state: decode B=8 1.06 -> 0.94 ms, spec B=8 S=3 3.64 -> 3.13, 0.2.10). 2-byte states keep
-// walk_rows_vk: row by row they took up to 1.4x as long, as slow with the state cache-resident
-// (compute: with the rounding a row's chain is ~100 instructions a token, and fewer rows overlap;
-// two rows interleaved were still slower). The kv layout cannot walk this way: a column's u needs
-// every row of the state.
+// and a spec walk holds no block on the stack (walk_rows_vk made f32 decode and spec steps
+// ~13-16% longer). 2-byte states keep walk_rows_vk: row by row they took up to 1.4x as long, as
+// slow with the state cache-resident (compute: with the rounding a row's chain is ~100
+// instructions a token, and fewer rows overlap; two rows interleaved were still slower). The kv
+// layout cannot walk this way: a column's u needs every row of the state.
 // Each of the two dot products is summed in BY_ROW_SUMS = 4 partial sums (fewer for K < 64), then
-// by hsum: chains of KC / 4 FMAs on the token's critical path, not KC (cache-resident decode B=8
-// 0.263 -> 0.228 ms, 0.2.22). Those sums, and the scalar u and o, contract into FMAs differently
-// from walk_rows_vk's, so a state can differ from that walk's in its last bits.
+// by hsum: chains of KC / 4 FMAs on the token's critical path, not KC (one chain made a
+// cache-resident decode ~15% longer). Those sums, and the scalar u and o, contract into FMAs
+// differently from walk_rows_vk's, so a state can differ from that walk's in its last bits.
 // Every row asks for the row BY_ROW_AHEAD = 12 rows on (6 KB at K = 128; within the slot, so the
 // last rows of a head ask for the next head's first, which this work-item or the next one walks
-// next), a prefetch that never waits: decode B=8 0.493 -> 0.388 ms, spec S=1 B=8 0.728 -> 0.596
-// (0.2.13, alternated in one process). 8 or 16 rows on are about as good, 4 less; one row every
-// row against two every other row 0-5% faster (0.2.19); the next 16 rows at once slower than none.
+// next), a prefetch that never waits (without it, decode and short spec steps ~20-27% longer).
+// 8 or 16 rows on are about as good, 4 less; one row every row against two every other row 0-5%
+// faster; the next 16 rows at once slower than none.
 // LC: the walk's token count when fixed at compile time (1: a decode step, whose k and q stay in
-// registers across the rows: decode B=8 0.91 -> 0.86 ms against loading them per row, 0.2.10),
+// registers across the rows: loading them per row made a decode ~6% longer),
 // else 0. With a decay per key channel (GDN_CHANNEL_GATE) the products' factors are d k and d q,
 // formed once per token before the rows (fkq), and each update reads the token's d and k.
 template <int LC, bool SO>
