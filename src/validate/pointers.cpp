@@ -132,9 +132,8 @@ void check_pointers(const Checked &c, Op op) {
   Array arrays[kNumBatchArrays + sizeof tensors / sizeof tensors[0]];
   size_t n = 0;
   for (int i = 0; i < kNumBatchArrays; ++i) {
-    const BatchArrayInfo &a = kBatchArrays[i];
     const BatchSpan s = batch_span(b, static_cast<BatchArray>(i));
-    arrays[n++] = Array{s.p, a.field, a.elem, a.type, Need{s.n * (int64_t)a.elem, s.n, a.length}};
+    arrays[n++] = Array{s.p, s.field, s.elem, s.type, Need{s.n * (int64_t)s.elem, s.n, s.length}};
   }
   for (const Array &a : tensors) arrays[n++] = a;
   check_arrays(q, cfg.flags, arrays, n);
