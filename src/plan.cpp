@@ -23,7 +23,7 @@ std::string act_option(const gdn_config_t &cfg) {
 }
 // The delta-rule builds: per (activation dtype, head_k_dim[, ssm layout]) (kernels/delta.hpp).
 // GDN_GATE_CHANNEL configs (KDA) build with GDN_CHANNEL_GATE: each state row decays by its own
-// gate (kernels/delta.hpp, GK).
+// gate (kernels/delta.hpp, kGateK).
 std::string head_option(const gdn_config_t &cfg) {
   return act_option(cfg) + " -DGDN_HEAD_K=" + std::to_string(cfg.head_k_dim) +
          (cfg.gate_mode == GDN_GATE_CHANNEL ? " -DGDN_CHANNEL_GATE=1" : "");

@@ -5,7 +5,7 @@
 // common.hpp, "CPU-device kernels").
 #include "delta_chunk.hpp"
 
-#define KV16 (KD / 16)
+#define KV16 (kHeadK / 16)
 #define PREP_VB 8  // 16-wide column blocks of U per pass (V = 128 in one)
 #define PREP_SUB_ROWS 16  // per-channel decays: rows per sub-chunk of the A and Aqk products
 static_assert(GDN_CHUNK_SIZE % PREP_SUB_ROWS == 0 && PREP_SUB_ROWS % 4 == 0, "whole sub-chunks of whole sums8 groups");
@@ -74,7 +74,7 @@ GDN_KERNEL(1) void gdn_chunk_prep_cpu(GdnDeltaParams p) {
   // products below; the W loop did when it multiplied by T) missed L1 on its k loads.
   vf16 kc[GDN_CHUNK_SIZE][KV16];
   for (int32_t i = 0; i < len; ++i)
-    for (int cc = 0; cc < KV16; ++cc) kc[i][cc] = vload(p.kn + (rows[i] * p.H + h) * KD + 16 * cc);
+    for (int cc = 0; cc < KV16; ++cc) kc[i][cc] = vload(p.kn + (rows[i] * p.H + h) * kHeadK + 16 * cc);
   // k_i.k_j and q_i.k_j (j <= i), 4 j at a time: 8 vector accumulators, reduced together by
   // sums8 (above) instead of a horizontal sum per product (which made this kernel ~8% longer;
   // 8 j at a time, 16 accumulators, spilled and ran slower). A block may reach past the
@@ -84,7 +84,7 @@ GDN_KERNEL(1) void gdn_chunk_prep_cpu(GdnDeltaParams p) {
 #if !GDN_CHANNEL_GATE  // (per channel the decays enter the products: per v-head, below)
   float KK[GDN_CHUNK_SIZE][GDN_CHUNK_SIZE], QK[GDN_CHUNK_SIZE][GDN_CHUNK_SIZE];
   for (int32_t i = 0; i < len; ++i) {
-    const float *qi = p.qn + (rows[i] * p.H + h) * KD;
+    const float *qi = p.qn + (rows[i] * p.H + h) * kHeadK;
     vf16 qv[KV16];
     for (int cc = 0; cc < KV16; ++cc) qv[cc] = vload(qi + 16 * cc);
     for (int32_t j0 = 0; j0 <= i; j0 += 4) {
@@ -116,23 +116,23 @@ GDN_KERNEL(1) void gdn_chunk_prep_cpu(GdnDeltaParams p) {
     // running products over the rows.
     float B[GDN_CHUNK_SIZE];
     vf16 al[GDN_CHUNK_SIZE][KV16];
-    float *const dstart = p.chunk_dstart + pos * GK, *const dend = p.chunk_dend + pos * GK;
+    float *const dstart = p.chunk_dstart + pos * kGateK, *const dend = p.chunk_dend + pos * kGateK;
     {
       vf16 d[KV16];
       for (int cc = 0; cc < KV16; ++cc) d[cc] = vf16(1.0f);
       for (int32_t i = 0; i < len; ++i) {
-        const float *gi = p.g + (rows[i] * p.HV + hv) * GK;
+        const float *gi = p.g + (rows[i] * p.HV + hv) * kGateK;
         B[i] = p.beta[rows[i] * p.HV + hv];
         for (int cc = 0; cc < KV16; ++cc) {
           al[i][cc] = exp16_ieee(vload(gi + 16 * cc));  // (sycl::exp of a vector: a call per lane)
           d[cc] *= al[i][cc];
-          vstore(dstart + i * GK + 16 * cc, d[cc]);
+          vstore(dstart + i * kGateK + 16 * cc, d[cc]);
         }
       }
       for (int cc = 0; cc < KV16; ++cc) d[cc] = vf16(1.0f);
       for (int32_t i = len - 1; i >= 0; --i)
         for (int cc = 0; cc < KV16; ++cc) {
-          vstore(dend + i * GK + 16 * cc, d[cc]);
+          vstore(dend + i * kGateK + 16 * cc, d[cc]);
           d[cc] *= al[i][cc];
         }
     }
@@ -158,7 +158,7 @@ GDN_KERNEL(1) void gdn_chunk_prep_cpu(GdnDeltaParams p) {
       vf16 f[KV16];
       for (int cc = 0; cc < KV16; ++cc) f[cc] = vf16(1.0f);
       for (int32_t i = r0; i < sycl::min(r0 + PREP_SUB_ROWS, len); ++i) {
-        const float *qi = p.qn + (rows[i] * p.H + h) * KD;
+        const float *qi = p.qn + (rows[i] * p.H + h) * kHeadK;
         float aq[GDN_CHUNK_SIZE];
         for (int32_t jb = 0; jb < GDN_CHUNK_SIZE; jb += 16) vstore(aq + jb, vf16(0.0f));
         if (i > r0)
@@ -248,16 +248,16 @@ GDN_KERNEL(1) void gdn_chunk_prep_cpu(GdnDeltaParams p) {
 #endif
     // W = T (beta d K) and U = T (beta V), T = (I + A)^-1, without forming T (substitute_rows).
     vf16 wb[GDN_CHUNK_SIZE][KV16];
-    float *const wout = p.chunk_w + pos * KD;
+    float *const wout = p.chunk_w + pos * kHeadK;
     substitute_rows<KV16>(A, len, wb, [&](int32_t i, vf16 *x) {
 #if GDN_CHANNEL_GATE
-      for (int cc = 0; cc < KV16; ++cc) x[cc] = B[i] * (kc[i][cc] * vload(dstart + i * GK + 16 * cc));
+      for (int cc = 0; cc < KV16; ++cc) x[cc] = B[i] * (kc[i][cc] * vload(dstart + i * kGateK + 16 * cc));
 #else
       const float bd = B[i] * D[i];
       for (int cc = 0; cc < KV16; ++cc) x[cc] = bd * kc[i][cc];
 #endif
     }, [&](int32_t i, const vf16 *x) {
-      for (int cc = 0; cc < KV16; ++cc) vstore_nt(wout + i * KD + 16 * cc, x[cc]);
+      for (int cc = 0; cc < KV16; ++cc) vstore_nt(wout + i * kHeadK + 16 * cc, x[cc]);
     });
     // U per pass of PREP_VB column blocks (V = 128 in one), zeros past V.
     const int64_t vcol = vcol0 + (int64_t)hv * p.V;

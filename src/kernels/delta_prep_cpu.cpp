@@ -9,10 +9,10 @@ GDN_KERNEL(1) void gdn_prep_cpu(GdnPrepParams p) {
   const int64_t row = (int64_t)item1().get_group(0);
   if (row >= p.rows) return;
   for (int32_t h = 0; h < p.H; ++h) {
-    vf16 q[KD / 16], k[KD / 16];
+    vf16 q[kHeadK / 16], k[kHeadK / 16];
     prep_qk16(p, row, h, q, k);
-    float *qn = p.qn + (row * p.H + h) * KD, *kn = p.kn + (row * p.H + h) * KD;
-    for (int c = 0; c < KD / 16; ++c) {
+    float *qn = p.qn + (row * p.H + h) * kHeadK, *kn = p.kn + (row * p.H + h) * kHeadK;
+    for (int c = 0; c < kHeadK / 16; ++c) {
       vstore(qn + 16 * c, q[c]);
       vstore(kn + 16 * c, k[c]);
     }

@@ -20,8 +20,8 @@ struct KHeadChannels {
 };
 static inline KHeadChannels k_head_channels(const GdnDeltaParams &p, int32_t h) {
   const int32_t per_k = p.HV / p.H;
-  return {{{h * KD, (h + 1) * KD},
-           {(p.H + h) * KD, (p.H + h + 1) * KD},
+  return {{{h * kHeadK, (h + 1) * kHeadK},
+           {(p.H + h) * kHeadK, (p.H + h + 1) * kHeadK},
            {p.v_offset + h * per_k * p.V, p.v_offset + (h + 1) * per_k * p.V}}};
 }
 

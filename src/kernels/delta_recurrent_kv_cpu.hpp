@@ -25,7 +25,7 @@
 static inline bool ask_next_head(const GdnDeltaParams &p, const RecurrentSeq &rs, int32_t hv) {
   return sizeof(state_t) == 2 && rs.init && hv + 1 < p.HV;
 }
-static inline const state_t *next_head(const GdnDeltaParams &p, const state_t *S) { return S + (int64_t)KD * p.V; }
+static inline const state_t *next_head(const GdnDeltaParams &p, const state_t *S) { return S + (int64_t)kHeadK * p.V; }
 
 // The held walk of the 16 NV columns from v over a sequence's tokens, for walks longer than
 // GDN_WALK_TOKENS (forced-recurrent prefills): the K x 16 NV block stays in registers (on the
@@ -37,15 +37,15 @@ static inline const state_t *next_head(const GdnDeltaParams &p, const state_t *S
 template <int NV, bool SO>
 static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int32_t hv, int32_t v, int32_t h) {
   const state_t *S = state_column(p, rs.read_slot, hv, v);  // read only when rs.init
-  vf16 s[KD][NV];
+  vf16 s[kHeadK][NV];
   // The update of the token before (S' = d S + k u^T; GDN_CHANNEL_GATE: row k by dp[k]) and where
   // its state goes (A: none).
-  float kp[KD], dp[GK] = {1.0f};
+  float kp[kHeadK], dp[kGateK] = {1.0f};
   vf16 up[NV];
   state_t *Ap = nullptr;
   bool stream_p = false;
   for (int32_t t = 0; t < rs.len; ++t) {
-    float kb[KD], qb[KD], decay[GK], beta;
+    float kb[kHeadK], qb[kHeadK], decay[kGateK], beta;
     const float *kn, *qn;
     const int64_t row = token_in(p, rs, t, h, hv, kb, qb, kn, qn, decay, beta);
     const float dsum = GDN_CHANNEL_GATE ? 1.0f : decay[0];  // the decay of the sums (per row: in the products)
@@ -54,7 +54,7 @@ static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int
     const float kdotq = SO ? 0.0f : dot_kd(kn, qn);
     vf16 ak[NV], aq[NV], u[NV];
     for (int j = 0; j < NV; ++j) ak[j] = aq[j] = vf16(0.0f);
-    for (int k = 0; k < KD; ++k) {
+    for (int k = 0; k < kHeadK; ++k) {
       const float kd = GDN_CHANNEL_GATE ? kn[k] * decay[k] : kn[k];
       const float qd = GDN_CHANNEL_GATE && !SO ? qn[k] * decay[k] : qn[k];
       for (int j = 0; j < NV; ++j) {  // row k of the block before the token
@@ -73,15 +73,15 @@ static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int
     // to its store slot (a spec write-back or a checkpoint). Nothing in this call reads the
     // stored states again: streaming stores unless in place.
     const int32_t to = token_store_slot(rs, t);
-    for (int k = 0; k < KD; ++k) kp[k] = kn[k];
+    for (int k = 0; k < kHeadK; ++k) kp[k] = kn[k];
     for (int j = 0; j < NV; ++j) up[j] = u[j];
-    for (int c = 0; c < GK; ++c) dp[c] = decay[c];
+    for (int c = 0; c < kGateK; ++c) dp[c] = decay[c];
     Ap = slot_state(p, to, hv, v), stream_p = streaming_to(rs, to);
   }
   // The last token's update, also to the walk's final slot (a non-spec sequence's, a replay's).
   state_t *const B = slot_state(p, rs.final_slot, hv, v);
   const bool ahead = ask_next_head(p, rs, hv);
-  for (int k = 0; k < KD; ++k) {
+  for (int k = 0; k < kHeadK; ++k) {
     if (ahead) prefetch_states(next_head(p, S) + k * p.V, 16 * NV);
     for (int j = 0; j < NV; ++j) s[k][j] = held_update(s[k][j], dp[GDN_CHANNEL_GATE ? k : 0], up[j] * kp[k]);
     if (Ap) vstore_states(Ap + k * p.V, s[k], NV, stream_p);
@@ -116,18 +116,18 @@ static inline void walk_columns_kv_wy(const GdnDeltaParams &p, RecurrentSeq &rs,
                                       int32_t v) {
   const state_t *S = state_column(p, rs.read_slot, hv, v);  // read only when rs.init
   const int32_t L = pt.n;
-  // ck[t][i] = D(t, i) k_i.k_t (i < t), cq[t][i] = D(t, i) k_i.q_t (i <= t), P[t] = P(t) (GK values).
-  float ck[GDN_WALK_TOKENS][GDN_WALK_TOKENS], cq[GDN_WALK_TOKENS][GDN_WALK_TOKENS], P[GDN_WALK_TOKENS][GK];
+  // ck[t][i] = D(t, i) k_i.k_t (i < t), cq[t][i] = D(t, i) k_i.q_t (i <= t), P[t] = P(t) (kGateK values).
+  float ck[GDN_WALK_TOKENS][GDN_WALK_TOKENS], cq[GDN_WALK_TOKENS][GDN_WALK_TOKENS], P[GDN_WALK_TOKENS][kGateK];
   for (int32_t t = 0; t < L; ++t) {
     if constexpr (GDN_CHANNEL_GATE) {
-      float D[KD];  // D(t, i), per key channel
-      for (int k = 0; k < KD; ++k) D[k] = 1.0f;
+      float D[kHeadK];  // D(t, i), per key channel
+      for (int k = 0; k < kHeadK; ++k) D[k] = 1.0f;
       for (int32_t i = t; i >= 0; --i) {
         if (i < t) ck[t][i] = dot_kd_w(pt.kn[i], D, pt.kn[t]);
         if constexpr (!SO) cq[t][i] = dot_kd_w(pt.kn[i], D, pt.qn[t]);
-        for (int k = 0; k < KD; ++k) D[k] *= pt.decay[i][k];
+        for (int k = 0; k < kHeadK; ++k) D[k] *= pt.decay[i][k];
       }
-      for (int k = 0; k < KD; ++k) P[t][k] = D[k];
+      for (int k = 0; k < kHeadK; ++k) P[t][k] = D[k];
     } else {
       P[t][0] = t ? P[t - 1][0] * pt.decay[t][0] : pt.decay[t][0];
       float D = 1.0f;
@@ -144,7 +144,7 @@ static inline void walk_columns_kv_wy(const GdnDeltaParams &p, RecurrentSeq &rs,
     const float Pt = GDN_CHANNEL_GATE ? 1.0f : P[t][0];  // P(t) of the sums (per row: in the products)
     for (int j = 0; j < NV; ++j) a[j] = b[j] = vf16(0.0f);
     if (rs.init)
-      for (int k = 0; k < KD; ++k) {
+      for (int k = 0; k < kHeadK; ++k) {
         const float kk = GDN_CHANNEL_GATE ? P[t][k] * pt.kn[t][k] : pt.kn[t][k];
         const float qk = GDN_CHANNEL_GATE && !SO ? P[t][k] * pt.qn[t][k] : pt.qn[t][k];
         for (int j = 0; j < NV; ++j) {
@@ -178,7 +178,7 @@ static inline void walk_columns_kv_wy(const GdnDeltaParams &p, RecurrentSeq &rs,
   state_t *const B = slot_state(p, rs.final_slot, hv, v);
   const bool stream_b = streaming_to(rs, rs.final_slot);
   const bool ahead = ask_next_head(p, rs, hv);
-  for (int k = 0; k < KD; ++k) {
+  for (int k = 0; k < kHeadK; ++k) {
     if (ahead) prefetch_states(next_head(p, S) + k * p.V, 16 * NV);
     vf16 s[NV];
     for (int j = 0; j < NV; ++j) s[j] = rs.init ? vload_state(S + k * p.V + 16 * j) : vf16(0.0f);
@@ -203,7 +203,7 @@ static inline void columns_kv(const GdnDeltaParams &p, RecurrentSeq &rs, int32_t
     pt.prepare(p, rs, h, hv);
     walk_columns_kv_wy<NV, SO>(p, rs, pt, hv, v);
   } else {
-    constexpr int NW = KD <= 128 || NV < GDN_KV_VECS ? NV : GDN_KV_VECS;
+    constexpr int NW = kHeadK <= 128 || NV < GDN_KV_VECS ? NV : GDN_KV_VECS;
     for (int j = 0; j < NV; j += NW) walk_columns_kv<NW, SO>(p, rs, hv, v + 16 * j, h);
   }
 }

@@ -13,7 +13,7 @@
 #pragma once
 #include "delta_recurrent_cpu.hpp"
 
-#define KC (KD / 16)
+#define KC (kHeadK / 16)
 
 static_assert(GDN_VK_ROWS == 16, "a work-item's rows are the lanes of one vector");
 
@@ -79,7 +79,7 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
   vf16 s[HOLD ? 16 : 1][KC];  // HOLD: s[r][c] = S[v0 + r, 16c .. 16c+15]; rows past nr stay zero
   if constexpr (HOLD)
     for (int32_t r = 0; r < 16; ++r)
-      for (int c = 0; c < KC; ++c) s[r][c] = rs.init && r < nr ? vload_state(S + r * KD + 16 * c) : vf16(0.0f);
+      for (int c = 0; c < KC; ++c) s[r][c] = rs.init && r < nr ? vload_state(S + r * kHeadK + 16 * c) : vf16(0.0f);
   // HOLD: the update of the token before (S' = d S + u k^T; GDN_CHANNEL_GATE: d along k, dpv) and
   // where its state goes (A: none).
   vf16 kp[HOLD ? KC : 1], up(0.0f), dpv[HOLD && GDN_CHANNEL_GATE ? KC : 1];
@@ -103,11 +103,11 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
         s[r][c] = GDN_CHANNEL_GATE ? held_update(s[r][c], dpv[c], kp[c] * up[r]) : held_update(s[r][c], dp, kp[c] * up[r]);
       return s[r][c];
     } else {
-      return rs.init && r < nr ? vload_state(S + r * KD + 16 * c) : vf16(0.0f);
+      return rs.init && r < nr ? vload_state(S + r * kHeadK + 16 * c) : vf16(0.0f);
     }
   };
   for (int32_t t = 0; t < rs.len; ++t) {
-    float kb[KD], qb[KD], db[GK], beta;
+    float kb[kHeadK], qb[kHeadK], db[kGateK], beta;
     const float *kn, *qn, *decay = db;
     const int64_t row = pt.n ? pt.get(t, kn, qn, decay, beta) : token_in(p, rs, t, h, hv, kb, qb, kn, qn, db, beta);
     const int64_t vrow = v_index(p, rs, row, hv, v0);
@@ -134,7 +134,7 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
         ak[r] = sycl::fma(x, GDN_CHANNEL_GATE ? kd[c] : k[c], ak[r]);
         if constexpr (!SO) aq[r] += x * (GDN_CHANNEL_GATE ? qd[c] : q[c]);
       }
-      if (HOLD && Ap && r < nr) vstore_states(Ap + r * KD, s[r], KC, stream_p);
+      if (HOLD && Ap && r < nr) vstore_states(Ap + r * kHeadK, s[r], KC, stream_p);
     }
     const vf16 u = beta * sycl::fma(vf16(-dsum), row_sums(ak), v_rows(p, rs, vrow, nr));
     if constexpr (!SO) store_rows(p.out, orow, nr, dsum * row_sums(aq) + u * hsum(kq));
@@ -151,24 +151,24 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
       up = u, dp = d1, Ap = A, stream_p = stream_a;
     } else {
       for (int32_t r = 0; r < nr; ++r) {
-        if (ahead) prefetch_states(S + (walk_ahead + r) * KD, KD);
+        if (ahead) prefetch_states(S + (walk_ahead + r) * kHeadK, kHeadK);
         vf16 x[KC];
         for (int c = 0; c < KC; ++c)
           x[c] = GDN_CHANNEL_GATE ? held_update(state_in(t, r, c), dv[c], k[c] * u[r])
                                   : held_update(state_in(t, r, c), d1, k[c] * u[r]);
-        if (A) vstore_states(A + r * KD, x, KC, stream_a);
-        if (B) vstore_states(B + r * KD, x, KC, stream_b);
+        if (A) vstore_states(A + r * kHeadK, x, KC, stream_a);
+        if (B) vstore_states(B + r * kHeadK, x, KC, stream_b);
       }
     }
   }
   if constexpr (HOLD) {  // the last token's update
     state_t *const B = slot_state(p, rs.final_slot, hv, v0);
     for (int32_t r = 0; r < nr; ++r) {
-      if (ahead) prefetch_states(S + (walk_ahead + r) * KD, KD);
+      if (ahead) prefetch_states(S + (walk_ahead + r) * kHeadK, kHeadK);
       for (int c = 0; c < KC; ++c)
         s[r][c] = GDN_CHANNEL_GATE ? held_update(s[r][c], dpv[c], kp[c] * up[r]) : held_update(s[r][c], dp, kp[c] * up[r]);
-      if (Ap) vstore_states(Ap + r * KD, s[r], KC, stream_p);
-      if (B) vstore_states(B + r * KD, s[r], KC, streaming_to(rs, rs.final_slot));
+      if (Ap) vstore_states(Ap + r * kHeadK, s[r], KC, stream_p);
+      if (B) vstore_states(B + r * kHeadK, s[r], KC, streaming_to(rs, rs.final_slot));
     }
   }
 }
@@ -230,10 +230,10 @@ static inline void walk_rows_vk_by_row(const GdnDeltaParams &p, RecurrentSeq &rs
   state_t *const B = slot_state(p, rs.final_slot, hv, v0);
   const bool stream_b = streaming_to(rs, rs.final_slot);
   // The products' factors of token t: its k and q, GDN_CHANNEL_GATE: d k and d q (fkq[t][0], [1]).
-  float fkq[GDN_CHANNEL_GATE ? GDN_WALK_TOKENS : 1][2][KD];
+  float fkq[GDN_CHANNEL_GATE ? GDN_WALK_TOKENS : 1][2][kHeadK];
   if constexpr (GDN_CHANNEL_GATE)
     for (int32_t t = 0; t < L; ++t)
-      for (int c = 0; c < KD; ++c) {
+      for (int c = 0; c < kHeadK; ++c) {
         fkq[t][0][c] = pt.kn[t][c] * pt.decay[t][c];
         fkq[t][1][c] = SO ? 0.0f : pt.qn[t][c] * pt.decay[t][c];
       }
@@ -248,9 +248,9 @@ static inline void walk_rows_vk_by_row(const GdnDeltaParams &p, RecurrentSeq &rs
   constexpr int BY_ROW_SUMS = KC < 4 ? KC : 4;
   const int32_t ahead_end = rs.init ? slot_rows_from(p, hv, v0) - BY_ROW_AHEAD - (BY_ROW_ASK - 1) : 0;  // in the slot
   for (int32_t r = 0; r < nr; ++r) {
-    if (r % BY_ROW_ASK == 0 && r < ahead_end) prefetch_states(S + (r + BY_ROW_AHEAD) * KD, BY_ROW_ASK * KD);
+    if (r % BY_ROW_ASK == 0 && r < ahead_end) prefetch_states(S + (r + BY_ROW_AHEAD) * kHeadK, BY_ROW_ASK * kHeadK);
     vf16 s[KC];
-    for (int c = 0; c < KC; ++c) s[c] = rs.init ? vload_state(S + r * KD + 16 * c) : vf16(0.0f);
+    for (int c = 0; c < KC; ++c) s[c] = rs.init ? vload_state(S + r * kHeadK + 16 * c) : vf16(0.0f);
     for (int32_t t = 0; t < L; ++t) {
       const float d = GDN_CHANNEL_GATE ? 1.0f : pt.decay[t][0], b = pt.beta[t];  // (per channel: in the factors)
       // The row's two dot products as BY_ROW_SUMS partial sums each: chains of KC / BY_ROW_SUMS
@@ -269,9 +269,9 @@ static inline void walk_rows_vk_by_row(const GdnDeltaParams &p, RecurrentSeq &rs
       for (int c = 0; c < KC; ++c)
         s[c] = GDN_CHANNEL_GATE ? held_update(s[c], vload(pt.decay[t] + 16 * c), vload(pt.kn[t] + 16 * c) * u)
                                 : held_update(s[c], d, k_of(t, c) * u);
-      if (A[t]) vstore_states(A[t] + r * KD, s, KC, stream_a[t]);
+      if (A[t]) vstore_states(A[t] + r * kHeadK, s, KC, stream_a[t]);
     }
-    if (B) vstore_states(B + r * KD, s, KC, stream_b);
+    if (B) vstore_states(B + r * kHeadK, s, KC, stream_b);
   }
   if constexpr (!SO)
     for (int32_t t = 0; t < L; ++t) store_rows(p.out, orow[t], nr, vload(os[t]));
