@@ -211,8 +211,8 @@ auto all_launches(P &p) {
                     &p.replay_spec,   &p.recurrent_spec, &p.fused_spec,     &p.replay_count_spec, &p.norm};
 }
 
-// Every CPU-variant build may round bf16 by AVX512-BF16's instructions (common.hpp, to_bf16x32,
-// store_bf16x16) and prefetch by x86 instructions (common.hpp, prefetch_bytes).
+// Every CPU-variant build may round bf16 by AVX512-BF16's instructions (vec16.hpp, to_bf16x32,
+// store_bf16x16) and prefetch by x86 instructions (vec16.hpp, prefetch_bytes).
 void cpu_options(Plan &p, const Target &t) {
   for (Launch *l : all_launches(p))
     if (l->on && family_file(l->family).cpu) {

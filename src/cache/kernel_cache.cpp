@@ -84,7 +84,7 @@ void compile(Entry &e) {
     // handles denormal operands in microcode: on a Xeon the chunked prefill ran 2-4x slower,
     // data-dependently, without this. Values below 1.2e-38 carry no information at fp32
     // precision here. GPUs flush by default (and their compilers spell the option differently).
-    // The CPU variants' bf16 instructions (common.hpp to_bf16x32, store_bf16x16) rely on it:
+    // The CPU variants' bf16 instructions (vec16.hpp to_bf16x32, store_bf16x16) rely on it:
     // they take a denormal input as zero, as this makes every fp32 instruction do.
     opts.push_back("-Xs");
     opts.push_back("-cl-denorms-are-zero");

@@ -1,6 +1,6 @@
 // conv1d.hpp — depthwise causal conv1d over time (+ SiLU) for GDN: the algorithm, shared by the
 // generic kernels (conv1d.cpp, one channel per work-item: GPUs) and the CPU device's variants
-// (conv1d_cpu.cpp, 16 channels per work-item as one vector), through Lanes<N> (common.hpp).
+// (conv1d_cpu.cpp, 16 channels per work-item as one vector), through Lanes<N> (vec16.hpp).
 // Speculative sequences: one work-item per (sequence, channel) walks the sequence's few tokens
 // in order with the W-1 input window in registers. Non-spec sequences (prefills can be thousands
 // of tokens long) are tiled over time as well, see conv_non_spec_tile. Either way a slot's state

@@ -156,7 +156,7 @@ static inline void chunk_scan_columns(const GdnDeltaParams &p, int64_t pos, int3
 }
 
 // The chunk scan of one (sequence, v-head) over NB blocks of NL state columns from v0 on
-// (Lanes<NL>, common.hpp), CB blocks per pass: the CPU device's kernel (NL = 16; the generic
+// (Lanes<NL>, vec16.hpp), CB blocks per pass: the CPU device's kernel (NL = 16; the generic
 // kernel in delta_chunk.cpp computes the same products with the state spread over a sub-group,
 // docs/gpu.md). The blocks are walked INSIDE the chunk loop: a
 // chunk's W, q, k and Aqk (~112 KiB per v-head at K = 128) are read from memory once and reused

@@ -2,7 +2,7 @@
 // V % 16 == 0). Same algorithm and workspace as the generic ones (delta_chunk.hpp); every inner loop
 // runs over 16-wide vectors inside one work-item, so nothing depends on the runtime's
 // cross-work-item vectorizer (work-groups of one work-item, coordinates from GROUP ids only:
-// common.hpp, "CPU-device kernels").
+// vec16.hpp, "CPU-device kernels").
 #include "delta_chunk.hpp"
 
 #define KV16 (kHeadK / 16)

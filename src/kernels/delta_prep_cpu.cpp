@@ -1,7 +1,7 @@
 // delta_prep_cpu.cpp — the CPU device's gdn_prep (the host picks it when K % 16 == 0): one
 // work-item per row, every k-head's q and k as 16-lane vectors. The generic kernel, vectorized by
 // the CPU runtime ACROSS its 16 rows, read each row's q/k through lane inserts and gathers.
-// Work-groups of one work-item, coordinates from GROUP ids only (common.hpp, "CPU-device kernels").
+// Work-groups of one work-item, coordinates from GROUP ids only (vec16.hpp, "CPU-device kernels").
 #include "delta_prep.hpp"
 
 // Global (rows), local (1).

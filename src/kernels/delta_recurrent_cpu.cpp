@@ -3,7 +3,7 @@
 // allow; GDN_XPU_GENERIC_KERNELS=1 runs the generic delta_recurrent.cpp and conv1d.cpp instead.
 // The CPU runtime's work-group vectorizer turns uniform loads into gathers when it cannot prove
 // uniformity; explicit 16-wide vectors inside a work-item make every load contiguous or a
-// broadcast. Work-groups of one work-item, coordinates from GROUP ids only (common.hpp, "CPU-device
+// broadcast. Work-groups of one work-item, coordinates from GROUP ids only (vec16.hpp, "CPU-device
 // kernels"). One run-time build per (layout, dtypes, K): the build includes its layout's walks
 // (delta_recurrent_vk_cpu.hpp or delta_recurrent_kv_cpu.hpp, what both share in
 // delta_recurrent_cpu.hpp), so a call compiles one layout's walks only.

@@ -16,7 +16,7 @@
 static inline bool streaming_to(const RecurrentSeq &rs, int32_t to) { return !(rs.init && to == rs.read_slot); }
 
 // Asks for the n states from p to be brought into this core's caches, without waiting for them
-// (prefetch_bytes, common.hpp: prefetcht0 inline on an x86-64 host).
+// (prefetch_bytes, vec16.hpp: prefetcht0 inline on an x86-64 host).
 static inline void prefetch_states(const state_t *p, size_t n) { prefetch_bytes(p, n * sizeof(state_t)); }
 
 // A token's kGateK decays e^g from its log-decays g: as vectors for KDA's K (exp16_ieee), else sycl::exp.

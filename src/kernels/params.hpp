@@ -178,7 +178,7 @@ struct GdnPrepParams {
 struct GdnDeltaParams {
   const void *qkv;          // conv output rows (v is read from here), act
   const float *qn, *kn, *g, *beta;  // from the prep kernel, by global row
-  void *ssm;                // state_t (common.hpp): the state dtype of the build
+  void *ssm;                // state_t (state.hpp): the state dtype of the build
   void *out;                // [rows, HV, V] act
   const int32_t *query_start_loc, *state_indices, *token_indx, *num_accepted;
   const uint8_t *has_initial_state;

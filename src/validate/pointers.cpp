@@ -43,7 +43,7 @@ void check_usm(const sycl::queue &q, const sycl::context &ctx, bool several_devi
 
 // Every array is aligned to its element size: what element loads need on any device. Wider vector
 // accesses are the kernels' own business and never a reason to refuse a view: they check and fall
-// back (common.hpp vstore_states_stream), or load through memcpy (load_act16).
+// back (state.hpp vstore_states_stream), or load through memcpy (vec16.hpp load_act16).
 void check_aligned(const void *p, size_t align, const char *what, const char *field) {
   const size_t off = (size_t)((uintptr_t)p % align);
   if (off)
@@ -105,7 +105,18 @@ void check_pointers(const Checked &c, Op op) {
   const bool replay = delta && cfg.replay_tokens > 0;
   const int64_t ring = (int64_t)cfg.replay_tokens * ring_floats_of(cfg);
   const char *act_t = cfg.act_dtype == GDN_DTYPE_F32 ? "f32 act_dtype" : cfg.act_dtype == GDN_DTYPE_F16 ? "f16 act_dtype" : "bf16 act_dtype";
-  const Array tensors[] = {
+  // Metadata first, every BatchArray: the lengths the counts imply (batch_arrays.hpp; metadata.cpp
+  // reads these).
+  auto meta = [&](BatchArray a) {
+    const BatchSpan s = batch_span(b, a);
+    return Array{s.p, s.field, s.elem, s.type, Need{s.n * (int64_t)s.elem, s.n, s.length}};
+  };
+  using A = BatchArray;
+  const Array arrays[] = {
+      meta(A::NonSpecQueryStartLoc), meta(A::NonSpecStateIndices), meta(A::HasInitialState), meta(A::NonSpecTokenIndx),
+      meta(A::SpecQueryStartLoc), meta(A::SpecStateIndices), meta(A::NumAcceptedTokens), meta(A::SpecTokenIndx),
+      meta(A::NonSpecReadStateIndices), meta(A::SpecReadStateIndices), meta(A::NonSpecStartPos),
+      meta(A::CheckpointStateIndices),
       {t.mixed_qkv, "tensors->mixed_qkv", act, act_t, rows(conv, t.mixed_qkv_stride, C, act)},
       {t.conv_weight, "tensors->conv_weight", act, act_t, fixed(conv, C * cfg.conv_width, act)},
       {t.conv_bias, "tensors->conv_bias", act, act_t, fixed(conv, C, act)},
@@ -128,15 +139,7 @@ void check_pointers(const Checked &c, Op op) {
       {t.workspace, "tensors->workspace", 4, "f32 and int32 scratch", Need{delta ? ws : 0, ws, "workspace_bytes"}},
       {t.replay_ring, "tensors->replay_ring", 4, "f32", slots(replay, ring, ring, 4)},
       {t.replay_count, "tensors->replay_count", 4, "int32", slots(replay, 1, 1, 4)}};
-  // Metadata first: the lengths the counts imply (batch_arrays.hpp; metadata.cpp reads these).
-  Array arrays[kNumBatchArrays + sizeof tensors / sizeof tensors[0]];
-  size_t n = 0;
-  for (int i = 0; i < kNumBatchArrays; ++i) {
-    const BatchSpan s = batch_span(b, static_cast<BatchArray>(i));
-    arrays[n++] = Array{s.p, s.field, s.elem, s.type, Need{s.n * (int64_t)s.elem, s.n, s.length}};
-  }
-  for (const Array &a : tensors) arrays[n++] = a;
-  check_arrays(q, cfg.flags, arrays, n);
+  check_arrays(q, cfg.flags, arrays, sizeof arrays / sizeof arrays[0]);
 }
 
 void check_arrays(const sycl::queue &q, int32_t flags, const Array *arrays, size_t n) {
