@@ -1,4 +1,4 @@
-"""vLLM's CPU build serving the tiny Qwen3-Next (conftest.py) with its GDN attention core on libgdn_xpu
+"""vLLM's CPU build serving the tiny Qwen3-Next (models.py) with its GDN attention core on libgdn_xpu
 (pygdn.vllm, GDN_XPU_VLLM=1): greedy generation of 64 tokens for 4 prompts, against vLLM's own CPU kernels.
 
 The criteria.
