@@ -33,7 +33,12 @@ QWEN3_5 = dict(_QWEN3_5, architectures=["Qwen3_5ForCausalLM"], model_type="qwen3
 QWEN3_5_MOE = dict(_QWEN3_5, architectures=["Qwen3_5MoeForCausalLM"], model_type="qwen3_5_moe_text",
                    **{key: CONFIG[key] for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
                                                    "shared_expert_intermediate_size")})
-MODELS = {"qwen3_next": CONFIG, "qwen3_5": QWEN3_5, "qwen3_5_moe": QWEN3_5_MOE}
+# Qwen3-Next with every expert routed (top-4 of 4): no top-k choice to flip at a near-tie of the router's
+# scores, so along one trajectory the logits move with the layers' rounding alone (test_vllm.py compares
+# them; with top-2 a tie flipped by bf16 rounding moves one token's logits by a nat or more).
+ALL_EXPERTS = dict(CONFIG, num_experts_per_tok=CONFIG["num_experts"])
+MODELS = {"qwen3_next": CONFIG, "qwen3_next_all_experts": ALL_EXPERTS, "qwen3_5": QWEN3_5,
+          "qwen3_5_moe": QWEN3_5_MOE}
 
 
 def write_model(folder, name):
