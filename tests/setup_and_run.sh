@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's commands in one place: make a virtual environment, install the oneAPI runtime
-# wheels CI tests on (tests/ci-runtime.txt), build and install pygdn (libgdn_xpu.so inside),
-# then run what was asked:
+# wheels CI tests on (tests/ci-runtime.txt), build and install pygdn (libgdn_xpu.so inside) --
+# for `integration`, vLLM and pygdn by the README's "Serving with vLLM" lines instead -- then run
+# what was asked:
 #   tests/setup_and_run.sh demo  [args]   -> python -m pygdn demo   (the main job)
 #   tests/setup_and_run.sh test  [args]   -> pytest                 (the test suite)
 #   tests/setup_and_run.sh bench [args]   -> python benchmarks/bench.py (the benchmark)
