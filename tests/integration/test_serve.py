@@ -27,11 +27,12 @@ def served(model_dir, tmp_path_factory):
         with Server(model_dir, tmp / f"{name}.log", plugin) as server:
             t0 = time.monotonic()
             answers = run_clients(server, requests, CONCURRENCY)
+            load_s = time.monotonic() - t0
             accepted = server.metric("vllm:spec_decode_num_accepted_tokens")
             drafts = server.metric("vllm:spec_decode_num_draft_tokens")
         out[name] = dict(answers=answers, log=server.log(), accepted=accepted, drafts=drafts,
-                         start_s=server.start_s, load_s=time.monotonic() - t0)
-        print(f"{name} server: ready in {server.start_s:.0f} s, {REQUESTS} requests in {out[name]['load_s']:.0f} s, "
+                         start_s=server.start_s, load_s=load_s)
+        print(f"{name} server: ready in {server.start_s:.0f} s, {REQUESTS} requests in {load_s:.0f} s, "
               f"{drafts:.0f} draft tokens, {accepted:.0f} accepted")
     return requests, out
 
