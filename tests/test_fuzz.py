@@ -20,7 +20,7 @@ include/gdn_xpu.h -- whether the call is valid and, if not, which statuses may r
 Tiny shapes (H=1, HV=2, K=V=4, conv width 2..4, f32), one queue. GDN_FUZZ_EXAMPLES sets the
 example count (default 2000, the CI run; tests/fuzz_nightly.sh runs 50000).
 
-Semantics decided here (see the report of the "Robustness" issue):
+Semantics the predictor holds the library to (docs/op.md, "Errors and validation"):
   * A zero-length sequence is padding: it reads and writes nothing (its slot is still range
     checked, and a non-spec one still counts as its slot's writer, as
     src/validate/metadata.cpp does).
