@@ -97,7 +97,7 @@ GDN_KERNEL(2) void gdn_fused_cpu(GdnFusedParams fp) {  // (see fused_conv)
   // h (k; g, beta and v of its v-heads), so every replay reads them before any walk overwrites
   // them, and the walks find their committed states in this core's caches: a step moves each state
   // from memory once each way.
-  if (p.replay == GDN_REPLAY_WALK) {
+  if (GDN_WITH_REPLAY && p.replay == GDN_REPLAY_WALK) {
     GdnDeltaParams a = p;
     a.replay = GDN_REPLAY_APPLY;
     for (int32_t hv = h * (p.HV / p.H); hv < (h + 1) * (p.HV / p.H); ++hv)
