@@ -256,9 +256,9 @@ static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int3
     // one thread, 512 tokens: conv 3.42-3.55 -> 2.94-3.05 ms (best of 25 in four of five
     // alternated rounds). Four blocks (128 bytes of a bf16 row, two cache lines per token)
     // against pairs, alternated in one process, conv kernel alone: 2048 tokens 6.2 -> 4.9 ms,
-    // 256 tokens 0.62 -> 0.59; decode B=8 / B=32 steps (the fused conv, one token a tile): no
-    // difference, and the build's cold compile ~1.5 s longer, so the fused conv keeps pairs
-    // (BP, the caller's). Eight (the whole work-item at once) spilled: 8.3 ms at 2048 tokens.
+    // 256 tokens 0.62 -> 0.59. BP, the caller's: the fused conv (gdn_fused_cpu, one token a tile)
+    // takes one block at a time, a smaller build. Eight (the whole work-item at once) spilled:
+    // 8.3 ms at 2048 tokens.
     auto blocks = [&](auto m, int32_t b0) {
       constexpr int M = decltype(m)::value;
       T hist[M][GDN_MAX_CONV_WIDTH];
