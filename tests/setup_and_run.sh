@@ -8,12 +8,57 @@
 #   tests/setup_and_run.sh integration [args] -> pytest tests/integration: vLLM's CPU build serving a
 #       tiny Qwen3-Next through pygdn.vllm, in an environment of its own (~4 GB; GDN_INTEGRATION_VENV,
 #       default .venv-integration) that also gets vLLM (tests/integration/requirements.txt)
+#   tests/setup_and_run.sh user-install [args] -> the install a user gets (below)
 # GDN_VENV picks the environment's folder (default .venv in the repository).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
 what=${1:-test}
 shift || true
+
+if [ "$what" = user-install ]; then
+  # README "Into your own environment", as a user runs it: a new environment (GDN_USER_VENV, default
+  # .venv-user, made afresh), `pip install .` with pip's default resolver and build isolation (the
+  # newest runtime pyproject.toml admits; the build itself against its build requirement), then
+  # python -m pygdn demo and USER_SUBSET below, or pytest with [args] in its place (e.g. `tests` for
+  # the whole suite). GDN_USER_DPNP=1 adds dpnp with the oneMKL wheels of the runtime pip chose, as
+  # docs/usage.md says to.
+  venv=${GDN_USER_VENV:-.venv-user}
+  case "$venv" in /*) ;; *) venv="$PWD/$venv" ;; esac
+  # What differs between runtime versions is the run-time compiler: the subset compiles every kernel
+  # family and variant kind -- CPU and generic kernels, f32/bf16/f16 activations and states, both
+  # ssm layouts, KDA's gates, replay mode -- and runs the C API test and the documentation's examples.
+  USER_SUBSET=(
+    tests/test_c_api.py tests/test_doc_examples.py tests/test_generic_kernels.py tests/test_replay.py
+    "tests/test_attention.py::test_mixed_batch_matches_reference"
+    "tests/test_state_caches.py::test_every_path"
+    "tests/test_kda.py::test_kda_layer_step"
+  )
+  rm -rf "$venv"
+  echo "== creating $venv"
+  python3 -m venv "$venv"
+  py="$venv/bin/python"
+  export PATH="$venv/bin:$PATH"
+  pip=("$py" -m pip install -q --disable-pip-version-check)
+  echo "== pip install . (default resolver, build isolation)"
+  "${pip[@]}" .
+  echo "== the oneAPI runtime pip chose"
+  "$py" -m pip list --disable-pip-version-check 2>/dev/null | grep -iE "^(intel-[a-z-]+|dpcpp-cpp-rt|dpctl|pygdn) "
+  if [ "${GDN_USER_DPNP:-0}" = 1 ]; then
+    minor=$("$py" -c 'import importlib.metadata as m; print(".".join(m.version("intel-sycl-rt").split(".")[:2]))')
+    echo "== dpnp with the oneMKL wheels of runtime $minor"
+    "${pip[@]}" "dpnp>=0.20,<0.21" "onemkl-sycl-blas==$minor.*" "onemkl-sycl-dft==$minor.*" \
+      "onemkl-sycl-lapack==$minor.*" "onemkl-sycl-rng==$minor.*" "onemkl-sycl-vm==$minor.*"
+    "$py" -m pip list --disable-pip-version-check 2>/dev/null | grep -iE "^(dpnp|onemkl-[a-z-]+) "
+  fi
+  echo "== test tools"
+  "${pip[@]}" pytest hypothesis
+  export OCL_ICD_FILENAMES="${OCL_ICD_FILENAMES:-$venv/lib/libintelocl.so}"
+  echo "== python -m pygdn demo"
+  (cd "$venv" && "$py" -m pygdn demo)  # (outside the repository: its pygdn/ folder has no library)
+  [ $# -gt 0 ] || set -- "${USER_SUBSET[@]}"
+  exec "$venv/bin/pytest" -q -p no:cacheprovider "$@"
+fi
 venv=${GDN_VENV:-.venv}
 [ "$what" = integration ] && venv=${GDN_INTEGRATION_VENV:-.venv-integration}
 case "$venv" in /*) ;; *) venv="$PWD/$venv" ;; esac  # absolute from here on
@@ -52,5 +97,5 @@ case "$what" in
   bench) exec "$py" "$repo/benchmarks/bench.py" "$@" ;;
   test) exec "$venv/bin/pytest" -q -p no:cacheprovider tests "$@" ;;
   integration) exec "$venv/bin/pytest" -q -p no:cacheprovider "$repo/tests/integration" "$@" ;;
-  *) echo "usage: $0 demo|test|bench|integration [args]" >&2; exit 2 ;;
+  *) echo "usage: $0 demo|test|bench|integration|user-install [args]" >&2; exit 2 ;;
 esac

@@ -60,8 +60,8 @@ std::vector<std::pair<std::string, const char *>> kernel_includes() {
 }
 
 // The order a request's builds start in: the longest first, so that the others run beside it.
-// On the CPU device the OpenCL runtime runs one program's back end at a time (front ends run
-// side by side), and the CPU recurrent build holds about half of a config's back-end time.
+// On the CPU device the OpenCL runtime runs one program's back end at a time (front ends run side
+// by side: docs/design.md "Cold start and warm-up"); the CPU recurrent build has the largest share.
 int build_rank(gdn::Family f) {
   switch (f) {
     case gdn::Family::DeltaRecurrentCpu: return 0;
