@@ -21,19 +21,25 @@ if [ "$what" = user-install ]; then
   # README "Into your own environment", as a user runs it: a new environment (GDN_USER_VENV, default
   # .venv-user, made afresh), `pip install .` with pip's default resolver and build isolation (the
   # newest runtime pyproject.toml admits; the build itself against its build requirement), then
-  # python -m pygdn demo and USER_SUBSET below, or pytest with [args] in its place (e.g. `tests` for
-  # the whole suite). GDN_USER_DPNP=1 adds dpnp with the oneMKL wheels of the runtime pip chose, as
-  # docs/usage.md says to.
+  # python -m pygdn demo and pytest on USER_SUBSET below ([args]: more pytest arguments), or with
+  # `all` first on the whole suite. GDN_USER_DPNP=1 adds dpnp with the oneMKL wheels of the runtime
+  # pip chose, as docs/usage.md says to.
   venv=${GDN_USER_VENV:-.venv-user}
   case "$venv" in /*) ;; *) venv="$PWD/$venv" ;; esac
   # What differs between runtime versions is the run-time compiler: the subset compiles every kernel
   # family and variant kind -- CPU and generic kernels, f32/bf16/f16 activations and states, both
-  # ssm layouts, KDA's gates, replay mode -- and runs the C API test and the documentation's examples.
+  # ssm layouts, KDA's gates, replay mode -- and runs the C API test and the documentation's examples
+  # (with the demo's builds: a few minutes from an empty kernel cache on 2 cores).
   USER_SUBSET=(
-    tests/test_c_api.py tests/test_doc_examples.py tests/test_generic_kernels.py tests/test_replay.py
-    "tests/test_attention.py::test_mixed_batch_matches_reference"
-    "tests/test_state_caches.py::test_every_path"
-    "tests/test_kda.py::test_kda_layer_step"
+    tests/test_c_api.py tests/test_doc_examples.py
+    tests/test_generic_kernels.py::test_generic_chunked_prefill_and_spec tests/test_generic_kernels.py::test_generic_conv
+    "tests/test_attention.py::test_mixed_batch_matches_reference[9]"
+    tests/test_delta_rule.py::test_low_precision_inputs
+    "tests/test_state_caches.py::test_every_path[bf16-kv-attention]"
+    "tests/test_state_caches.py::test_every_path[f16-vk-attention]"
+    "tests/test_kda.py::test_kda_layer_step[cpu_kernels-vk-mixed]"
+    "tests/test_kda.py::test_kda_layer_step[generic_kernels-kv-mixed]"
+    "tests/test_replay.py::test_replay_equals_per_token_f32[vk-3]" tests/test_replay.py::test_replay_against_the_reference
   )
   rm -rf "$venv"
   echo "== creating $venv"
@@ -57,7 +63,7 @@ if [ "$what" = user-install ]; then
   export OCL_ICD_FILENAMES="${OCL_ICD_FILENAMES:-$venv/lib/libintelocl.so}"
   echo "== python -m pygdn demo"
   (cd "$venv" && "$py" -m pygdn demo)  # (outside the repository: its pygdn/ folder has no library)
-  [ $# -gt 0 ] || set -- "${USER_SUBSET[@]}"
+  if [ "${1:-}" = all ]; then shift; set -- tests "$@"; else set -- "${USER_SUBSET[@]}" "$@"; fi
   exec "$venv/bin/pytest" -q -p no:cacheprovider "$@"
 fi
 venv=${GDN_VENV:-.venv}
