@@ -440,7 +440,9 @@ GDN_API void gdn_batch_init(gdn_batch_t *batch);
 GDN_API void gdn_tensors_init(gdn_tensors_t *t);
 
 /* Compile (or fetch from the caches) every kernel the config needs on the queue's device, so
- * the first real call does not pay for it. Optional. */
+ * the first real call does not pay for it. Optional. Here and in a call that compiles, the builds
+ * run side by side on threads the library starts and joins before returning (up to the CPUs the
+ * process may use, at most 4). */
 GDN_API gdn_status_t gdn_warmup(void *queue, const gdn_config_t *cfg);
 
 /* ---- causal_conv1d: depthwise causal conv over time + optional SiLU ----

@@ -165,7 +165,7 @@ def main(argv=None) -> int:
 
     # ---- kernels: compiled on first use, then cached in memory and on disk
     _say("kernels: compiled on first use and kept in the library's disk cache (GDN_XPU_CACHE_DIR, default "
-         "~/.cache/libgdn_xpu); a cold compile takes ~10 s on a quiet 2-core CPU host, a cached start under 0.1 s ...")
+         "~/.cache/libgdn_xpu); a cold compile takes ~8 s on a quiet 2-core CPU host, a cached start under 0.1 s ...")
     t0 = time.perf_counter()
     warmup(q, cfg)
     t_compile = time.perf_counter() - t0

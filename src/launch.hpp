@@ -26,8 +26,10 @@ inline bool profiling() {
 struct Kernels {
   std::vector<std::pair<const Launch *, sycl::kernel>> all;
   Kernels(const sycl::queue &q, const std::vector<const Launch *> &launches) {
-    all.reserve(launches.size());
-    for (const Launch *l : launches) all.emplace_back(l, get_kernel(q, l->family, l->options, l->name));
+    std::vector<KernelRef> refs;
+    for (const Launch *l : launches) refs.push_back({l->family, l->options, l->name});
+    const std::vector<sycl::kernel> ks = get_kernels(q, refs);
+    for (size_t i = 0; i < launches.size(); ++i) all.emplace_back(launches[i], ks[i]);
   }
   const sycl::kernel &of(const Launch &l) const {
     size_t i = 0;

@@ -230,7 +230,7 @@ GDN_API gdn_status_t gdn_warmup(void *queue, const gdn_config_t *cfg) {
     b.non_spec_token_count = 3, b.spec_token_count = 2, b.num_actual_tokens = 5;
     const bool z_out = c.packed_order != GDN_PACKED_NONE;  // (packed callers take z: the conv variant may depend on it)
     const gdn::Plan plan = gdn::make_plan(c, b, gdn::PlanInputs{gdn::Op::Attention, false, true, z_out}, gdn::target_of(q));
-    for (const gdn::Launch *l : plan.launches()) gdn::get_kernel(q, l->family, l->options, l->name);
+    const gdn::Kernels kernels(q, plan.launches());
   });
 }
 

@@ -95,15 +95,17 @@ void plan_conv(Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b, const Tar
 
 // The recurrent kernel's variant: on the CPU device explicit 16-wide vectors when the dims allow
 // (kv layout: 16 state columns, needs V % 16 == 0; vk: state rows, needs K % 16 == 0).
+// The CPU variants of a config without replay mode leave its code out (kernels/delta.hpp, GDN_WITH_REPLAY).
 Launch recurrent(const gdn_config_t &cfg, const Target &t, int64_t num_seqs) {
   const int64_t groups = num_seqs * cfg.num_v_heads, V = cfg.head_v_dim;
   const bool vk = cfg.ssm_layout == GDN_SSM_VK;
+  const std::string cpu_options = state_option(cfg) + (cfg.replay_tokens > 0 ? "" : " -DGDN_WITH_REPLAY=0");
   Launch l;
   if (t.cpu_variants && vk && cfg.head_k_dim % GDN_CPU_LANES == 0) {
-    l = kernel(Family::DeltaRecurrentCpu, state_option(cfg), "gdn_recurrent_vk_cpu");
+    l = kernel(Family::DeltaRecurrentCpu, cpu_options, "gdn_recurrent_vk_cpu");
     shape2(l, groups, (V + GDN_VK_ITEM_ROWS - 1) / GDN_VK_ITEM_ROWS, 1);  // alone in its work-group
   } else if (t.cpu_variants && !vk && V % GDN_CPU_LANES == 0) {
-    l = kernel(Family::DeltaRecurrentCpu, state_option(cfg), "gdn_recurrent_kv_cpu");
+    l = kernel(Family::DeltaRecurrentCpu, cpu_options, "gdn_recurrent_kv_cpu");
     shape2(l, groups, V / (GDN_CPU_LANES * gdn_kv_cpu_vecs((int32_t)V)), 1);  // alone in its work-group
   } else {
     l = kernel(Family::DeltaRecurrent, state_option(cfg), "gdn_recurrent");

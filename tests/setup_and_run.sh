@@ -9,12 +9,63 @@
 #   tests/setup_and_run.sh integration [args] -> pytest tests/integration: vLLM's CPU build serving tiny
 #       Qwen3-Next and Qwen3.5 models through pygdn.vllm, in an environment of its own (~3.5 GB;
 #       GDN_INTEGRATION_VENV, default .venv-integration) built as the README's "Serving with vLLM" says
+#   tests/setup_and_run.sh user-install [args] -> the install a user gets (below)
 # GDN_VENV picks the environment's folder (default .venv in the repository).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
 what=${1:-test}
 shift || true
+
+if [ "$what" = user-install ]; then
+  # README "Into your own environment", as a user runs it: a new environment (GDN_USER_VENV, default
+  # .venv-user, made afresh), `pip install .` with pip's default resolver and build isolation (the
+  # newest runtime pyproject.toml admits; the build itself against its build requirement), then
+  # python -m pygdn demo and pytest on USER_SUBSET below ([args]: more pytest arguments), or with
+  # `all` first on the whole suite. GDN_USER_DPNP=1 adds dpnp with the oneMKL wheels of the runtime
+  # pip chose, as docs/usage.md says to.
+  venv=${GDN_USER_VENV:-.venv-user}
+  case "$venv" in /*) ;; *) venv="$PWD/$venv" ;; esac
+  # What differs between runtime versions is the run-time compiler: the subset compiles every kernel
+  # family and variant kind -- CPU and generic kernels, f32/bf16/f16 activations and states, both
+  # ssm layouts, KDA's gates, replay mode -- and runs the C API test and the documentation's examples
+  # (with the demo's builds: a few minutes from an empty kernel cache on 2 cores).
+  USER_SUBSET=(
+    tests/test_c_api.py tests/test_doc_examples.py
+    tests/test_generic_kernels.py::test_generic_chunked_prefill_and_spec tests/test_generic_kernels.py::test_generic_conv
+    "tests/test_attention.py::test_mixed_batch_matches_reference[9]"
+    tests/test_delta_rule.py::test_low_precision_inputs
+    "tests/test_state_caches.py::test_every_path[bf16-kv-attention]"
+    "tests/test_state_caches.py::test_every_path[f16-vk-attention]"
+    "tests/test_kda.py::test_kda_layer_step[cpu_kernels-vk-mixed]"
+    "tests/test_kda.py::test_kda_layer_step[generic_kernels-kv-mixed]"
+    "tests/test_replay.py::test_replay_equals_per_token_f32[vk-3]" tests/test_replay.py::test_replay_against_the_reference
+  )
+  rm -rf "$venv"
+  echo "== creating $venv"
+  python3 -m venv "$venv"
+  py="$venv/bin/python"
+  export PATH="$venv/bin:$PATH"
+  pip=("$py" -m pip install -q --disable-pip-version-check)
+  echo "== pip install . (default resolver, build isolation)"
+  "${pip[@]}" .
+  echo "== the oneAPI runtime pip chose"
+  "$py" -m pip list --disable-pip-version-check 2>/dev/null | grep -iE "^(intel-[a-z-]+|dpcpp-cpp-rt|dpctl|pygdn) "
+  if [ "${GDN_USER_DPNP:-0}" = 1 ]; then
+    minor=$("$py" -c 'import importlib.metadata as m; print(".".join(m.version("intel-sycl-rt").split(".")[:2]))')
+    echo "== dpnp with the oneMKL wheels of runtime $minor"
+    "${pip[@]}" "dpnp>=0.20,<0.21" "onemkl-sycl-blas==$minor.*" "onemkl-sycl-dft==$minor.*" \
+      "onemkl-sycl-lapack==$minor.*" "onemkl-sycl-rng==$minor.*" "onemkl-sycl-vm==$minor.*"
+    "$py" -m pip list --disable-pip-version-check 2>/dev/null | grep -iE "^(dpnp|onemkl-[a-z-]+) "
+  fi
+  echo "== test tools"
+  "${pip[@]}" pytest hypothesis
+  export OCL_ICD_FILENAMES="${OCL_ICD_FILENAMES:-$venv/lib/libintelocl.so}"
+  echo "== python -m pygdn demo"
+  (cd "$venv" && "$py" -m pygdn demo)  # (outside the repository: its pygdn/ folder has no library)
+  if [ "${1:-}" = all ]; then shift; set -- tests "$@"; else set -- "${USER_SUBSET[@]}" "$@"; fi
+  exec "$venv/bin/pytest" -q -p no:cacheprovider "$@"
+fi
 venv=${GDN_VENV:-.venv}
 [ "$what" = integration ] && venv=${GDN_INTEGRATION_VENV:-.venv-integration}
 case "$venv" in /*) ;; *) venv="$PWD/$venv" ;; esac  # absolute from here on
@@ -59,5 +110,5 @@ case "$what" in
   bench) exec "$py" "$repo/benchmarks/bench.py" "$@" ;;
   test) exec "$venv/bin/pytest" -q -p no:cacheprovider tests "$@" ;;
   integration) exec "$venv/bin/pytest" -q -p no:cacheprovider "$repo/tests/integration" "$@" ;;
-  *) echo "usage: $0 demo|test|bench|integration [args]" >&2; exit 2 ;;
+  *) echo "usage: $0 demo|test|bench|integration|user-install [args]" >&2; exit 2 ;;
 esac

@@ -38,6 +38,17 @@ rng = np.random.default_rng(int(sys.argv[2]))
 meta = make_batch(rng, num_slots=6, prefill_lens=[3], num_decodes=2)
 cfg = pygdn.Config(num_k_heads=1, num_v_heads=1, head_k_dim=8, head_v_dim=8, num_slots=6, conv_width=4,
                    act_dtype="f32", conv_layout="dim_major")
+if sys.argv[3:] == ["warmup_threads"]:  # every build of cfg asked for by two threads at once
+    import threading
+    start = threading.Barrier(2)
+    def warm():
+        start.wait()
+        pygdn.warmup(q, cfg)
+    threads = [threading.Thread(target=warm) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 T, C = meta["num_actual_tokens"], cfg.conv_dim
 x = rng.standard_normal((T, C)).astype(np.float32)
 w = (rng.standard_normal((C, 4)) * 0.5).astype(np.float32)
@@ -357,6 +368,22 @@ def test_two_processes_fill_one_empty_dir(tmp_path):
     assert len(files) == 1 and files[0].name.endswith(".bin"), files  # no temporary files left
     err = run(tmp_path, child_env(cache), name="third")
     assert LOADED.findall(err) and not COMPILED.findall(err), err
+
+
+def test_builds_of_one_request_run_side_by_side_and_once(tmp_path):
+    """Two threads warm up one config at once: every build is made once (the other thread waits for
+    it), the builds of the request overlap when the process may use two CPUs, each build is kept in
+    its own entry, and the kernels compute what the reference does."""
+    cache = tmp_path / "cache"
+    err = run(tmp_path, child_env(cache), extra=["warmup_threads"])
+    compiling = COMPILED.findall(err)
+    assert len(compiling) >= 3 and len(set(compiling)) == len(compiling), err  # each build once
+    assert len(re.findall(r"libgdn_xpu: compiled ", err)) == len(compiling), err
+    assert not LOADED.findall(err) and not warnings(err), err
+    assert len(entries(cache)) == len(compiling), entries(cache)
+    if len(os.sched_getaffinity(0)) >= 2:  # the second build starts before the first one ends
+        lines = [line for line in err.splitlines() if line.startswith("libgdn_xpu: compil")]
+        assert lines[0].startswith("libgdn_xpu: compiling ") and lines[1].startswith("libgdn_xpu: compiling "), err
 
 
 def test_disk_cache_off_writes_nothing(tmp_path):

@@ -2,12 +2,20 @@
 // loads them from the library's disk cache (disk_cache.hpp).
 #include "kernel_cache.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <sched.h>
+#include <system_error>
+#include <thread>
 #include <vector>
 
 #include "disk_cache.hpp"
@@ -36,16 +44,33 @@ std::vector<std::pair<std::string, const char *>> kernel_includes() {
   return includes;
 }
 
-// A family built for one (context, device, options): freshly compiled, or loaded from the disk cache.
-struct Entry {
+// The order a request's builds start in: the longest first, so that the others run beside it.
+// On the CPU device the OpenCL runtime runs one program's back end at a time (front ends run side
+// by side: docs/design.md "Cold start and warm-up"); the CPU recurrent build has the largest share.
+int build_rank(gdn::Family f) {
+  switch (f) {
+    case gdn::Family::DeltaRecurrentCpu: return 0;
+    case gdn::Family::DeltaChunkCpu: case gdn::Family::DeltaRecurrent: case gdn::Family::DeltaChunk: return 1;
+    default: return 2;
+  }
+}
+
+// One build: a family for one (context, device, options), freshly compiled or loaded from the
+// disk cache. `done`, `error` and `kernels` change under cache_mutex; bundle and program are
+// written by the one thread that makes the build, before `done`, and only read after it.
+struct Build {
   sycl::context context;
   sycl::device device;
   gdn::Family family;
   std::string options;
+  bool done = false;
+  std::exception_ptr error;  // the build failed (it is then no longer in the cache)
   std::optional<sycl::kernel_bundle<sycl::bundle_state::executable>> bundle;
   std::unique_ptr<gdn::device_binary::Program> program;
   std::vector<std::pair<std::string, sycl::kernel>> kernels;  // looked up by name once
 
+  Build(sycl::context c, sycl::device d, gdn::Family f, std::string o)
+      : context(std::move(c)), device(std::move(d)), family(f), options(std::move(o)) {}
   sycl::kernel get(const char *name) {
     for (auto &k : kernels)
       if (k.first == name) return k.second;
@@ -55,9 +80,19 @@ struct Entry {
 };
 
 // Never destroyed: at process exit the SYCL runtime may already be torn down, and destroying
-// kernel bundles after it aborts the process. A handful of entries: linear search is enough.
+// kernel bundles after it aborts the process. A handful of builds: linear search is enough.
 std::mutex &cache_mutex = *new std::mutex;
-std::vector<Entry> &cache = *new std::vector<Entry>;
+std::condition_variable &build_done = *new std::condition_variable;  // a Build became done
+std::vector<std::shared_ptr<Build>> &cache = *new std::vector<std::shared_ptr<Build>>;
+
+// Threads a request's builds may use: the CPUs this process may run on, at most 4 (a build's
+// front end takes a few hundred MB).
+size_t build_threads() {
+  size_t n = std::thread::hardware_concurrency();
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) n = (size_t)CPU_COUNT(&set);
+  return std::min<size_t>(std::max<size_t>(n, 1), 4);
+}
 
 bool verbose() {
   const char *v = std::getenv("GDN_XPU_VERBOSE");
@@ -68,14 +103,21 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 // Fills e.bundle (compiled now) or e.program (from the disk cache).
-void compile(Entry &e) {
+void compile(Build &e) {
   sycl::device dev = e.device;  // (ext_oneapi_can_build is not const)
   const char *family = gdn::family_file(e.family).file;
   if (!dev.ext_oneapi_can_build(syclexp::source_language::sycl))
     gdn::fail(GDN_ERROR_UNSUPPORTED, "device '" + dev.get_info<sycl::info::device::name>() +
                                          "' cannot build SYCL source at run time (sycl_ext_oneapi_kernel_compiler)");
   const auto t0 = std::chrono::steady_clock::now();
+  const double cpu0 = thread_cpu_seconds();
   const std::vector<std::pair<std::string, const char *>> includes = kernel_includes();
   std::vector<std::string> opts{"-O2"};
   if (dev.is_cpu()) {
@@ -132,24 +174,80 @@ void compile(Entry &e) {
     gdn::fail(GDN_ERROR_COMPILE, std::string("compiling kernel family '") + family + "' [" + e.options +
                                      "] failed: " + ex.what() + (log.empty() ? "" : "\n" + log));
   }
-  if (verbose()) std::fprintf(stderr, "libgdn_xpu: compiled %s in %.2f s\n", family, seconds_since(t0));
+  if (verbose())
+    std::fprintf(stderr, "libgdn_xpu: compiled %s [%s] in %.2f s (%.2f s of CPU)\n", family, e.options.c_str(),
+                 seconds_since(t0), thread_cpu_seconds() - cpu0);
   const std::string stored = gdn::disk_cache::store(*e.bundle, dev, key, family);
   if (verbose() && !stored.empty()) std::fprintf(stderr, "libgdn_xpu: kept %s in %s\n", family, stored.c_str());
 }
 
+// Makes the builds (none made yet), the longest first, on up to build_threads() threads: this
+// one and helpers. Each build ends done, or failed and out of the cache; waiters are woken.
+void make(std::vector<std::shared_ptr<Build>> builds) {
+  std::stable_sort(builds.begin(), builds.end(),
+                   [](const auto &a, const auto &b) { return build_rank(a->family) < build_rank(b->family); });
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next++) < builds.size();) {
+      Build &b = *builds[i];
+      std::exception_ptr error;
+      try {
+        compile(b);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      std::lock_guard<std::mutex> lock(cache_mutex);
+      b.done = true;
+      b.error = error;
+      if (error) {  // a later request tries again
+        auto it = std::find(cache.begin(), cache.end(), builds[i]);
+        if (it != cache.end()) cache.erase(it);
+      }
+      build_done.notify_all();
+    }
+  };
+  std::vector<std::thread> helpers;
+  for (size_t n = std::min(builds.size(), build_threads()); helpers.size() + 1 < n;) {
+    try {
+      helpers.emplace_back(work);
+    } catch (const std::system_error &) {  // no thread to be had: fewer helpers
+      break;
+    }
+  }
+  work();
+  for (std::thread &t : helpers) t.join();
+}
+
 }  // namespace
 
-sycl::kernel gdn::get_kernel(const sycl::queue &q, Family family, const std::string &options, const char *name) {
+std::vector<sycl::kernel> gdn::get_kernels(const sycl::queue &q, const std::vector<KernelRef> &refs) {
   const sycl::context ctx = q.get_context();
   const sycl::device dev = q.get_device();
-  std::lock_guard<std::mutex> lock(cache_mutex);
-  for (Entry &e : cache)
-    if (e.family == family && e.options == options && e.device == dev && e.context == ctx) return e.get(name);
-  // Compiling under the lock: two threads asking for the same family compile it once.
-  Entry e{ctx, dev, family, options, std::nullopt, nullptr, {}};
-  compile(e);
-  cache.push_back(std::move(e));
-  return cache.back().get(name);
+  std::vector<std::shared_ptr<Build>> of(refs.size()), mine;  // the build of each ref; those made here
+  {
+    std::lock_guard<std::mutex> lock(cache_mutex);
+    for (size_t i = 0; i < refs.size(); ++i) {
+      for (const auto &b : cache)
+        if (b->family == refs[i].family && b->options == refs[i].options && b->device == dev && b->context == ctx) {
+          of[i] = b;
+          break;
+        }
+      if (!of[i]) {
+        of[i] = std::make_shared<Build>(ctx, dev, refs[i].family, refs[i].options);
+        cache.push_back(of[i]);
+        mine.push_back(of[i]);
+      }
+    }
+  }
+  if (!mine.empty()) make(mine);
+  std::unique_lock<std::mutex> lock(cache_mutex);
+  build_done.wait(lock, [&] { return std::all_of(of.begin(), of.end(), [](const auto &b) { return b->done; }); });
+  for (const auto &b : of)
+    if (b->error) std::rethrow_exception(b->error);
+  std::vector<sycl::kernel> kernels;
+  kernels.reserve(refs.size());
+  for (size_t i = 0; i < refs.size(); ++i) kernels.push_back(of[i]->get(refs[i].name));
+  return kernels;
 }
 
 void gdn::release_kernel_cache() {

@@ -254,10 +254,9 @@ static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int3
     // checkpoint test and loop control serve them all, and the CPU variant stores each pair's 32
     // outputs at once (store_act32: bf16 as one 64-byte store). One block at a time made a
     // prefill's conv ~15% longer than pairs, and pairs a long prefill's conv up to ~25% longer
-    // than four blocks (128 bytes of a bf16 row, two cache lines per token). A decode step (the
-    // fused conv, one token a tile) gains nothing from four and its build compiles slower from
-    // cold, so the fused conv keeps pairs (BP, the caller's). Eight (the whole work-item at once)
-    // spilled.
+    // than four blocks (128 bytes of a bf16 row, two cache lines per token). BP is the caller's:
+    // the fused conv (gdn_fused_cpu, one token a tile) takes one block at a time, a smaller build.
+    // Eight (the whole work-item at once) spilled.
     auto blocks = [&](auto m, int32_t b0) {
       constexpr int M = decltype(m)::value;
       T hist[M][GDN_MAX_CONV_WIDTH];

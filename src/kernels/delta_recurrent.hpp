@@ -86,7 +86,7 @@ static inline void recurrent_tile(const GdnDeltaParams &p, const sycl::sub_group
     return;
   }
   const int32_t h = hv / (p.HV / p.H);
-  const bool state_only = r.ring_in != nullptr;
+  const bool state_only = GDN_WITH_REPLAY && r.ring_in != nullptr;
   state_tile s;
   load_tile(p, r.read_slot, hv, v0, lane, r.init, s);
   for (int32_t t = 0; t < r.len; ++t) {
@@ -111,7 +111,7 @@ static inline void recurrent_tile(const GdnDeltaParams &p, const sycl::sub_group
 #pragma unroll
         for (int b = 0; b < TILE_COLS; ++b) s[b][i] *= d;
       }
-    if (r.ring_out) {
+    if (GDN_WITH_REPLAY && r.ring_out) {
       float *o = r.ring_out + (int64_t)t * p.ring_floats;
       if (v0 == 0 && hv % (p.HV / p.H) == 0)
 #pragma unroll

@@ -35,8 +35,11 @@ static inline KHeadChannels k_head_channels(const GdnDeltaParams &p, int32_t h) 
 // it just wrote. The conv is the conv kernels' own code: conv_spec_channels per 16-channel block;
 // for a plain decode's one token conv_decode_blocks (conv1d.hpp), else conv_non_spec_tile with
 // tile_len 1 (tile j is compact token j: the tiles of the sequence's tokens cover it whole, the
-// first, the owner, reading and writing the conv state). Conv width 4
-// only (plan.cpp; Qwen3-Next and Qwen3.5): each width is another copy of the conv in this build.
+// first, the owner, reading and writing the conv state), one block at a time: that path takes
+// only a step's non-spec sequences of other lengths than one, and each pairing of blocks is
+// another copy of the tile's code in this build (pairs took ~2 s more of its back end at
+// K = 128, a third of it). Conv width 4 only (plan.cpp; Qwen3-Next and Qwen3.5): each width is
+// another copy of the conv in this build.
 static inline void fused_conv(const GdnConvParams &c, const GdnDeltaParams &p, int32_t seq, int32_t h) {
   const KHeadChannels k_head = k_head_channels(p, h);
   const auto &ranges = k_head.r;
@@ -52,7 +55,7 @@ static inline void fused_conv(const GdnConvParams &c, const GdnDeltaParams &p, i
   for (int32_t tile = c.query_start_loc[seq]; tile < c.query_start_loc[seq + 1]; ++tile)
     for (const auto &r : ranges)
       for (int32_t ch = r[0]; ch < r[1]; ch += 16 * GDN_CONV_BLOCKS)
-        conv_non_spec_tile<16, 4, GDN_CONV_BLOCKS, 2>(c, tile, ch, r[1]);
+        conv_non_spec_tile<16, 4, GDN_CONV_BLOCKS, 1>(c, tile, ch, r[1]);
 }
 
 #if GDN_VK_LAYOUT
@@ -97,7 +100,7 @@ GDN_KERNEL(2) void gdn_fused_cpu(GdnFusedParams fp) {  // (see fused_conv)
   // h (k; g, beta and v of its v-heads), so every replay reads them before any walk overwrites
   // them, and the walks find their committed states in this core's caches: a step moves each state
   // from memory once each way.
-  if (p.replay == GDN_REPLAY_WALK) {
+  if (GDN_WITH_REPLAY && p.replay == GDN_REPLAY_WALK) {
     GdnDeltaParams a = p;
     a.replay = GDN_REPLAY_APPLY;
     for (int32_t hv = h * (p.HV / p.H); hv < (h + 1) * (p.HV / p.H); ++hv)

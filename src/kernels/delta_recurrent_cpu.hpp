@@ -36,7 +36,7 @@ static inline void token_decays(const float *g, float *decay) {
 // tokens through this. Out-parameters, not a returned struct: the struct form ran 1.5x slower.
 static inline int64_t token_in(const GdnDeltaParams &p, const RecurrentSeq &rs, int32_t t, int32_t h, int32_t hv,
                                float *kb, float *qb, const float *&kn, const float *&qn, float *decay, float &beta) {
-  if (rs.ring_in) {  // a replay (GDN_REPLAY_APPLY): ring entry t; no q (k stands in), no outputs
+  if (GDN_WITH_REPLAY && rs.ring_in) {  // a replay (GDN_REPLAY_APPLY): ring entry t; no q (k stands in), no outputs
     const float *e = rs.ring_in + (int64_t)t * p.ring_floats;
     kn = qn = e + h * kHeadK;
     token_decays(e + ring_g(p, hv), decay);  // (the decays of the walk that wrote the entry, below)
@@ -64,7 +64,7 @@ static inline int64_t token_in(const GdnDeltaParams &p, const RecurrentSeq &rs, 
     beta = p.beta[row * p.HV + hv];
   }
   token_decays(g, decay);
-  if (rs.ring_out) {  // replay mode's walk: the token's inputs to the ring (RecurrentSeq)
+  if (GDN_WITH_REPLAY && rs.ring_out) {  // replay mode's walk: the token's inputs to the ring (RecurrentSeq)
     if (rs.ring_k)
       for (int k = 0; k < kHeadK; ++k) rs.ring_out[(int64_t)t * p.ring_floats + h * kHeadK + k] = kn[k];
     ring_write_v(p, rs, t, row, hv, g, beta);

@@ -222,7 +222,7 @@ static inline void recurrent_columns_kv(const GdnDeltaParams &p, int32_t seq, in
   }
   if (rs.len == 0) return copy_state(p, rs, hv, v, 16 * NV);  // a replay with nothing to replay
   ring_item(p, rs, hv, v, 16 * NV);
-  if (rs.ring_in) columns_kv<NV, true>(p, rs, hv, v);
+  if (GDN_WITH_REPLAY && rs.ring_in) columns_kv<NV, true>(p, rs, hv, v);
   else columns_kv<NV, false>(p, rs, hv, v);
 }
 

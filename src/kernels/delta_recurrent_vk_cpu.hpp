@@ -302,7 +302,7 @@ static inline void recurrent_rows_vk(const GdnDeltaParams &p, RecurrentSeq rs, c
     for (int32_t r = 0; r < nr; ++r) zero_outputs(p, rs.j0, rs.len, hv, v0 + r);
     return;
   }
-  if (rs.ring_in) rows_vk<true>(p, rs, pt, hv, v0, nr, h);
+  if (GDN_WITH_REPLAY && rs.ring_in) rows_vk<true>(p, rs, pt, hv, v0, nr, h);
   else rows_vk<false>(p, rs, pt, hv, v0, nr, h);
 }
 #undef KC
