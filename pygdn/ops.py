@@ -509,8 +509,14 @@ def _marshal_arrays(fn, queue, cfg: Config, rows: int, arrays: dict, c_t, bound:
         if field == "workspace":
             c_t.workspace_bytes = _math.prod(shape) * _NUMPY_DTYPES[got].itemsize
         else:
+            if field == "dt_bias":  # f32, or the activations' dtype (gdn_tensors_t.dt_bias_dtype)
+                if got == cfg.act_dtype:
+                    dtype = got
+                elif got != dtype:
+                    raise TypeError(f"dt_bias: dtype {got}, expected f32 or act_dtype ({cfg.act_dtype!r})")
+                c_t.dt_bias_dtype = _DTYPES[dtype]
             if got != dtype:
-                if field in ("A_log", "dt_bias", "g", "beta"):
+                if field in ("A_log", "g", "beta"):
                     raise TypeError(f"{field}: dtype {got}, expected f32 (the ABI's gate parameters are f32 whatever "
                                     "act_dtype is: convert once, at load time)")
                 which = "state_dtype" if field == "ssm_state" else "act_dtype"
