@@ -7,7 +7,9 @@
 #   tests/setup_and_run.sh bench [args]   -> python benchmarks/bench.py (the benchmark)
 #   tests/setup_and_run.sh integration [args] -> pytest tests/integration: vLLM's CPU build serving a
 #       tiny Qwen3-Next through pygdn.vllm, in an environment of its own (~4 GB; GDN_INTEGRATION_VENV,
-#       default .venv-integration) that also gets vLLM (tests/integration/requirements.txt)
+#       default .venv-integration) that also gets vLLM (tests/integration/requirements.txt); and the
+#       tests of pygdn.vllm_xpu on torch tensors (tests/test_vllm_xpu*.py: the suite's environment has
+#       no torch, and they skip there)
 # GDN_VENV picks the environment's folder (default .venv in the repository).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,6 +53,7 @@ case "$what" in
   # (a script's own folder goes first on sys.path, not the repository: the installed pygdn is used)
   bench) exec "$py" "$repo/benchmarks/bench.py" "$@" ;;
   test) exec "$venv/bin/pytest" -q -p no:cacheprovider tests "$@" ;;
-  integration) exec "$venv/bin/pytest" -q -p no:cacheprovider "$repo/tests/integration" "$@" ;;
+  integration) exec "$venv/bin/pytest" -q -p no:cacheprovider "$repo/tests/integration" "$repo/tests/test_vllm_xpu.py" \
+                 "$repo/tests/test_vllm_xpu_kernels.py" "$@" ;;
   *) echo "usage: $0 demo|test|bench|integration [args]" >&2; exit 2 ;;
 esac
