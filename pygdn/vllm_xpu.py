@@ -49,7 +49,9 @@ LAYERS = 256  # prepared layers kept (a rank's GDN layers: Qwen3-Next 36, plus t
 STEPS = 8     # batches kept: more than a step's KV-cache groups of GDN layers
 _layers: dict = {}
 _steps: dict = {}
-_queues: dict = {}  # sycl::queue* (an XPU stream's, or queue= as an int) -> its dpctl.SyclQueue
+# sycl::queue* (an XPU stream's, or queue= as an int) -> its dpctl.SyclQueue, made once: torch's XPU
+# streams live as long as the process, so an address names one queue
+_queues: dict = {}
 _cpu_queue = []
 
 
