@@ -31,6 +31,9 @@ from ._usm import (NUMPY_DTYPES as _NUMPY_DTYPES, UsmArray as _UsmArray, as_queu
 _VOIDP = _ffi.typeof("void *")
 _BATCH_P = _ffi.typeof("gdn_batch_t *")
 _TENSORS_P = _ffi.typeof("gdn_tensors_t *")
+# ffi.cast and ffi.new without their Python wrappers (which first look a type given by name up), for
+# the types above on the per-step paths (rebind, a bound batch): ~0.3 µs a call less each.
+_cast, _new = _ffi._backend.cast, _ffi._backend.newp
 
 _DTYPES = {"f32": _lib.GDN_DTYPE_F32, "f16": _lib.GDN_DTYPE_F16, "bf16": _lib.GDN_DTYPE_BF16}
 _SSM_LAYOUTS = {"kv": _lib.GDN_SSM_KV, "vk": _lib.GDN_SSM_VK}
@@ -367,7 +370,7 @@ class Batch:
         views = self.__dict__.get("_views_cache")
         if views is not None and views[0] is queue:
             keep.extend(views[2])
-            return _ffi.new(_BATCH_P, views[1][0])
+            return _new(_BATCH_P, views[1][0])
         template, needs = self._counts_c()
         c = _ffi.new(_BATCH_P, template[0])  # a copy: the caller owns it (a PreparedCall keeps it)
         holds, fixed = [], True
@@ -495,25 +498,27 @@ def _marshal_arrays(fn, queue, cfg: Config, rows: int, arrays: dict, c_t, bound:
     pygdn.UsmArray."""
     reads_conv_out = fn is _lib.gdn_gated_delta_rule
     specs = cfg._tensor_specs(rows)
-    fixed, given = True, []
+    fixed, given, checked = True, [], []
     for field, obj in arrays.items():
         if obj is None:
             continue
+        layout = _dlpack.torch_layout(obj) if field in _ROW_STRIDES else None
+        if layout is not None:
+            key = (id(queue), field, specs[field], layout)
+            seen = _TORCH_CHECKED.get(key)
+            if seen is not None and seen[2] is queue:  # (held as it is: the tensor keeps its memory alive)
+                bound[field] = (obj, seen[0], seen[1], specs[field][2])
+                fixed = False
+                setattr(c_t, field, _cast(_VOIDP, obj.data_ptr()))
+                setattr(c_t, _ROW_STRIDES[field], seen[3])
+                continue
+            checked.append((key, field))
         given.append(field)
         if field not in specs:
             raise TypeError(f"unknown array argument {field!r}")
         if field.startswith("replay_") and not cfg.replay_tokens:
             raise ValueError(f"{field}: given, but cfg.replay_tokens = 0 (the per-token mode has no rings)")
         dtype, lead, inner = specs[field]
-        layout = _dlpack.torch_layout(obj) if field in _ROW_STRIDES else None
-        if layout is not None:
-            key = (id(queue), field, specs[field], layout)
-            seen = _TORCH_CHECKED.get(key)
-            if seen is not None and seen[2] is queue:  # (held as it is: the tensor keeps its memory alive)
-                bound[field] = (obj, seen[0], seen[1], inner)
-                fixed = False
-                setattr(c_t, field, _ffi.cast(_VOIDP, obj.data_ptr()))
-                continue
         written = field in _WRITTEN and not (reads_conv_out and field == "conv_out")
         address, shape, got, hold, stride = _view(obj, field, queue, written,
                                                   field in _ROW_STRIDES or field in _SLOT_STRIDES)
@@ -538,11 +543,11 @@ def _marshal_arrays(fn, queue, cfg: Config, rows: int, arrays: dict, c_t, bound:
         bound[field] = (hold, shape[0] if shape else 0, stride, inner)
         fixed = fixed and type(obj) is _UsmArray
         setattr(c_t, field, _ffi.cast(_VOIDP, address))
-        if layout is not None:
-            if len(_TORCH_CHECKED) >= 1024:
-                _TORCH_CHECKED.clear()
-            _TORCH_CHECKED[key] = (*bound[field][1:3], queue)
     _apply_strides(cfg, c_t, bound, given)
+    if checked and len(_TORCH_CHECKED) >= 1024:
+        _TORCH_CHECKED.clear()
+    for key, field in checked:
+        _TORCH_CHECKED[key] = (*bound[field][1:3], queue, getattr(c_t, _ROW_STRIDES[field]))
     return fixed
 
 
@@ -551,7 +556,7 @@ def _marshal_arrays(fn, queue, cfg: Config, rows: int, arrays: dict, c_t, bound:
 # on its address, so a tensor of a layout that passed them for the same field, spec and queue object
 # passes again; only its address is read (data_ptr()). The library checks every pointer on every
 # call (USM of the queue's context, extents) whatever Python checked. Keys hold the queue's id, values
-# (entries, leading stride, the queue).
+# (entries, leading stride, the queue, the gdn_tensors_t row-stride field's value).
 _TORCH_CHECKED = {}
 
 
@@ -703,7 +708,7 @@ class PreparedCall:
                 if entries < rows and specs[field][1] == rows:
                     raise ValueError(f"{field}: bound with {entries} rows, the batch has num_actual_tokens={rows}: "
                                      "rebind it too")
-        c_t = _ffi.new(_TENSORS_P, self._c_t[0])
+        c_t = _new(_TENSORS_P, self._c_t[0])
         _marshal_arrays(self._fn, self._queue, self._cfg, rows, arrays, c_t, bound)
         keep.extend([entry[0] for entry in bound.values()])
         out = PreparedCall.__new__(PreparedCall)

@@ -152,7 +152,10 @@ def gdn_attention(core_attn_out, z, projected_states_qkvz, projected_states_ba, 
                   non_spec_state_indices_tensor, spec_query_start_loc, spec_token_indx, spec_state_indices_tensor,
                   num_accepted_tokens, num_actual_tokens, tp_size, reorder_input, *, queue=None) -> None:
     """torch.ops._xpu_C.gdn_attention's arguments; writes core_attn_out, z and the caches."""
-    q = _queue(projected_states_qkvz, queue)
+    if queue is None and _cpu_queue and projected_states_qkvz.is_cpu:
+        q = _cpu_queue[0]
+    else:
+        q = _queue(projected_states_qkvz, queue)
     # The layer: its tensors by identity (held by the entry, so never another's id) and address.
     key = (id(q), id(conv_state), conv_state.data_ptr(), id(ssm_state), ssm_state.data_ptr(), conv_weights.data_ptr(),
            conv_weights.shape, id(conv_bias), id(A_log), id(dt_bias), projected_states_qkvz.dtype, num_k_heads,
