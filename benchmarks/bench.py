@@ -342,9 +342,9 @@ def measure_host_overhead(queue, dtype, calls):
     if "skipped" in glue:
         log.detail(f"  vLLM glue (benchmarks/dropin_overhead.py): not measured: {glue['skipped']}")
     for name, r in glue.items() if "skipped" not in glue else ():
-        log(f"  {name}: adds {r['cpu']['added_us']:.1f} us of CPU time per call over its prepared call "
-            f"({r['cpu']['glue_us']:.1f} / {r['cpu']['prepared_us']:.1f} us; wall {r['wall']['glue_us']:.1f} / "
-            f"{r['wall']['prepared_us']:.1f} us)")
+        log(f"  {name}: host work {r['cpu']['host_us']:.1f} us of CPU time per call ({r['wall']['host_us']:.1f} us "
+            f"wall); with the call {r['wall']['glue_us']:.1f} us against its prepared call's "
+            f"{r['wall']['prepared_us']:.1f} us (wall)")
     ho["foreign_cpu"] = watch.foreign()
     if ho["foreign_cpu"] > FOREIGN_FLAG:
         log(f"  [other processes used {100 * ho['foreign_cpu']:.0f}% of the CPU while these were measured]")
