@@ -28,7 +28,9 @@ One run measures, on Qwen3-Next TP=1 shapes (H=16, HV=32, K=V=128, W=4; bf16 act
     one round), and a prefill with block checkpoints every 256 tokens against none (when the build
     has them);
   - host overhead: time per call of a tiny, fully padded batch (pygdn, and the C ABI through
-    benchmarks/host_overhead.c);
+    benchmarks/host_overhead.c), and, with torch installed, the host work the vLLM glue adds per
+    layer call over its prepared call (benchmarks/dropin_overhead.py: the XPU drop-in and the CPU
+    plugin, decode B = 1 and 8);
   - KDA (Kimi Linear's per-channel gates: gate_mode "channel", H = HV = 32, the same H*K*V as
     Qwen3-Next's 32 v-heads) beside decode B=8, spec S=2 B=8 and prefill 2048: the same step with
     KDA's inputs, timed in the row's rounds, against the row's own bound (the bandwidth beside it,
@@ -68,6 +70,7 @@ import dpctl
 
 import peers as P
 from cases import H, HV, K, KDA_H, V, W, chunked_flops, make_case, run_case, traffic_bytes
+from dropin_overhead import measure as glue_overhead
 from machine import c_host_overhead, cpu_model, host_overhead, measure_bandwidth, measure_peak
 from prefill_sweep import CHECKPOINT_INTERVAL, checkpoint_line, run_checkpoint_case, run_sweep, sweep_line
 from report import HEADER, Log, beside_GBps, c_abi_us, plain_call_us, plot, prepared_call_us, replay_lines, row_line, \
@@ -337,6 +340,13 @@ def measure_host_overhead(queue, dtype, calls):
     c = c_abi_us(ho)
     log(f"  plain call {plain_call_us(ho):.1f} us, prepared call {prepared_call_us(ho):.1f} us, C ABI "
         + (f"{c:.1f} us" if c is not None else "not measured: " + "; ".join(ho["c_abi"])))
+    ho["vllm_glue"] = glue = glue_overhead(min(calls, 300), 5)
+    if "skipped" in glue:
+        log.detail(f"  vLLM glue (benchmarks/dropin_overhead.py): not measured: {glue['skipped']}")
+    for name, r in glue.items() if "skipped" not in glue else ():
+        log(f"  {name}: host work {r['cpu']['host_us']:.1f} us of CPU time per call ({r['wall']['host_us']:.1f} us "
+            f"wall); with the call {r['wall']['glue_us']:.1f} us against its prepared call's "
+            f"{r['wall']['prepared_us']:.1f} us (wall)")
     ho["foreign_cpu"] = watch.foreign()
     if ho["foreign_cpu"] > FOREIGN_FLAG:
         log(f"  [other processes used {100 * ho['foreign_cpu']:.0f}% of the CPU while these were measured]")

@@ -61,7 +61,7 @@
  *    Versions of gdn_config_t and gdn_tensors_t: 1 (0.1.0, ending after flags / workspace_bytes),
  *    2 (adds the packed projections -- packed_order; qkvz through z_out_stride -- and replay mode
  *    -- replay_tokens; replay_ring, replay_count: "Replay mode" below), 3 (adds the gate modes --
- *    gate_mode, out_gate, gate_lower_bound; b_stride).
+ *    gate_mode, out_gate, gate_lower_bound; b_stride). gdn_tensors_t version 4 adds dt_bias_dtype.
  *
  * Python (pygdn) reads the text between GDN_CDEF_BEGIN and GDN_CDEF_END with cffi, so that
  * region holds plain C declarations only: no #if, no function-like macros.
@@ -346,7 +346,12 @@ typedef struct gdn_batch {
   const int32_t *spec_query_start_loc;
   /* [num_spec_decodes, 1+num_spec], int32, row-major: state slot after token t = [n][t] */
   const int32_t *spec_state_indices;
-  /* [num_spec_decodes], int32 in [1, 1+num_spec]: tokens accepted last step (incl. bonus) */
+  /* [num_spec_decodes], int32 in [1, 1+num_spec]: tokens accepted last step (incl. bonus).
+   * GDN_VALIDATE_FULL refuses other values (GDN_ERROR_BAD_ACCEPTED). Under GDN_VALIDATE_COUNTS
+   * every reader -- the conv, the recurrence, the replay -- uses A = the value clamped to
+   * [1, 1+num_spec] (0 reads as 1, as vllm-xpu-kernels does), so a bad or padded count indexes
+   * its own row of spec_state_indices only and can change nothing but its own sequence's
+   * outputs and slots. That value is the A of "State caches" and "Replay mode". */
   const int32_t *num_accepted_tokens;
   /* [spec_token_count], int32: global row of the j-th spec token; NULL = row j */
   const int32_t *spec_token_indx;
@@ -388,7 +393,7 @@ typedef struct gdn_tensors {
   const void *b;               /* [rows, HV] act: beta logits                                 */
   int64_t ab_stride;           /*   row stride of a, and of b unless b_stride (0 = a's width) */
   const float *A_log;          /* [HV] f32                                                    */
-  const float *dt_bias;        /* [HV] f32 (GDN_GATE_CHANNEL: [HV*K])                         */
+  const void *dt_bias;         /* [HV] (GDN_GATE_CHANNEL: [HV*K]), f32 or act: dt_bias_dtype  */
   const float *g;              /* [rows, HV] f32 log-decay (GDN_GATE_CHANNEL: [rows, HV*K]); with
                                   beta replaces a/b/A_log/dt_bias                              */
   const float *beta;           /* [rows, HV] f32 in [0,1]                                     */
@@ -420,6 +425,11 @@ typedef struct gdn_tensors {
   /* ---- version 3 (a version-2 caller gets 0) ---- */
   int64_t b_stride;            /* row stride of b; 0 = ab_stride as given (HV when that is 0 too):
                                   with GDN_GATE_CHANNEL a is HV*K wide and b HV wide           */
+  /* ---- version 4 (a version-3 caller gets 0) ---- */
+  int32_t dt_bias_dtype;       /* gdn_dtype_t of dt_bias: 0 or GDN_DTYPE_F32 (f32), or cfg->act_dtype
+                                  (vLLM keeps dt_bias in the model's dtype, as vllm-xpu-kernels
+                                  takes it); any other value: GDN_ERROR_BAD_DTYPE. The kernels read
+                                  it where they read the gates: no conversion launch             */
 } gdn_tensors_t;
 
 /* ---- library information ---- */

@@ -235,6 +235,18 @@ def torch_host_view(obj, queue):
     return obj.detach(), obj.data_ptr(), tuple(obj.shape), obj.stride(), dtype
 
 
+def torch_layout(obj):
+    """What the checks of a torch tensor argument depend on besides its address -- device, dtype,
+    shape, strides (True: contiguous), autograd and negative bits -- as a hashable tuple, or None for
+    anything but a strided torch tensor (ops._marshal_arrays keeps the layouts that passed; the
+    conjugate bit is left out: only complex tensors have it, and no check passes those). Torch is
+    not imported here: only a tensor of an imported torch is one."""
+    torch = _sys.modules.get("torch")
+    if torch is None or not isinstance(obj, torch.Tensor) or obj.layout is not torch.strided:
+        return None
+    return obj.device, obj.dtype, obj.shape, obj.is_contiguous() or obj.stride(), obj.requires_grad, obj.is_neg()
+
+
 def queue_from_pointer(address):
     """A dpctl.SyclQueue of the sycl::queue at address (dpctl copies the handle: the copy shares
     the queue's implementation, so work, waits and ordering are the same queue's)."""

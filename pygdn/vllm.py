@@ -145,9 +145,10 @@ def _warm_up(layer) -> None:
 
 class _Served:
     """One layer's prepared call: its config, constant arrays and caches bound at its first step (its
-    caches are allocated by then); each step rebinds the step's arrays and batch."""
+    caches are allocated by then), the step's arrays as empty placeholders of their dtypes and widths
+    (nothing of a step is held); each step rebinds the step's arrays and batch."""
 
-    def __init__(self, layer, batch, step_arrays):
+    def __init__(self, layer, step_arrays):
         import pygdn
         import torch
         from vllm.model_executor.layers.mamba.ops.cpu.gdn_attention import _unpacked_conv_weight
@@ -156,12 +157,14 @@ class _Served:
         cfg = _config(layer, conv.shape[0], conv, ssm)
         # (detach: parameters export through DLPack only without autograd; the same memory)
         bias = layer.conv1d.bias
+        empty = {name: t.new_empty((0, *t.shape[1:])) for name, t in step_arrays.items()}
         self.call = pygdn.prepare(
-            pygdn.attention, _queue(), cfg, batch, conv_weight=_unpacked_conv_weight(layer).detach(),
+            pygdn.attention, _queue(), cfg, pygdn.Batch(num_actual_tokens=0, validate="counts"),
+            conv_weight=_unpacked_conv_weight(layer).detach(),
             conv_bias=None if bias is None else bias.detach(), conv_state=conv, ssm_state=ssm,
             # the ABI's gate parameters are f32: converted once (no copy when they are)
             A_log=layer.A_log.detach().to(torch.float32).contiguous(),
-            dt_bias=layer.dt_bias.detach().to(torch.float32).contiguous(), **step_arrays)
+            dt_bias=layer.dt_bias.detach().to(torch.float32).contiguous(), **empty)
 
 
 def _step_batch(md):
@@ -220,12 +223,10 @@ def gdn_attention_core(mixed_qkv, b, a, core_attn_out, layer_name) -> None:
     batch = _step_batch(md)
     served = layer.__dict__.get("_pygdn")
     if served is None or served.caches is not layer.kv_cache:  # (first step, or vLLM re-made the caches)
-        served = layer.__dict__["_pygdn"] = _Served(layer, batch, dict(mixed_qkv=mixed_qkv, a=a, b=b,
-                                                                       core_attn_out=core_attn_out))
+        served = layer.__dict__["_pygdn"] = _Served(layer, dict(mixed_qkv=mixed_qkv, a=a, b=b,
+                                                                core_attn_out=core_attn_out))
         _announce()
-        served.call.run()
-    else:
-        served.call.rebind(batch, mixed_qkv=mixed_qkv, a=a, b=b, core_attn_out=core_attn_out).run()
+    served.call.rebind(batch, mixed_qkv=mixed_qkv, a=a, b=b, core_attn_out=core_attn_out).run()
 
 
 def _announce() -> None:

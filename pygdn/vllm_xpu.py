@@ -1,6 +1,7 @@
-"""vllm-xpu-kernels' GDN op on libgdn_xpu: `gdn_attention(...)` with the positional signature of
+"""vllm-xpu-kernels' GDN op on libgdn_xpu: `gdn_attention(...)` with the signature of
 `torch.ops._xpu_C.gdn_attention` (vllm-xpu-kernels, csrc/xpu/torch_bindings.cpp; called by vLLM's
-`_gdn_attention_core_xpu_impl` in vllm/_xpu_ops.py), as one pygdn.attention call.
+`_gdn_attention_core_xpu_impl` in vllm/_xpu_ops.py with the first eight arguments by position and
+the rest by keyword), as one prepared pygdn.attention call per layer.
 
 What it maps (docs/op.md "Packed projections" has the sources):
 - projected_states_qkvz / projected_states_ba are the in-projections' rows, read in place:
@@ -12,24 +13,45 @@ What it maps (docs/op.md "Packed projections" has the sources):
   output (no norm here);
 - caches as vllm-xpu-kernels keeps them: conv_state [slots, state_len, conv_dim] (time-major), spec
   windows per accepted token ("snapshot"), ssm_state [slots, HV, V, K] ("vk"); slot strides free;
-- counts: the non-spec tokens are len(non_spec_token_indx) when given, else the rows not taken by
-  spec tokens; the spec tokens len(spec_token_indx) when given, else the rows not taken by non-spec
-  tokens; num_spec = spec_state_indices_tensor.shape[1] - 1;
+- dt_bias f32 or in the activations' dtype (vLLM's parameter is in the model's dtype), read as it
+  is by the gate kernels (gdn_tensors_t.dt_bias_dtype); A_log f32; parameters that require grad
+  are taken (their memory, detached);
+- counts, as vllm-xpu-kernels derives them: non-spec tokens len(non_spec_token_indx) when given, else
+  num_decodes for a batch of decodes only (one token each: rows past them are graph padding, as
+  vLLM pads a captured decode step's num_actual_tokens), else the rows not taken by spec tokens;
+  spec tokens len(spec_token_indx) when given, else the rows not taken by non-spec tokens;
+  num_spec = spec_state_indices_tensor.shape[1] - 1. The library's num_actual_tokens is their sum:
+  rows past it (padded leading dims) are not touched. Metadata arrays may be longer than the
+  counts (vLLM's graph-padded sequences after the real ones are not read);
+- num_accepted_tokens outside [1, 1 + num_spec] reads as the nearest value in that range (0 as 1,
+  as vllm-xpu-kernels clamps it), in the kernels;
 - nothing is read back to the host (validation "counts"; with prefills the library still reads
   non_spec_query_start_loc, gdn_xpu.h).
 
-Tensors: torch XPU tensors (DLPack kDLOneAPI; queue = torch.xpu.current_stream().sycl_queue unless
-`queue=` is given; the call returns without waiting, ordered on that stream) or torch CPU tensors
-(host memory, on an in-order queue of the SYCL CPU device unless `queue=` is given; the call waits,
-as vLLM's CPU kernels return finished). Index arrays are int32, as vllm-xpu-kernels requires (vLLM
-converts its int64 token indices before the call; pygdn refuses int64 by name); A_log and dt_bias
-f32. num_accepted_tokens must be >= 1 (vllm-xpu-kernels clamps 0 to 1; the library, validating
-counts only here, trusts it). This module imports torch only to find an XPU tensor's stream.
+Per layer -- its caches, weights and settings -- the first call prepares one pygdn.PreparedCall
+(config, weights and caches checked and bound once; LAYERS of them are kept, the oldest dropped
+beyond); each call rebinds the step's activations and batch. The batch is made and checked once per
+set of metadata tensors: vLLM passes one metadata object's tensors to the layers of a step (its
+KV-cache group), and the last STEPS sets are kept. Both hold the tensors they were made from, so an
+identity seen again is the same tensor. release() drops them all.
+
+Tensors: torch XPU tensors (queue = torch.xpu.current_stream().sycl_queue unless `queue=` is given;
+the call returns without waiting, ordered on that stream) or torch CPU tensors (host memory, on an
+in-order queue of the SYCL CPU device unless `queue=` is given; the call waits, as vLLM's CPU kernels
+return finished). Index arrays are int32, as vllm-xpu-kernels requires (vLLM converts its int64
+token indices before the call; pygdn refuses int64 by name). This module imports torch only to
+find an XPU tensor's stream.
 """
 from __future__ import annotations
 
 _ACT = {"torch.float32": "f32", "torch.float16": "f16", "torch.bfloat16": "bf16"}
-_configs: dict = {}
+LAYERS = 256  # prepared layers kept (a rank's GDN layers: Qwen3-Next 36, plus the MTP layers)
+STEPS = 8     # batches kept: more than a step's KV-cache groups of GDN layers
+_layers: dict = {}
+_steps: dict = {}
+# sycl::queue* (an XPU stream's, or queue= as an int) -> its dpctl.SyclQueue, made once: torch's XPU
+# streams live as long as the process, so an address names one queue
+_queues: dict = {}
 _cpu_queue = []
 
 
@@ -46,6 +68,12 @@ def cpu_queue():
     return _cpu_queue[0]
 
 
+def release() -> None:
+    """Drops the prepared layers and kept batches (and the tensors they hold)."""
+    _layers.clear()
+    _steps.clear()
+
+
 def _dtype(t, name):
     d = dtype_name(getattr(t, "dtype", None))
     if d is None:
@@ -53,29 +81,69 @@ def _dtype(t, name):
     return d
 
 
-def _queue_of(t):
-    """The queue for tensor t: its XPU device's current stream, or an in-order SYCL CPU queue."""
-    device = getattr(t, "device", None)
-    if getattr(device, "type", None) == "xpu":
+def _queue(t, queue):
+    """The queue object of a call: queue= (the same object for the same sycl::queue*), else tensor t's
+    XPU device's current stream, else the SYCL CPU queue."""
+    if queue is None:
+        device = t.device
+        if device.type != "xpu":
+            return cpu_queue()
         import torch
-        return torch.xpu.current_stream(device).sycl_queue
-    return cpu_queue()
+        queue = torch.xpu.current_stream(device).sycl_queue
+    if hasattr(queue, "__index__") and not isinstance(queue, bool):
+        q = _queues.get(int(queue))
+        if q is None:
+            from .ops import _as_queue
+            q = _queues[int(queue)] = _as_queue(queue)
+        return q
+    return queue
 
 
-def _config(qkvz, conv_state, ssm_state, conv_weights, H, HV, K, V, reorder_input):
+def _prepare(q, qkvz, ba, z, core_attn_out, conv_state, ssm_state, conv_weights, conv_bias, activation, A_log,
+             dt_bias, H, HV, K, V, tp_size, reorder_input):
+    """A layer's PreparedCall: config, weights and caches bound, empty activations (each call rebinds them)."""
     import pygdn
-    key = (H, HV, K, V, conv_weights.shape[-1], str(qkvz.dtype), str(ssm_state.dtype), tuple(conv_state.shape),
-           conv_state.stride(0), tuple(ssm_state.shape), ssm_state.stride(0), bool(reorder_input))
-    cfg = _configs.get(key)
-    if cfg is None:
-        cfg = pygdn.Config(num_k_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V, num_slots=conv_state.shape[0],
-                           conv_width=conv_weights.shape[-1], act_dtype=_dtype(qkvz, "projected_states_qkvz"),
-                           state_dtype=_dtype(ssm_state, "ssm_state"), ssm_layout="vk", conv_layout="time_major",
-                           conv_spec_layout="snapshot", conv_state_len=conv_state.shape[1],
-                           conv_slot_stride=conv_state.stride(0), ssm_slot_stride=ssm_state.stride(0),
-                           packed_order="contiguous" if reorder_input else "grouped")
-        _configs[key] = cfg
-    return cfg
+    if activation not in ("silu", "swish"):
+        raise ValueError(f"activation={activation!r}: vllm-xpu-kernels' gdn_attention takes 'silu' or 'swish'")
+    if tp_size < 1 or H % tp_size or HV % tp_size:
+        raise ValueError(f"tp_size={tp_size}: must divide num_k_heads={H} and num_v_heads={HV}")
+    H, HV = H // tp_size, HV // tp_size
+    cfg = pygdn.Config(num_k_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V, num_slots=conv_state.shape[0],
+                       conv_width=conv_weights.shape[-1], act_dtype=_dtype(qkvz, "projected_states_qkvz"),
+                       state_dtype=_dtype(ssm_state, "ssm_state"), ssm_layout="vk", conv_layout="time_major",
+                       conv_spec_layout="snapshot", conv_state_len=conv_state.shape[1],
+                       conv_slot_stride=conv_state.stride(0), ssm_slot_stride=ssm_state.stride(0),
+                       packed_order="contiguous" if reorder_input else "grouped")
+    empty = lambda t: t.detach().new_empty((0, *t.shape[1:]))  # noqa: E731  (no rows yet: nothing held)
+    detached = lambda t: None if t is None else t.detach()  # noqa: E731  (parameters: their memory)
+    return pygdn.prepare(pygdn.attention, q, cfg, pygdn.Batch(num_actual_tokens=0, validate="counts"),
+                         qkvz=empty(qkvz), ba=empty(ba), z_out=empty(z), core_attn_out=empty(core_attn_out),
+                         conv_weight=detached(conv_weights), conv_bias=detached(conv_bias),
+                         A_log=detached(A_log), dt_bias=detached(dt_bias), conv_state=conv_state.detach(),
+                         ssm_state=ssm_state.detach())
+
+
+def _batch(q, num_prefills, num_decodes, num_spec_decodes, T, has_initial_state, ns_qsl, ns_tok, ns_slots, s_qsl,
+           s_tok, s_slots, accepted):
+    """The step's pygdn.Batch, checked once (Batch.bind) for the queue."""
+    import pygdn
+    ns, sp = num_prefills + num_decodes, num_spec_decodes
+    ns_count = (0 if ns == 0 else len(ns_tok) if ns_tok is not None else
+                num_decodes if num_prefills == 0 and sp == 0 else None)
+    sp_count = 0 if sp == 0 else len(s_tok) if s_tok is not None else None
+    if ns_count is None:
+        ns_count = T - (sp_count or 0)
+    if sp_count is None:
+        sp_count = T - ns_count
+    batch = pygdn.Batch(
+        num_actual_tokens=ns_count + sp_count, num_prefills=num_prefills, num_decodes=num_decodes,
+        num_spec_decodes=sp, num_spec=s_slots.shape[1] - 1 if sp else 0, non_spec_token_count=ns_count,
+        spec_token_count=sp_count, validate="counts", non_spec_query_start_loc=ns_qsl if ns else None,
+        non_spec_state_indices=ns_slots if ns else None, has_initial_state=has_initial_state if ns else None,
+        non_spec_token_indx=ns_tok if ns else None, spec_query_start_loc=s_qsl if sp else None,
+        spec_state_indices=s_slots if sp else None, num_accepted_tokens=accepted if sp else None,
+        spec_token_indx=s_tok if sp else None)
+    return batch.bind(q)
 
 
 def gdn_attention(core_attn_out, z, projected_states_qkvz, projected_states_ba, num_k_heads, num_v_heads, head_k_dim,
@@ -83,41 +151,37 @@ def gdn_attention(core_attn_out, z, projected_states_qkvz, projected_states_ba, 
                   num_decodes, num_spec_decodes, has_initial_state, non_spec_query_start_loc, non_spec_token_indx,
                   non_spec_state_indices_tensor, spec_query_start_loc, spec_token_indx, spec_state_indices_tensor,
                   num_accepted_tokens, num_actual_tokens, tp_size, reorder_input, *, queue=None) -> None:
-    """torch.ops._xpu_C.gdn_attention's arguments, in its order; writes core_attn_out, z and the caches."""
-    import pygdn
-    if activation not in ("silu", "swish"):
-        raise ValueError(f"activation={activation!r}: vllm-xpu-kernels' gdn_attention takes 'silu' or 'swish'")
-    if tp_size < 1 or num_k_heads % tp_size or num_v_heads % tp_size:
-        raise ValueError(f"tp_size={tp_size}: must divide num_k_heads={num_k_heads} and num_v_heads={num_v_heads}")
-    H, HV = num_k_heads // tp_size, num_v_heads // tp_size
-    cfg = _config(projected_states_qkvz, conv_state, ssm_state, conv_weights, H, HV, head_k_dim, head_v_dim,
-                  reorder_input)
-    ns, sp = num_prefills + num_decodes, num_spec_decodes
-    T = num_actual_tokens
-    ns_count = len(non_spec_token_indx) if non_spec_token_indx is not None else None
-    sp_count = len(spec_token_indx) if spec_token_indx is not None else None
-    if ns == 0:
-        ns_count = 0
-    if sp == 0:
-        sp_count = 0
-    if ns_count is None:
-        ns_count = T - (sp_count or 0)
-    if sp_count is None:
-        sp_count = T - ns_count
-    batch = pygdn.Batch(
-        num_actual_tokens=T, num_prefills=num_prefills, num_decodes=num_decodes, num_spec_decodes=sp,
-        num_spec=spec_state_indices_tensor.shape[1] - 1 if sp else 0, non_spec_token_count=ns_count,
-        spec_token_count=sp_count, validate="counts",
-        non_spec_query_start_loc=non_spec_query_start_loc if ns else None,
-        non_spec_state_indices=non_spec_state_indices_tensor if ns else None,
-        has_initial_state=has_initial_state if ns else None, non_spec_token_indx=non_spec_token_indx if ns else None,
-        spec_query_start_loc=spec_query_start_loc if sp else None,
-        spec_state_indices=spec_state_indices_tensor if sp else None,
-        num_accepted_tokens=num_accepted_tokens if sp else None, spec_token_indx=spec_token_indx if sp else None)
-    # XPU tensors: ordered on torch's stream, no wait. Host tensors are read by host code right after
-    # the call, as after vLLM's own CPU kernels: the call finishes first.
-    on_xpu = getattr(getattr(projected_states_qkvz, "device", None), "type", None) == "xpu"
-    pygdn.attention(queue if queue is not None else _queue_of(projected_states_qkvz), cfg, batch,
-                    qkvz=projected_states_qkvz, ba=projected_states_ba, z_out=z, conv_weight=conv_weights,
-                    conv_bias=conv_bias, A_log=A_log, dt_bias=dt_bias, conv_state=conv_state, ssm_state=ssm_state,
-                    core_attn_out=core_attn_out, wait=not on_xpu)
+    """torch.ops._xpu_C.gdn_attention's arguments; writes core_attn_out, z and the caches."""
+    if queue is None and _cpu_queue and projected_states_qkvz.is_cpu:
+        q = _cpu_queue[0]
+    else:
+        q = _queue(projected_states_qkvz, queue)
+    # The layer: its tensors by identity (held by the entry, so never another's id) and address.
+    key = (id(q), id(conv_state), conv_state.data_ptr(), id(ssm_state), ssm_state.data_ptr(), conv_weights.data_ptr(),
+           conv_weights.shape, id(conv_bias), id(A_log), id(dt_bias), projected_states_qkvz.dtype, num_k_heads,
+           num_v_heads, head_k_dim, head_v_dim, activation, tp_size, reorder_input)
+    layer = _layers.get(key)
+    if layer is None:
+        call = _prepare(q, projected_states_qkvz, projected_states_ba, z, core_attn_out, conv_state, ssm_state,
+                        conv_weights, conv_bias, activation, A_log, dt_bias, num_k_heads, num_v_heads, head_k_dim,
+                        head_v_dim, tp_size, reorder_input)
+        if len(_layers) >= LAYERS:
+            del _layers[next(iter(_layers))]
+        # (the call's wait: XPU tensors are ordered on torch's stream, host tensors are read by host
+        # code right after the call, as after vLLM's own CPU kernels)
+        wait = conv_state.device.type != "xpu"
+        layer = _layers[key] = (call, wait, q, conv_state, ssm_state, conv_bias, A_log, dt_bias)
+    # The step: its metadata tensors by identity (held by the batch).
+    meta = (id(q), num_prefills, num_decodes, num_spec_decodes, num_actual_tokens, id(has_initial_state),
+            id(non_spec_query_start_loc), id(non_spec_token_indx), id(non_spec_state_indices_tensor),
+            id(spec_query_start_loc), id(spec_token_indx), id(spec_state_indices_tensor), id(num_accepted_tokens))
+    batch = _steps.get(meta)
+    if batch is None:
+        batch = _batch(q, num_prefills, num_decodes, num_spec_decodes, num_actual_tokens, has_initial_state,
+                       non_spec_query_start_loc, non_spec_token_indx, non_spec_state_indices_tensor,
+                       spec_query_start_loc, spec_token_indx, spec_state_indices_tensor, num_accepted_tokens)
+        if len(_steps) >= STEPS:
+            del _steps[next(iter(_steps))]
+        _steps[meta] = batch
+    layer[0].rebind(batch, qkvz=projected_states_qkvz, ba=projected_states_ba, z_out=z,
+                    core_attn_out=core_attn_out).run(wait=layer[1])

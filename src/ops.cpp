@@ -91,7 +91,7 @@ void enqueue_delta(Chain &ch, Checked &c, const Plan &plan, const Kernels &ks, c
                          cfg.num_v_heads, cfg.head_k_dim, cfg.scale, cfg.l2norm_eps,
                          (cfg.flags & GDN_FLAG_NO_QK_L2NORM) ? 0 : 1, (cfg.flags & GDN_FLAG_L2NORM_DIV) ? 1 : 0,
                          rg, packed(c) ? 2 * rg : rg, packed(c) ? t.ba_stride : t.b_stride, gate_k_of(cfg),
-                         cfg.gate_lower_bound};
+                         cfg.gate_lower_bound, t.dt_bias_dtype == cfg.act_dtype && cfg.act_dtype != GDN_DTYPE_F32, 0};
   if (plan.prep.on) launch(ch, ks, plan.prep, pp);
 
   GdnDeltaParams p{};

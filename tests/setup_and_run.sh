@@ -8,7 +8,9 @@
 #   tests/setup_and_run.sh bench [args]   -> python benchmarks/bench.py (the benchmark)
 #   tests/setup_and_run.sh integration [args] -> pytest tests/integration: vLLM's CPU build serving tiny
 #       Qwen3-Next and Qwen3.5 models through pygdn.vllm, in an environment of its own (~3.5 GB;
-#       GDN_INTEGRATION_VENV, default .venv-integration) built as the README's "Serving with vLLM" says
+#       GDN_INTEGRATION_VENV, default .venv-integration) built as the README's "Serving with vLLM" says;
+#       and the tests of pygdn.vllm_xpu on torch tensors (tests/test_vllm_xpu*.py: the suite's
+#       environment has no torch, and they skip there)
 #   tests/setup_and_run.sh user-install [args] -> the install a user gets (below)
 # GDN_VENV picks the environment's folder (default .venv in the repository).
 set -euo pipefail
@@ -109,6 +111,7 @@ case "$what" in
   # (a script's own folder goes first on sys.path, not the repository: the installed pygdn is used)
   bench) exec "$py" "$repo/benchmarks/bench.py" "$@" ;;
   test) exec "$venv/bin/pytest" -q -p no:cacheprovider tests "$@" ;;
-  integration) exec "$venv/bin/pytest" -q -p no:cacheprovider "$repo/tests/integration" "$@" ;;
+  integration) exec "$venv/bin/pytest" -q -p no:cacheprovider "$repo/tests/integration" "$repo/tests/test_vllm_xpu.py" \
+                 "$repo/tests/test_vllm_xpu_kernels.py" "$@" ;;
   *) echo "usage: $0 demo|test|bench|integration|user-install [args]" >&2; exit 2 ;;
 esac

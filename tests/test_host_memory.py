@@ -1,8 +1,8 @@
 """Host memory and paged caches, as vLLM's CPU build hands them over: NumPy arrays (DLPack kDLCPU)
 on a device with usm_system_allocations, passed by address; the conv and SSM caches as two strided
 views of ONE allocation (a page per slot: conv state at byte 0, the SSM state after it, slot strides
-in elements of each view); a and b rows of one wider row; int64 index arrays and a bf16
-dt_bias refused by name.
+in elements of each view); a and b rows of one wider row; int64 index arrays and a dt_bias of
+neither f32 nor the activations' dtype refused by name.
 Values against the float64 reference, addresses against the arrays' own."""
 import numpy as np
 import pytest
@@ -100,13 +100,13 @@ def test_int64_index_array_is_refused_by_name(queue):
 
 
 
-def test_bf16_dt_bias_is_refused_by_name(queue):
-    """The gate parameters are f32 in the ABI: a bf16 dt_bias (vLLM's parameter) is converted by the
-    caller once (pygdn.vllm does, at a layer's first step), never silently per call."""
+def test_dt_bias_of_another_dtype_is_refused_by_name(queue):
+    """dt_bias is f32 or in the activations' dtype (gdn_tensors_t.dt_bias_dtype): a bf16 dt_bias
+    with f32 activations is neither, and is refused by name, never converted per call."""
     cfg, meta, batch, arrays, conv0, ssm0 = case()
     pages, conv, ssm = paged_caches(conv_from_canonical(conv0, "time_major"), ssm0)
     arrays["dt_bias"] = pygdn.to_bf16_bits(arrays["dt_bias"])
-    with pytest.raises(TypeError, match=r"^dt_bias: dtype bf16, expected f32 \(the ABI's gate parameters are f32"):
+    with pytest.raises(TypeError, match=r"^dt_bias: dtype bf16, expected f32 or act_dtype \('f32'\)"):
         pygdn.attention(queue, cfg, batch, conv_state=conv, ssm_state=ssm, **arrays)
 
 

@@ -139,7 +139,7 @@ struct SpecRead {
 };
 static inline SpecRead spec_read(const GdnConvParams &p, int32_t seq) {
   const int32_t *cols = p.state_indices + (int64_t)seq * p.slot_cols;
-  const int32_t accepted = p.num_accepted[seq];
+  const int32_t accepted = gdn_accepted(p.num_accepted, seq, p.slot_cols);
   return {cols[0], p.slots.read_indices ? p.slots.read_indices[seq] : p.rolled ? cols[0] : cols[accepted - 1],
           p.rolled ? accepted - 1 : 0};
 }

@@ -76,7 +76,7 @@ static inline SeqSlots seq_slots(const GdnDeltaParams &p, int32_t seq, bool spec
   if (spec) {
     // An explicit read slot may be pad ("nothing to read": zeros); the version-1 default read
     // slot [n][A-1] being pad makes the sequence padding.
-    s.read_slot = u.read_indices ? u.read_indices[seq] : s.cols[p.num_accepted[seq] - 1];
+    s.read_slot = u.read_indices ? u.read_indices[seq] : s.cols[gdn_accepted(p.num_accepted, seq, p.slot_cols) - 1];
     s.skip = !u.read_indices && s.read_slot == p.pad_slot_id;
     s.init = s.read_slot != p.pad_slot_id;
   } else {
@@ -120,7 +120,10 @@ static inline bool replay_seq(const GdnDeltaParams &p, int32_t seq, RecurrentSeq
   r->read_slot = p.slots.read_indices ? p.slots.read_indices[seq] : c;
   r->init = r->read_slot != p.pad_slot_id;
   const int32_t R = r->init ? sycl::clamp(p.ring_count[r->read_slot], 0, p.ring_tokens) : 0;
-  r->len = sycl::min(p.num_accepted[seq], R);  // (A <= R: checked under GDN_VALIDATE_FULL)
+  // A step's A (clamped as every reader's); gdn_flush_replay (no start locations) binds its
+  // num_tokens here, 0..R, checked on the host. A <= R: checked under GDN_VALIDATE_FULL.
+  const int32_t A = p.query_start_loc ? gdn_accepted(p.num_accepted, seq, p.slot_cols) : p.num_accepted[seq];
+  r->len = sycl::min(A, R);
   if (r->len <= 0 && r->read_slot == c) return false;
   r->len = sycl::max(r->len, 0);
   r->skip = false, r->start = 0, r->j0 = 0, r->spec = true;

@@ -36,12 +36,17 @@ static inline float l2_factor(const GdnPrepParams &p, float sum_sq) {
   return p.l2_div ? 1.0f / (sycl::sqrt(sum_sq) + p.eps) : sycl::rsqrt(sum_sq + p.eps);
 }
 
+// dt_bias element e, f32 or in the activations' dtype (widened exactly).
+static inline float dt_bias_at(const GdnPrepParams &p, int32_t e) {
+  return p.dt_bias_act ? load_act(p.dt_bias, e) : ((const float *)p.dt_bias)[e];
+}
+
 // Gate element e of a row (v-head e / gate_k, key channel e % gate_k): its log-decay g. Packed,
 // a is the a part of ba's groups (GDN_GATE_HEAD only; unpacked the column mapping is the identity).
 static inline float gate_g(const GdnPrepParams &p, int64_t row, int32_t e) {
   if (p.g_in) return p.g_in[row * p.HV * p.gate_k + e];
   const int32_t hv = e / p.gate_k;
-  const float x = load_act(p.a, row * p.ab_stride + gdn_group_col(e, p.ab_per_group, p.ab_group_cols)) + p.dt_bias[e];
+  const float x = load_act(p.a, row * p.ab_stride + gdn_group_col(e, p.ab_per_group, p.ab_group_cols)) + dt_bias_at(p, e);
   return p.lower_bound != 0.0f ? bounded_log_decay(p.lower_bound, p.A_log[hv], x) : log_decay(p.A_log[hv], x);
 }
 // beta of v-head hv of a row.
@@ -63,7 +68,8 @@ static inline vf16 gate_g16(const GdnPrepParams &p, int64_t row, int32_t e0) {
   const float lo = 1.17549435e-38f, hi = 3.40282347e38f;  // FLT_MIN, FLT_MAX (log_decay)
   const float e = sycl::exp(p.A_log[e0 / p.gate_k]);
   if (e >= lo && e <= hi) {
-    const vf16 x = load_act16(p.a, row * p.ab_stride + e0) + vload(p.dt_bias + e0);
+    const vf16 x = load_act16(p.a, row * p.ab_stride + e0) +
+                   (p.dt_bias_act ? load_act16(p.dt_bias, e0) : vload((const float *)p.dt_bias + e0));
     typedef int32_t lanes_t __attribute__((ext_vector_type(16)));  // (a compare's all-ones / zero lanes)
     const native_vf16 xn = sycl::bit_cast<native_vf16>(x);
     const lanes_t in = p.lower_bound != 0.0f ? (lanes_t)(xn == xn) : (lanes_t)((xn >= -80.0f) & (xn <= hi));

@@ -51,6 +51,14 @@ static inline int64_t gdn_ring_floats(int32_t H, int32_t HV, int32_t K, int32_t 
   return gdn_ring_beta(H, HV, K, V, gk) + HV;
 }
 
+// A spec sequence's accepted count as every reader indexes with it (gdn_xpu.h, num_accepted_tokens):
+// num_accepted_tokens[seq] clamped to [1, cols], cols = 1 + num_spec, so that column A-1 lies in the
+// sequence's own row of spec_state_indices whatever the array holds (GDN_VALIDATE_COUNTS trusts it).
+static inline int32_t gdn_accepted(const int32_t *num_accepted, int32_t seq, int32_t cols) {
+  const int32_t a = num_accepted[seq];
+  return a < 1 ? 1 : a > cols ? cols : a;
+}
+
 // Shapes of the CPU-device kernel variants, used by the host for launch ranges and by the kernels.
 enum {
   GDN_CPU_LANES = 16,        // channels / state columns per vector (vf16)
@@ -159,7 +167,8 @@ struct GdnConvParams {
 struct GdnPrepParams {
   const void *qkv;          // conv output [rows, conv_dim] act
   const void *a, *b;        // [rows, HV * gate_k], [rows, HV] act (null when g/beta given)
-  const float *A_log, *dt_bias;  // [HV], [HV * gate_k]
+  const float *A_log;       // [HV]
+  const void *dt_bias;      // [HV * gate_k], f32 or act (dt_bias_act)
   const float *g_in, *beta_in;
   float *qn, *kn;           // [rows, H, K]
   float *g, *beta;          // [rows, HV * gate_k], [rows, HV]
@@ -171,6 +180,7 @@ struct GdnPrepParams {
   int64_t b_stride;                     // b's row stride (ab_stride: a's)
   int32_t gate_k;                       // gdn_gate_k of the config
   float lower_bound;                    // 0, or the lower-bound gate form's bound (gdn_config_t)
+  int32_t dt_bias_act, pad0;            // 1: dt_bias holds act values (gdn_tensors_t.dt_bias_dtype), 0: f32
 };
 
 // State-carrying kernels. ssm element (slot, head, k, v) at slot*slot_stride + head*K*V + (k*V + v | v*K + k),

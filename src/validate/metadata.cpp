@@ -194,7 +194,7 @@ void check_slot_uses(const Checked &c) {
     if (!m.s_read.empty()) {
       u.add(m.s_read[(size_t)n], nns + n, Use::Read, Field::SpecRead);
     } else {  // SSM and SNAPSHOT conv read [n][A-1]; the ROLLED line [n][0] is a write slot already
-      const int32_t col = m.accepted[(size_t)n] - 1;
+      const int32_t col = gdn_accepted(m.accepted.data(), n, cols) - 1;  // (in range: check_values)
       u.add(m.s_slots[(size_t)n * cols + col], nns + n, Use::Read, Field::SpecDefaultRead, col);
     }
   }

@@ -104,6 +104,7 @@ void check_pointers(const Checked &c, Op op) {
   };
   const bool replay = delta && cfg.replay_tokens > 0;
   const int64_t ring = (int64_t)cfg.replay_tokens * ring_floats_of(cfg);
+  const size_t dt_bias = dtype_bytes(t.dt_bias_dtype);  // (validated: f32 or act_dtype)
   const char *act_t = cfg.act_dtype == GDN_DTYPE_F32 ? "f32 act_dtype" : cfg.act_dtype == GDN_DTYPE_F16 ? "f16 act_dtype" : "bf16 act_dtype";
   // Metadata first, every BatchArray: the lengths the counts imply (batch_arrays.hpp; metadata.cpp
   // reads these).
@@ -125,7 +126,7 @@ void check_pointers(const Checked &c, Op op) {
       {t.a, "tensors->a", act, act_t, rows(gates, t.ab_stride, hv * gk, act)},
       {t.b, "tensors->b", act, act_t, rows(gates, t.b_stride, hv, act)},
       {t.A_log, "tensors->A_log", 4, "f32", fixed(gates, hv, 4)},
-      {t.dt_bias, "tensors->dt_bias", 4, "f32", fixed(gates, hv * gk, 4)},
+      {t.dt_bias, "tensors->dt_bias", dt_bias, dt_bias == 4 ? "f32" : act_t, fixed(gates, hv * gk, dt_bias)},
       {t.g, "tensors->g", 4, "f32", rows(delta, hv * gk, hv * gk, 4)},
       {t.beta, "tensors->beta", 4, "f32", rows(delta, hv, hv, 4)},
       {t.ssm_state, "tensors->ssm_state", state, "state_dtype",

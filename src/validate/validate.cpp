@@ -31,7 +31,7 @@ constexpr size_t kConfigVersions[] = {offsetof(gdn_config_t, packed_order), offs
                                       sizeof(gdn_config_t)};
 constexpr size_t kBatchVersions[] = {offsetof(gdn_batch_t, non_spec_read_state_indices), sizeof(gdn_batch_t)};
 constexpr size_t kTensorsVersions[] = {offsetof(gdn_tensors_t, qkvz), offsetof(gdn_tensors_t, b_stride),
-                                       sizeof(gdn_tensors_t)};
+                                       offsetof(gdn_tensors_t, dt_bias_dtype), sizeof(gdn_tensors_t)};
 static_assert(sizeof(void *) != 8 || (kConfigVersions[0] == 88 && kBatchVersions[0] == 112 && kTensorsVersions[0] == 184),
               "a version-1 struct layout changed: that breaks every caller built against 0.1.0 (ABI 1)");
 
@@ -198,6 +198,10 @@ Checked validate_call(void *queue, const gdn_config_t *cfg_in, const gdn_batch_t
   check_stride(t.ba_stride, 2 * hv, "tensors->ba_stride");
   check_stride(t.z_out_stride, ov, "tensors->z_out_stride");
   check_packed(c, op);
+  if (t.dt_bias_dtype == 0) t.dt_bias_dtype = GDN_DTYPE_F32;  // (a version-3 caller's, and the default)
+  GDN_REQUIRE(t.dt_bias_dtype == GDN_DTYPE_F32 || t.dt_bias_dtype == cfg.act_dtype, GDN_ERROR_BAD_DTYPE,
+              "tensors->dt_bias_dtype = " + str(t.dt_bias_dtype) + ": dt_bias is GDN_DTYPE_F32 or cfg->act_dtype (" +
+                  str(cfg.act_dtype) + ")");
 
   const bool conv = op != Op::Delta, delta = op != Op::Conv;
   const bool work = b.num_actual_tokens > 0;
