@@ -33,6 +33,7 @@ class Log:
 # The targets, each bar once: targets() judges the run by them, table.py each row.
 BW_B8 = 0.80           # decode & spec at B >= 8: share of the bandwidth beside the row (f32 and bf16 state)
 BW_B1 = 0.50           # decode & spec at B = 1: the same share
+DECODE_PASS = 0.85     # decode rows (B = 1 and 8, f32 and bf16 state): share of their own bare state pass
 SPEC_BW_B8 = 0.50      # spec decode at B >= 8, the first bandwidth bar (f32 state)
 SPEC_VS_TORCH = 5.0    # spec decode at B >= 8: torch fallback time / ours
 PREFILL_PEAK = 0.70    # chunked prefill of 2048 tokens: share of the matmul peak
@@ -399,6 +400,7 @@ def _limit_targets(out, records, plan, ho, sweep, base, bw, peak):
                    key, sd, lambda r: r["batch"] >= 8 and r["num_spec"] in need, BW_B8, base, bw, need)
         _bw_target(out, f"bw_b1_{sd}", records, plan, f"decode & spec at B=1 >= {BW_B1:.0%} of measured bandwidth, "
                    f"{sd} state", key, sd, lambda r: r["batch"] == 1, BW_B1, base, bw, ())
+        _decode_pass_target(out, f"decode_pass_{sd}", records, plan, key, sd, base)
     ratios = kv_ratios(records)
     rows = [r for r in records if r["kind"] in ("decode", "spec")]
     name = f"kv ssm layout within {KV_VS_VK}x of vk on every decode/spec row"
@@ -424,6 +426,22 @@ def _limit_targets(out, records, plan, ho, sweep, base, bw, peak):
             _target(out, "c_abi", name, None, "; ".join(ho.get("c_abi", [])) or "not measured", hf)
         else:
             _target(out, "c_abi", name, c <= C_ABI_US, f"{c:.1f} us", hf, c)
+
+
+def _decode_pass_target(out, tkey, records, plan, key, sd, base):
+    """The decode rows of B = 1 and 8 against their own bare state pass, timed in the same rounds: the
+    row's time against that of moving its state alone (state_pass_share of the row's reference)."""
+    pass_name = {d: n for n, d in STATE_PASSES}[sd]
+    name = f"decode B=1 and B=8 >= {DECODE_PASS:.0%} of their own bare state pass, {sd} state"
+    rows = [r for r in records if r["kind"] == "decode" and r["batch"] in (1, 8) and "GBps" in r.get(key, {})
+            and state_pass_share(r, pass_name, plan)]
+    if not rows:
+        return _target(out, tkey, name, None, "no decode row with its state pass ran", base)
+    vals = [(r[key]["GBps"] / r[pass_name]["GBps"], r["label"]) for r in rows]
+    worst = min(vals)
+    _target(out, tkey, name, worst[0] >= DECODE_PASS, f"min {100 * worst[0]:.1f}% ({worst[1]}); all: "
+            + ", ".join(f"{lab} {100 * f:.0f}%" for f, lab in vals) + " (the pass's time / the row's)",
+            rows_foreign(rows, base), worst[0], worst[1])
 
 
 def _flat_targets(out, sweep, base):

@@ -5,9 +5,9 @@ formats, state passes, rounds, the targets' evidence) are report.py's, printed w
 kept in the JSON record."""
 from __future__ import annotations
 
-from report import (BW_B1, BW_B8, C_ABI_US, FLAT, KDA_TWIN, KDA_VS_GDN, KV_VS_VK, PLAIN_CALL_US, PREFILL_PEAK,
-                    PREFILL_VS_TORCH, PREPARED_CALL_US, SPEC_BW_B8, SPEC_VS_TORCH, STATE_PASSES, base_foreign,
-                    row_reference, rows_foreign, state_pass_share, verdict)
+from report import (BW_B1, BW_B8, C_ABI_US, DECODE_PASS, FLAT, KDA_TWIN, KDA_VS_GDN, KV_VS_VK, PLAIN_CALL_US,
+                    PREFILL_PEAK, PREFILL_VS_TORCH, PREPARED_CALL_US, SPEC_BW_B8, SPEC_VS_TORCH, STATE_PASSES,
+                    base_foreign, row_reference, rows_foreign, state_pass_share, verdict)
 
 COLUMNS = ("case", "time", "rate", "% of bound", "vs peer", "verdict")
 _WIDTHS = (24, 10, 14, 20, 12)
@@ -60,6 +60,9 @@ def _state_rows(r, plan, base):
             sp = state_pass_share(r, pass_name, plan)
             note = f"(bare state pass {100 * sp:.0f}%)" if share < bar and sp is not None else ""
             checks.append((share >= bar, f">= {bar:.0%} BW", note))
+        sp = state_pass_share(r, pass_name, plan)
+        if r["kind"] == "decode" and r["batch"] in (1, 8) and sp:
+            checks.append((share >= DECODE_PASS * sp, f">= {DECODE_PASS:.0%} of its bare pass", f"({share / sp:.0%})"))
         if key == "ours" and r["kind"] == "spec" and r["batch"] >= 8:
             checks.append((share >= SPEC_BW_B8, f">= {SPEC_BW_B8:.0%} BW", ""))
             if "ratio" in r.get("torch", {}):

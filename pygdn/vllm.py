@@ -77,6 +77,12 @@ def _register_cpu() -> None:
         _warm_up(self)
 
     cls.__init__ = __init__
+    # The SYCL CPU device sizes its thread pool by the CPUs this process may run on when it is first used.
+    # vLLM's worker binds its thread to one core at its first OpenMP region (KMP_AFFINITY with
+    # OMP_NUM_THREADS >= 2: every host with more than 2 cores): a device first used after that has one
+    # compute unit, and every kernel runs on one thread. vLLM loads its plugins in a worker before it builds
+    # the worker, so the queue is made here (in vLLM's other processes too: ~0.1 s, no threads).
+    _queue()
 
 
 def _register_xpu() -> None:
@@ -232,6 +238,7 @@ def gdn_attention_core(mixed_qkv, b, a, core_attn_out, layer_name) -> None:
 def _announce() -> None:
     if not _state["announced"]:
         _state["announced"] = True
-        _log.info("libgdn_xpu %s (pygdn, %s=1) serves the GDN attention core of %d layers on %s (%s activations, "
-                  "%s SSM state): %s", _version(), ENV, len(_state["layers"]), _queue().sycl_device.name,
-                  *_state["dtypes"], ", ".join(_state["layers"]))
+        device = _queue().sycl_device
+        _log.info("libgdn_xpu %s (pygdn, %s=1) serves the GDN attention core of %d layers on %s (%d compute units; "
+                  "%s activations, %s SSM state): %s", _version(), ENV, len(_state["layers"]), device.name,
+                  device.max_compute_units, *_state["dtypes"], ", ".join(_state["layers"]))

@@ -72,22 +72,23 @@ static inline void store_state_columns(const GdnDeltaParams &p, int32_t slot, in
 // up and qs are scratch of GDN_CHUNK_SIZE rows per block. Every product is blocked so that
 // CB x RB (rows) or CB x KB (state rows) independent accumulators are in flight: one
 // accumulator per dot product left the CPU device waiting on the FMA latency, and each load
-// (a state or u vector, a broadcast of W, q, Aqk or k) feeds several FMAs.
+// (a state or u vector, a broadcast of W, q, Aqk or k) feeds several FMAs. qd and kd hold the
+// chunk's q and k rows (chunk_qk_rows; with a decay per key channel q (.) dstart and K (.) dend).
 template <int NL, int CB, int RB, int KB>
 static inline void chunk_scan_columns(const GdnDeltaParams &p, int64_t pos, int32_t jfirst, int32_t len,
-                                      const int64_t *qk_off, int32_t hv, const int32_t *v, int32_t cb,
-                                      typename Lanes<NL>::T *const *s, typename Lanes<NL>::T (*up)[GDN_CHUNK_SIZE],
+                                      const int64_t *qk_off, const float (*qd)[kHeadK], const float (*kd)[kHeadK], int32_t hv,
+                                      const int32_t *v, int32_t cb, typename Lanes<NL>::T *const *s,
+                                      typename Lanes<NL>::T (*up)[GDN_CHUNK_SIZE],
                                       typename Lanes<NL>::T (*qs)[GDN_CHUNK_SIZE]) {
   typedef Lanes<NL> L;
   typedef typename L::T lane_t;
   const float *dstart = p.chunk_dstart + pos * kGateK, *dend = p.chunk_dend + pos * kGateK;
   for (int32_t i0 = 0; i0 < len; i0 += RB) {  // u = U - W S and q S, RB rows at a time
-    const float *w[RB], *qi[RB], *dq[RB];
+    const float *w[RB], *qi[RB];
     for (int r = 0; r < RB; ++r) {  // rows past len repeat row i0: computed, not stored
       const int32_t i = i0 + r < len ? i0 + r : i0;
       w[r] = p.chunk_w + (pos + i) * kHeadK;
-      qi[r] = p.qn + qk_off[i];
-      dq[r] = dstart + i * kGateK;
+      qi[r] = qd[i];
     }
     lane_t ws[CB][RB], q_s[CB][RB];
     for (int b = 0; b < CB; ++b)
@@ -96,7 +97,7 @@ static inline void chunk_scan_columns(const GdnDeltaParams &p, int64_t pos, int3
       lane_t sk[CB];
       for (int b = 0; b < CB; ++b) sk[b] = s[b][k];
       for (int r = 0; r < RB; ++r) {
-        const float wk = w[r][k], qk = GDN_CHANNEL_GATE ? qi[r][k] * dq[r][k] : qi[r][k];  // per channel: (q (.) dstart) S
+        const float wk = w[r][k], qk = qi[r][k];
         for (int b = 0; b < CB; ++b) {
           ws[b][r] += sk[b] * wk;
           q_s[b][r] += sk[b] * qk;
@@ -144,15 +145,28 @@ static inline void chunk_scan_columns(const GdnDeltaParams &p, int64_t pos, int3
     for (int32_t j = 0; j < len; ++j) {
       lane_t uj[CB];
       for (int b = 0; b < CB; ++b) uj[b] = up[b][j];
-      const float *kj = p.kn + qk_off[j] + k0, *dj = dend + j * kGateK + k0;
-      for (int kk = 0; kk < KB && k0 + kk < kHeadK; ++kk) {
-        const float x = GDN_CHANNEL_GATE ? kj[kk] * dj[kk] : kj[kk];
-        for (int b = 0; b < CB; ++b) acc[b][kk] += uj[b] * x;
-      }
+      const float *kj = kd[j] + k0;
+      for (int kk = 0; kk < KB && k0 + kk < kHeadK; ++kk)
+        for (int b = 0; b < CB; ++b) acc[b][kk] += uj[b] * kj[kk];
     }
     for (int b = 0; b < cb; ++b)
       for (int kk = 0; kk < KB && k0 + kk < kHeadK; ++kk) s[b][k0 + kk] = acc[b][kk];
   }
+}
+
+// A chunk's q and k rows as chunk_scan_columns's products take them, contiguous: q_i and k_i, or with a
+// decay per key channel q_i (.) dstart_i and k_i (.) dend_i (each product rounded once), formed once
+// per chunk instead of once per block and FMA group. In qn and kn a head's rows lie H*K floats apart
+// (8 KiB at H = 16, K = 128), the same few L1 sets for every row (docs/performance.md, "KDA prefill"
+// under "Why each row reads as it does", has the scan's time with and without the copies).
+static inline void chunk_qk_rows(const GdnDeltaParams &p, int64_t pos, int32_t len, const int64_t *qk_off,
+                                 float (*qd)[kHeadK], float (*kd)[kHeadK]) {
+  const float *dstart = p.chunk_dstart + pos * kGateK, *dend = p.chunk_dend + pos * kGateK;
+  for (int32_t i = 0; i < len; ++i)
+    for (int k = 0; k < kHeadK; ++k) {
+      qd[i][k] = GDN_CHANNEL_GATE ? p.qn[qk_off[i] + k] * dstart[i * kGateK + k] : p.qn[qk_off[i] + k];
+      kd[i][k] = GDN_CHANNEL_GATE ? p.kn[qk_off[i] + k] * dend[i * kGateK + k] : p.kn[qk_off[i] + k];
+    }
 }
 
 // The chunk scan of one (sequence, v-head) over NB blocks of NL state columns from v0 on
@@ -187,10 +201,12 @@ static inline void chunk_scan_body(const GdnDeltaParams &p, int32_t e, int32_t h
     }
   lane_t up[CB][GDN_CHUNK_SIZE], qs[CB][GDN_CHUNK_SIZE];
   int64_t qk_off[GDN_CHUNK_SIZE];  // offset of row i's q and k (qn and kn share the layout)
+  float qd[GDN_CHUNK_SIZE][kHeadK], kd[GDN_CHUNK_SIZE][kHeadK];  // the chunk's q and k rows (chunk_qk_rows)
   for (int32_t c = c0; c < c0 + nc; ++c) {
     const int32_t jfirst = p.chunk_table[(int64_t)c * GDN_TABLE_INTS + 1], len = p.chunk_table[(int64_t)c * GDN_TABLE_INTS + 2];
     const int64_t pos = chunk_pos(p, hv, c);
     for (int32_t i = 0; i < len; ++i) qk_off[i] = (global_row(p.token_indx, jfirst + i) * p.H + h) * kHeadK;
+    chunk_qk_rows(p, pos, len, qk_off, qd, kd);
     for (int32_t b0 = 0; b0 < nb; b0 += CB) {
       const int32_t cb = sycl::min(CB, nb - b0);
       lane_t *sb[CB];
@@ -200,7 +216,7 @@ static inline void chunk_scan_body(const GdnDeltaParams &p, int32_t e, int32_t h
         sb[b] = s[bb];
         vb[b] = v0 + bb * NL;
       }
-      chunk_scan_columns<NL, CB, RB, KB>(p, pos, jfirst, len, qk_off, hv, vb, cb, sb, up, qs);
+      chunk_scan_columns<NL, CB, RB, KB>(p, pos, jfirst, len, qk_off, qd, kd, hv, vb, cb, sb, up, qs);
     }
     // A block checkpoint is always a chunk end (gdn_chunk_plan aligns the chunks to it).
     const int32_t ck = ckpt.after(jfirst + len - 1 - j0);
