@@ -520,6 +520,27 @@ GDN_API gdn_status_t gdn_flush_replay(void *queue, const gdn_config_t *cfg, int3
                                       const int32_t *num_tokens, void *ssm_state, float *replay_ring,
                                       int32_t *replay_count);
 
+/* ---- graphs: a step recorded once, replayed ("Graphs" above) ----
+ * For callers without SYCL objects of their own (C programs, Python with dpctl); a SYCL program
+ * records with its own command_graph, torch-XPU with its graph capture, under the same rules.
+ * gdn_graph_begin: a new graph recording the in-order queue: from now on every command submitted
+ *   to it -- the library's calls and anything else (copies of a step's inputs, ...) -- is recorded,
+ *   not run, until gdn_graph_end. GDN_ERROR_UNSUPPORTED when the device has neither
+ *   sycl::aspect::ext_oneapi_graph nor ext_oneapi_limited_graph, or the queue is out of order or
+ *   recording already.
+ * gdn_graph_end: ends the recording and makes the graph replayable (command_graph::finalize).
+ * gdn_graph_replay: runs the recorded commands on the in-order queue (the recording queue, or
+ *   another of its context and device) after the work already on it, and returns without waiting.
+ * gdn_graph_destroy: frees the graph (ending its recording if still open); after its replays.
+ * gdn_queue_recording: 1 when the queue records into a graph (any: gdn_graph_begin's, the caller's
+ *   own, torch's), else 0 (also for NULL). A binding that waits after a call asks it first. */
+typedef struct gdn_graph gdn_graph_t;
+GDN_API gdn_status_t gdn_graph_begin(void *queue, gdn_graph_t **graph);
+GDN_API gdn_status_t gdn_graph_end(gdn_graph_t *graph);
+GDN_API gdn_status_t gdn_graph_replay(void *queue, const gdn_graph_t *graph);
+GDN_API void gdn_graph_destroy(gdn_graph_t *graph);
+GDN_API int32_t gdn_queue_recording(void *queue);
+
 /* Drop cached kernels and workspaces (e.g. before unloading). Kernels on disk stay cached. The
  * library keeps one workspace per queue it was called on without tensors->workspace, grown to the
  * largest call, until this is called. Safe while calls run on other threads: a workspace in use

@@ -281,11 +281,4 @@ void check_metadata(Checked &c) {
   check_contents(c);
 }
 
-void check_prefill_start_loc(Checked &c) {
-  MetaReader r(c.q);
-  r.read(c.meta.ns_qsl, c.batch.non_spec_query_start_loc, (int64_t)c.num_non_spec_seqs + 1, 0);
-  r.finish();
-  check_start_loc(c.meta.ns_qsl, c.batch.non_spec_token_count, "non_spec_query_start_loc", "non_spec_token_count");
-}
-
 }  // namespace gdn

@@ -122,6 +122,9 @@ GDN_API gdn_status_t gdn_flush_replay(void *queue, const gdn_config_t *cfg_in, i
     if (!replay_ring) fail(GDN_ERROR_NULL_POINTER, std::string("replay_ring is NULL but ") + why);
     if (!replay_count) fail(GDN_ERROR_NULL_POINTER, std::string("replay_count is NULL but ") + why);
     sycl::queue &q = *static_cast<sycl::queue *>(queue);
+    GDN_REQUIRE(!recording(q), GDN_ERROR_UNSUPPORTED,
+                "the queue records a graph, and gdn_flush_replay reads slots, num_tokens and replay_count back: call it "
+                "outside the recording");
     const int64_t H = cfg.num_k_heads, HV = cfg.num_v_heads, K = cfg.head_k_dim, V = cfg.head_v_dim, S = cfg.num_slots;
     const int64_t ring = cfg.replay_tokens * ring_floats_of(cfg);
     const size_t state = dtype_bytes(cfg.state_dtype);
@@ -172,7 +175,7 @@ GDN_API gdn_status_t gdn_flush_replay(void *queue, const gdn_config_t *cfg_in, i
     p.group = GDN_GROUP_SPEC, p.replay = GDN_REPLAY_APPLY;
     p.ring = replay_ring, p.ring_count = replay_count, p.ring_tokens = cfg.replay_tokens;
     p.ring_floats = ring_floats_of(cfg);
-    Chain ch(q);
+    Chain ch(q, false);
     launch(ch, ks, plan.replay_spec, p);
     p.group = GDN_GROUP_NON_SPEC;
     launch(ch, ks, plan.replay_count_non_spec, p);

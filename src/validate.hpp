@@ -41,6 +41,7 @@ struct Checked {
   int32_t conv_dim = 0;
   int32_t num_non_spec_seqs = 0;
   size_t act_bytes = 0;
+  bool recording = false;  // the queue records into a command graph (gdn_xpu.h "Graphs")
   HostMeta meta;      // read back under GDN_VALIDATE_FULL only
 };
 
@@ -67,6 +68,12 @@ inline int64_t ring_floats_of(const gdn_config_t &cfg) {
 
 // The model dims validate_config accepts (gdn_xpu.h, gdn_config_t): 1..these.
 constexpr int32_t kMaxKHeads = 1024, kMaxVHeads = 4096, kMaxHeadDim = 256;
+
+// The queue records what is submitted to it into a command graph (sycl_ext_oneapi_graph; gdn_xpu.h
+// "Graphs"): nothing submitted runs now, and nothing may wait for it.
+inline bool recording(const sycl::queue &q) {
+  return q.ext_oneapi_get_state() == sycl::ext::oneapi::experimental::queue_state::recording;
+}
 
 // Decimal text of a value, for failure messages.
 inline std::string str(int64_t v) { return std::to_string(v); }
@@ -102,9 +109,7 @@ void check_arrays(const sycl::queue &q, int32_t flags, const Array *arrays, size
 // replay.cpp: replay mode's checks of a call's ring counts (GDN_VALIDATE_FULL, after check_metadata).
 void check_replay_counts(Checked &c);
 
-// metadata.cpp: the metadata arrays' contents, read to the host and checked (GDN_VALIDATE_FULL);
-// under GDN_VALIDATE_COUNTS only the start locations of a batch with prefills.
+// metadata.cpp: the metadata arrays' contents, read to the host and checked (GDN_VALIDATE_FULL).
 void check_metadata(Checked &c);
-void check_prefill_start_loc(Checked &c);
 
 }  // namespace gdn

@@ -488,6 +488,19 @@ static inline int64_t global_row(const int32_t *token_indx, int32_t j) {
   return token_indx ? (int64_t)token_indx[j] : (int64_t)j;
 }
 
+// The compact tokens [j0, j0 + len) of sequence seq of a token group of num_tokens tokens, from its
+// start locations clamped into [0, num_tokens] (the end not before the start), len at most
+// max_len (spec sequences: 1 + num_spec). Whatever start locations a call brings
+// (GDN_VALIDATE_COUNTS reads none back), a sequence's tokens are tokens of its group: no kernel
+// walks outside the group's rows, a spec sequence outside its row of slots.
+struct SeqSpan {
+  int32_t j0, len;
+};
+static inline SeqSpan seq_span(const int32_t *qsl, int32_t seq, int32_t num_tokens, int32_t max_len) {
+  const int32_t j0 = sycl::clamp(qsl[seq], 0, num_tokens);
+  return {j0, sycl::min(sycl::clamp(qsl[seq + 1], j0, num_tokens) - j0, max_len)};
+}
+
 // The block checkpoints of a non-spec sequence (gdn_xpu.h "State caches"), walked token by token
 // in ascending order: after(t) is the slot to store the state after token t (0-based in the step)
 // to, pad_slot_id when t is no boundary or its checkpoint is not stored. One comparison per
