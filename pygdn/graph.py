@@ -20,8 +20,10 @@ class Graph:
     recorded into a SYCL command graph (gdn_graph_begin / gdn_graph_end) and replayed by replay().
 
     Inside the block nothing runs and nothing may wait on the queue: pygdn's calls skip their wait
-    there, but reading an array back (UsmArray.to_numpy, copy_from) or queue.wait() would wait (a
-    SYCL error, which dpctl turns into an abort). What the graph holds is fixed at recording: the
+    there; queue.wait() is a SYCL error, which dpctl turns into an abort. Every command submitted
+    to the queue is recorded, a copy too (UsmArray.from_numpy, copy_from, to_numpy, dpnp.asarray):
+    it would copy from or to its host buffer at every replay, long after that buffer is gone, so
+    make and fill arrays before recording. What the graph holds is fixed at recording: the
     config, the batch counts and every array's address, so keep every array of the recorded calls
     alive, at its address, for as long as the graph may be replayed; between replays write new
     contents into them (inputs, caches, metadata). Graph(q, keep=[...]) (or graph.keep) holds
