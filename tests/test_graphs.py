@@ -292,6 +292,9 @@ def test_what_cannot_be_recorded(queue):
         assert e.value.status_name == "GDN_ERROR_UNSUPPORTED"
         with pytest.raises(RuntimeError, match="nothing recorded yet"):
             graph.replay()
+        qp = pygdn.ffi.cast("void *", queue.addressof_ref())
+        assert pygdn.lib.gdn_queue_wait(qp) == pygdn.lib.GDN_ERROR_DEVICE  # (dpctl's queue.wait() would abort)
+        assert "recording" in pygdn._lib.last_error()
     assert not pygdn.graph.recording(queue)
     graph.replay()  # nothing was recorded
     for k, v in layer.caches[0].items():
