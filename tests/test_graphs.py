@@ -11,7 +11,7 @@ import pytest
 
 import dpctl
 import pygdn
-from helpers import usm
+from helpers import default_queue, usm
 
 K = V = 16
 W = 4
@@ -126,7 +126,7 @@ def step_and_compare(graph, layers, what):
 def test_multi_layer_decode_step(queue, kernels):
     """Three GDN layers' decode step (five sequences, one of them graph padding; the fused gated
     RMSNorm) recorded once, replayed for five steps: each step new inputs, cache contents, slots,
-    row order and padded sequence."""
+    row order and padded sequence; then three replays in a row."""
     rng = np.random.default_rng(700)
     B, slots = 5, 12
     cfg = config("gdn", slots, ssm_layout="vk")
@@ -156,6 +156,13 @@ def test_multi_layer_decode_step(queue, kernels):
         outs.append(step_and_compare(graph, layers, f"step {step}"))
     assert all(np.any(o != 0) and np.all(np.isfinite(o)) for s in outs for o in s)
     assert not np.array_equal(outs[0][0], outs[1][0])  # the replays computed new contents
+    for _ in range(3):  # replays back to back, nothing waited for between them
+        graph.replay(wait=False)
+    for _ in range(3):
+        for layer in layers:
+            layer.call(1)
+    for layer in layers:
+        layer.compare("three replays in a row")
 
 
 # ----------------------------------------------------------------------------- an 8-step MTP loop
@@ -247,7 +254,7 @@ def test_library_workspace_outlives_growth(kernels):
     """A call recorded on a fresh queue (its workspace allocated while recording), then an eager
     call of a larger batch on that queue (the workspace grows): the recorded address stays valid
     (retired, not freed) and a replay still equals the eager call."""
-    q = dpctl.SyclQueue("cpu", property="in_order")
+    q = default_queue()  # a queue of its own: its workspace is made while recording
     rng = np.random.default_rng(730)
     cfg = config("gdn", 16)
     meta = Meta(q, num_decodes=2, num_actual_tokens=2, non_spec_token_count=2)

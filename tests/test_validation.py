@@ -885,7 +885,7 @@ def test_metadata_in_device_or_host_usm(s, usm_type):
     fails(s, "GDN_ERROR_BAD_STATE_INDEX", ["spec_state_indices[1][2] = 999"],
           lambda: s.attention(_batch_in(s, usm_type, spec_state_indices=[[3, 4, 5], [6, 7, 999]])))
     fails(s, "GDN_ERROR_BAD_START_LOC", ["non_spec_query_start_loc decreases at [2]: 5 -> 4"],
-          lambda: s.attention(_batch_in(s, usm_type, validate="counts", non_spec_query_start_loc=[0, 5, 4])))
+          lambda: s.attention(_batch_in(s, usm_type, non_spec_query_start_loc=[0, 5, 4])))
     s.attention(_batch_in(s, usm_type))
     s.check_reference(written=range(1, 9))
 

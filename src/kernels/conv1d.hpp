@@ -115,9 +115,9 @@ static inline SeqSpan conv_span(const GdnConvParams &p, int32_t seq, bool spec) 
 }
 
 // z_out (packed x): the z elements [e, e+N) of the rows of the bound group's compact tokens
-// [j0, j1), copied bit for bit (copy_z_seq: sequence seq's). The conv kernels run them as their channels conv_dim ..
-// conv_dim+z_dim-1, each row by the work-item whose tile or sequence holds its token, in the
-// pass that reads the row's q|k|v already.
+// [j0, j1) (copy_z_seq: sequence seq's tokens), copied bit for bit. The conv kernels run them as
+// their channels conv_dim .. conv_dim+z_dim-1, each row by the work-item whose tile or sequence
+// holds its token, in the pass that reads the row's q|k|v already.
 template <int N>
 static inline void copy_z(const GdnConvParams &p, int32_t j0, int32_t j1, int32_t e) {
   const int64_t zc = gdn_z_col(p.pack, e);
@@ -315,8 +315,8 @@ static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int3
   }
 }
 
-// A plain decode sequence (exactly one token: conv_span) in the 16-channel blocks [c, c_end), width 4: what
-// conv_non_spec_tile does for it (owner of its only token: pad slot, read slot, initial state,
+// A plain decode sequence (exactly one token, conv_span) in the 16-channel blocks [c, c_end), width
+// 4: what conv_non_spec_tile does for it (owner of its only token: pad slot, read slot, initial state,
 // the checkpoint after the token, the new state), in pairs of blocks, each block's weights and
 // window loaded just before its token. gdn_fused_cpu's decode conv: through the tile with its
 // eight blocks' weights loaded up front, cache-resident bf16 decode B=8 steps took ~0.21 ms
