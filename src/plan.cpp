@@ -212,7 +212,7 @@ auto all_launches(P &p) {
 // The CPU-device variants (*_cpu.cpp), which plan.cpp picks when target.cpu_variants allows.
 bool cpu_family(Family f) {
   return f == Family::Conv1dCpu || f == Family::DeltaPrepCpu || f == Family::DeltaRecurrentCpu ||
-         f == Family::DeltaChunkCpu;
+         f == Family::DeltaChunkCpu || f == Family::GatedNormCpu;
 }
 
 // Every CPU-variant build may round bf16 by AVX512-BF16's instructions (common.hpp, to_bf16x32,
@@ -256,8 +256,13 @@ Plan make_plan(const gdn_config_t &cfg, const gdn_batch_t &b, const PlanInputs &
   if (conv) plan_conv(p, cfg, b, t, in.z_out_given);
   if (delta) plan_delta(p, cfg, b, t);
   if (in.op == Op::Attention && in.z_given) {
-    p.norm = kernel(Family::GatedNorm, act_option(cfg), "gdn_gated_rmsnorm");  // a sub-group per (row, v-head)
-    shape1(p.norm, (int64_t)b.num_actual_tokens * cfg.num_v_heads * GDN_SUB_GROUP, (int64_t)GDN_SUB_GROUP * GDN_TILE_SUB_GROUPS);
+    if (t.cpu_variants && cfg.head_v_dim % GDN_CPU_LANES == 0) {
+      p.norm = kernel(Family::GatedNormCpu, act_option(cfg), "gdn_gated_rmsnorm_cpu");
+      shape1(p.norm, b.num_actual_tokens, 1);  // a row per work-item, alone in its group
+    } else {
+      p.norm = kernel(Family::GatedNorm, act_option(cfg), "gdn_gated_rmsnorm");  // a sub-group per (row, v-head)
+      shape1(p.norm, (int64_t)b.num_actual_tokens * cfg.num_v_heads * GDN_SUB_GROUP, (int64_t)GDN_SUB_GROUP * GDN_TILE_SUB_GROUPS);
+    }
   }
   // A token group's conv and recurrence fused (gdn_fused_cpu, a work-item per (sequence, k-head))
   // where the plan picked the CPU variants of both and no prep launch: the spec group of a step

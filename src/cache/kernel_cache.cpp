@@ -30,6 +30,7 @@ const char *family_name(gdn::Family f) {
     case gdn::Family::DeltaChunk: return "delta_chunk.cpp";
     case gdn::Family::DeltaChunkCpu: return "delta_chunk_cpu.cpp";
     case gdn::Family::GatedNorm: return "gated_norm.cpp";
+    case gdn::Family::GatedNormCpu: return "gated_norm_cpu.cpp";
   }
   return "?";
 }

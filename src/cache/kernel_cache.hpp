@@ -7,7 +7,7 @@ namespace gdn {
 
 // One build per kernel source file (src/kernels/*.cpp) and option set: a call compiles only the
 // files of the kernels it launches.
-enum class Family { Conv1d, Conv1dCpu, DeltaPrep, DeltaPrepCpu, DeltaRecurrent, DeltaRecurrentCpu, DeltaChunk, DeltaChunkCpu, GatedNorm };
+enum class Family { Conv1d, Conv1dCpu, DeltaPrep, DeltaPrepCpu, DeltaRecurrent, DeltaRecurrentCpu, DeltaChunk, DeltaChunkCpu, GatedNorm, GatedNormCpu };
 
 // The kernel `name` of `family` built with `options` (e.g. "-DGDN_ACT_BF16") for q's device.
 // The first request in a process loads the family from the library's disk cache (disk_cache.hpp)

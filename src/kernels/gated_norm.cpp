@@ -9,9 +9,9 @@
 // ... (loads and stores contiguous across the lanes), the sum of squares by a sub-group reduction.
 // Global rows * HV * GDN_SUB_GROUP rounded up, local GDN_SUB_GROUP * GDN_TILE_SUB_GROUPS; a
 // sub-group past the last (row, v-head) returns as a whole. So every (row, v-head) runs the same
-// instructions whatever else the launch holds: a row's result does not depend on the batch. (A
-// work-item per (row, v-head) did: on the CPU device a work-group whose last items returned early
-// took a masked copy of the code, and its rows differed from a full group's by an ulp.)
+// instructions whatever else the launch holds: a row's result does not depend on the batch. (With
+// a work-item per (row, v-head), a work-group whose last items return early runs a masked copy of
+// the code on the CPU device, and its rows differ from a full group's by an ulp.)
 GDN_SUB_GROUP_KERNEL(1) void gdn_gated_rmsnorm(GdnNormParams p) {
   const auto it = item1();
   const auto sg = it.get_sub_group();
