@@ -54,10 +54,10 @@ report.py (detailed rows, cache-format table, targets, plot), table.py (the clos
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import platform
+import re
 import sys
 import time
 
@@ -154,7 +154,7 @@ def describe_run(queue, args):
 def build_check():
     """Which build the run measures: the imported pygdn's library against the checkout this script
     sits in -- its VERSION and its kernel sources and public header, which the library embeds
-    verbatim (src/embed_kernels.py). An environment installed before the last change measures the
+    verbatim (tools/embed_kernels.py). An environment installed before the last change measures the
     old kernels under the new benchmark's rows, and nothing in the numbers shows it. Returns the
     facts and a line to log (a WARNING when they differ)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -168,9 +168,11 @@ def build_check():
     except OSError as e:
         facts["matches_checkout"] = None
         return facts, f"build: pygdn {pygdn.__version__} ({lib_path}); not compared with a checkout ({e})"
-    # meson.build's kernel_files: the kernel sources and the public header they include
-    kernels = sorted(glob.glob(os.path.join(root, "src", "kernels", "*.[ch]pp"))) + [
-        os.path.join(root, "include", "gdn_xpu.h")]
+    # src/kernels/meson.build's kernel_files: the kernel sources and the headers they include
+    kernel_dir = os.path.join(root, "src", "kernels")
+    with open(os.path.join(kernel_dir, "meson.build"), encoding="utf-8") as f:
+        listed = re.findall(r"'([^']+)'", re.search(r"kernel_files = files\((.*?)\)", f.read(), re.S).group(1))
+    kernels = sorted(os.path.normpath(os.path.join(kernel_dir, name)) for name in listed)
     differ = []
     for path in kernels:
         with open(path, "rb") as f:

@@ -9,12 +9,13 @@ Canonical layouts used here (tests convert to/from the library's other layouts):
 `batch` is a dict keyed like the fields of gdn_batch_t; missing keys mean 0 / None.
 Every function returns fresh arrays and never mutates its inputs. Plain loops, float64.
 
-State caches as engines keep them (gdn_xpu.h "State caches", SPEC.md's last section): read slots
-(non_spec_read_state_indices, spec_read_state_indices), block checkpoints (checkpoint_interval,
-checkpoint_cols, non_spec_start_pos, checkpoint_state_indices) and the SSM state dtype: a stored
-state is rounded to state_dtype (round to nearest even) once per store -- each spec write-back,
-each checkpoint, the final state of a non-spec sequence -- while the computation of the call goes
-on from the unrounded float64 state; a later call starts from the stored (rounded) value.
+State caches as engines keep them (gdn_xpu.h "State caches", docs/op.md "State caches as engines
+keep them"): read slots (non_spec_read_state_indices, spec_read_state_indices), block checkpoints
+(checkpoint_interval, checkpoint_cols, non_spec_start_pos, checkpoint_state_indices) and the SSM
+state dtype: a stored state is rounded to state_dtype (round to nearest even) once per store --
+each spec write-back, each checkpoint, the final state of a non-spec sequence -- while the
+computation of the call goes on from the unrounded float64 state; a later call starts from the
+stored (rounded) value.
 """
 import numpy as np
 
@@ -143,8 +144,8 @@ def _non_spec_sequences(batch):
     for i in range(nseq):
         js = range(int(loc[i]), int(loc[i + 1]))
         rows = [int(tok[j]) if tok is not None else j for j in js]
-        # None = every sequence has state; an array shorter than nseq (SPEC.md sizes it
-        # [num_prefills]) is taken to cover the leading entries, the rest have state.
+        # None = every sequence has state; an array shorter than nseq is taken to cover the
+        # leading entries, the rest have state.
         hs = True if his is None or i >= len(his) else bool(his[i])
         checkpoints = []
         if interval and int(slots[i]) != _pad(batch):  # graph padding stores no checkpoints

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "errors.hpp"
-#include "validate.hpp"
+#include "validate/validate.hpp"
 
 namespace syclexp = sycl::ext::oneapi::experimental;
 
@@ -21,8 +21,7 @@ namespace {
 sycl::queue &in_order_queue(void *queue, const char *what) {
   if (!queue) gdn::fail(GDN_ERROR_BAD_QUEUE, "queue is NULL");
   sycl::queue &q = *static_cast<sycl::queue *>(queue);
-  GDN_REQUIRE(q.is_in_order(), GDN_ERROR_UNSUPPORTED,
-              std::string("queue is out of order: ") + what + " needs an in-order queue");
+  if (!q.is_in_order()) gdn::fail(GDN_ERROR_UNSUPPORTED, std::string("queue is out of order: ") + what + " needs an in-order queue");
   return q;
 }
 
@@ -36,11 +35,11 @@ GDN_API gdn_status_t gdn_graph_begin(void *queue, gdn_graph_t **graph) {
     *graph = nullptr;
     sycl::queue &q = in_order_queue(queue, "gdn_graph_begin");
     const sycl::device d = q.get_device();
-    GDN_REQUIRE(d.has(sycl::aspect::ext_oneapi_graph) || d.has(sycl::aspect::ext_oneapi_limited_graph),
-                GDN_ERROR_UNSUPPORTED,
-                "the queue's device (" + d.get_info<sycl::info::device::name>() + ") cannot record graphs " +
-                    "(neither sycl::aspect::ext_oneapi_graph nor ext_oneapi_limited_graph)");
-    GDN_REQUIRE(!gdn::recording(q), GDN_ERROR_UNSUPPORTED, "the queue is recording a graph already");
+    if (!d.has(sycl::aspect::ext_oneapi_graph) && !d.has(sycl::aspect::ext_oneapi_limited_graph))
+      gdn::fail(GDN_ERROR_UNSUPPORTED, "the queue's device (" + d.get_info<sycl::info::device::name>() +
+                                           ") cannot record graphs (neither sycl::aspect::ext_oneapi_graph nor "
+                                           "ext_oneapi_limited_graph)");
+    if (gdn::recording(q)) gdn::fail(GDN_ERROR_UNSUPPORTED, "the queue is recording a graph already");
     gdn_graph *g = new gdn_graph{q, syclexp::command_graph<syclexp::graph_state::modifiable>(q.get_context(), d), {}, false};
     try {
       g->graph.begin_recording(g->q);
@@ -56,7 +55,7 @@ GDN_API gdn_status_t gdn_graph_begin(void *queue, gdn_graph_t **graph) {
 GDN_API gdn_status_t gdn_graph_end(gdn_graph_t *graph) {
   return gdn::guarded([&] {
     if (!graph) gdn::fail(GDN_ERROR_NULL_POINTER, "graph is NULL");
-    GDN_REQUIRE(graph->recording, GDN_ERROR_UNSUPPORTED, "graph is not recording (gdn_graph_end was called already)");
+    if (!graph->recording) gdn::fail(GDN_ERROR_UNSUPPORTED, "graph is not recording (gdn_graph_end was called already)");
     graph->graph.end_recording(graph->q);
     graph->recording = false;
     graph->exec.emplace(graph->graph.finalize());
@@ -67,9 +66,9 @@ GDN_API gdn_status_t gdn_graph_replay(void *queue, const gdn_graph_t *graph) {
   return gdn::guarded([&] {
     if (!graph) gdn::fail(GDN_ERROR_NULL_POINTER, "graph is NULL");
     sycl::queue &q = in_order_queue(queue, "gdn_graph_replay");
-    GDN_REQUIRE(graph->exec.has_value(), GDN_ERROR_UNSUPPORTED, "graph is still recording: call gdn_graph_end first");
-    GDN_REQUIRE(q.get_context() == graph->q.get_context() && q.get_device() == graph->q.get_device(),
-                GDN_ERROR_BAD_QUEUE, "queue is not of the context and device the graph was recorded on");
+    if (!graph->exec) gdn::fail(GDN_ERROR_UNSUPPORTED, "graph is still recording: call gdn_graph_end first");
+    if (q.get_context() != graph->q.get_context() || q.get_device() != graph->q.get_device())
+      gdn::fail(GDN_ERROR_BAD_QUEUE, "queue is not of the context and device the graph was recorded on");
     syclexp::execute_graph(q, *graph->exec);
   });
 }

@@ -1,11 +1,11 @@
 // ops.cpp — the C entry points: validate, plan, then enqueue the plan's kernels in one dependency
 // chain (no host wait inside it).
-#include "alloc_extent.hpp"
 #include "errors.hpp"
 #include "kernels/params.hpp"
 #include "launch.hpp"
 #include "plan.hpp"
-#include "validate.hpp"
+#include "validate/alloc_extent.hpp"
+#include "validate/validate.hpp"
 #include "workspace.hpp"
 
 namespace gdn {

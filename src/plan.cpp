@@ -21,7 +21,7 @@ std::string act_option(const gdn_config_t &cfg) {
 }
 // The delta-rule builds: per (activation dtype, head_k_dim[, ssm layout]) (kernels/delta.hpp).
 // GDN_GATE_CHANNEL configs (KDA) build with GDN_CHANNEL_GATE: each state row decays by its own
-// gate (kernels/delta.hpp, GK).
+// gate (kernels/delta.hpp, kGateK).
 std::string head_option(const gdn_config_t &cfg) {
   return act_option(cfg) + " -DGDN_HEAD_K=" + std::to_string(cfg.head_k_dim) +
          (cfg.gate_mode == GDN_GATE_CHANNEL ? " -DGDN_CHANNEL_GATE=1" : "");
@@ -209,17 +209,11 @@ auto all_launches(P &p) {
                     &p.replay_spec,   &p.recurrent_spec, &p.fused_spec,     &p.replay_count_spec, &p.norm};
 }
 
-// The CPU-device variants (*_cpu.cpp), which plan.cpp picks when target.cpu_variants allows.
-bool cpu_family(Family f) {
-  return f == Family::Conv1dCpu || f == Family::DeltaPrepCpu || f == Family::DeltaRecurrentCpu ||
-         f == Family::DeltaChunkCpu || f == Family::GatedNormCpu;
-}
-
-// Every CPU-variant build may round bf16 by AVX512-BF16's instructions (common.hpp, to_bf16x32,
-// store_bf16x16) and prefetch by x86 instructions (common.hpp, prefetch_bytes).
+// Every CPU-variant build may round bf16 by AVX512-BF16's instructions (vec16.hpp, to_bf16x32,
+// store_bf16x16) and prefetch by x86 instructions (vec16.hpp, prefetch_bytes).
 void cpu_options(Plan &p, const Target &t) {
   for (Launch *l : all_launches(p))
-    if (l->on && cpu_family(l->family)) {
+    if (l->on && family_file(l->family).cpu) {
       if (t.bf16_instructions) l->options += " -DGDN_CPU_BF16_INSN";
       if (t.x86) l->options += " -DGDN_CPU_X86";
     }
@@ -269,8 +263,8 @@ Plan make_plan(const gdn_config_t &cfg, const gdn_batch_t &b, const PlanInputs &
   // without chunk kernels, the non-spec group of a step without prefills (a long forced-recurrent
   // prefill's conv would run in one work-item). Its conv takes a k-head's q, k and v channels in
   // 16-channel blocks: each range a whole number of them (q, k: K % 16 == 0 with prep_inline); conv
-  // width 4.
-  // Decode whole steps, alternated in one process: B=1 0.257 -> 0.194 ms, B=8 1.04 -> 0.96 (0.2.5).
+  // width 4. One launch less a step: separate launches made a decode step 8-30% longer (the more,
+  // the smaller the batch).
   const bool v_blocks = (int64_t)cfg.num_v_heads / cfg.num_k_heads * cfg.head_v_dim % GDN_CPU_LANES == 0;
   const bool width4 = cfg.conv_width == 4;  // the fused conv's one compiled width (delta_recurrent_cpu.cpp)
   auto fuse = [&](Launch &fused, Launch &conv, Launch &rec, int64_t seqs) {

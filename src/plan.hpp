@@ -7,9 +7,11 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+#include <sycl/sycl.hpp>
 
-#include "cache/kernel_cache.hpp"
-#include "validate.hpp"  // Op
+#include "gdn_xpu.h"
+#include "kernels/families.hpp"
+#include "validate/call.hpp"
 
 namespace gdn {
 
@@ -19,10 +21,10 @@ namespace gdn {
 struct Target {
   bool cpu_variants = false;
   // The CPU variants round f32 to bf16 with AVX512-BF16's vcvtne2ps2bf16 / vcvtneps2bf16
-  // (common.hpp, to_bf16x32, store_bf16x16) when the host CPU (the CPU device) has it, unless
+  // (vec16.hpp, to_bf16x32, store_bf16x16) when the host CPU (the CPU device) has it, unless
   // GDN_XPU_SOFT_BF16=1 asks for the bit operations (tests use it to check those on such a host too).
   bool bf16_instructions = false;
-  // The CPU variants issue x86 prefetch instructions inline (common.hpp, prefetch_bytes) when the
+  // The CPU variants issue x86 prefetch instructions inline (vec16.hpp, prefetch_bytes) when the
   // host CPU (the CPU device) is x86-64, as the Intel CPU runtime's is.
   bool x86 = false;
 };

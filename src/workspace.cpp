@@ -8,7 +8,7 @@
 #include "errors.hpp"
 #include "kernels/params.hpp"
 #include "plan.hpp"
-#include "validate.hpp"
+#include "validate/validate.hpp"
 
 namespace gdn {
 namespace {

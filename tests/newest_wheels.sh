@@ -2,7 +2,7 @@
 # Not in CI (like tests/fuzz_nightly.sh): the test suite on the NEWEST 2026.2 oneAPI wheels with
 # dpnp and oneMKL of the same minor version, pygdn installed the way users get it: `pip install .`
 # with build isolation, i.e. built against the 2026.1.2 build requirement and run on 2026.2
-# (shared/TOOLCHAIN.md fact 11). docs/usage.md "Installing" lists the supported versions.
+# (docs/usage.md "Installing" lists the supported versions and why the build takes the oldest).
 # The venv is made afresh each run: GDN_VENV picks it (default .venv-newest). Extra arguments go
 # to pytest, e.g.  tests/newest_wheels.sh -x -k "attention or readme"
 set -euo pipefail

@@ -20,9 +20,10 @@ include/gdn_xpu.h -- whether the call is valid and, if not, which statuses may r
 Tiny shapes (H=1, HV=2, K=V=4, conv width 2..4, f32), one queue. GDN_FUZZ_EXAMPLES sets the
 example count (default 2000, the CI run; tests/fuzz_nightly.sh runs 50000).
 
-Semantics decided here (see the report of the "Robustness" issue):
+Semantics the predictor holds the library to (docs/op.md, "Errors and validation"):
   * A zero-length sequence is padding: it reads and writes nothing (its slot is still range
-    checked, and a non-spec one still counts as its slot's writer, as validate.cpp does).
+    checked, and a non-spec one still counts as its slot's writer, as
+    src/validate/metadata.cpp does).
   * A spec sequence's slots cols[t], t < L, belong to it (one sequence may repeat a slot: last
     write wins). It reads cols[A-1] (ssm; snapshot conv) and cols[0] (rolled conv); a slot it
     reads must not be written by another sequence. Other columns are only range checked.
@@ -302,8 +303,8 @@ def start_loc_ok(qsl, total):
 
 
 def predict(c):
-    """-> ("ok", None) | ("python", None) | ("gdn", {status names}): independent of validate.cpp's order,
-    but stage by stage as documented (Python checks, counts, config vs counts, NULL arrays, contents)."""
+    """-> ("ok", None) | ("python", None) | ("gdn", {status names}): independent of the order of
+    src/validate/'s checks, but stage by stage as documented (Python checks, counts, config vs counts, NULL arrays, contents)."""
     nns = c["num_prefills"] + c["num_decodes"]
     nsd, S, T = c["num_spec_decodes"], c["num_spec"], c["num_actual_tokens"]
     t_ns, t_s, slots, pad = c["non_spec_token_count"], c["spec_token_count"], c["num_slots"], c["pad_slot_id"]

@@ -395,7 +395,8 @@ def test_loading_the_library_leaves_the_environment_alone(tmp_path):
 
 
 # A host program with its own run-time compiled bf16 kernel (sycl::ext::oneapi::bfloat16: the
-# runtime's persistent cache crashes on it, shared/TOOLCHAIN.md fact 6), linked against the library.
+# runtime's persistent cache crashes on it, docs/design.md "State stores, bf16, streaming stores,
+# prefetching"), linked against the library.
 HOST_CPP = r"""
 #include <sycl/sycl.hpp>
 #include <cstdio>

@@ -1,6 +1,7 @@
 """Engine-native state caches (include/gdn_xpu.h "State caches"): bf16/f16 SSM states,
 read slots apart from write slots, block checkpoints during a prefill -- against the float64
-reference (pygdn/reference.py), which rounds a stored state exactly where SPEC.md says.
+reference (pygdn/reference.py), which rounds a stored state exactly where docs/op.md "State dtype"
+says.
 
 Tolerances, and why. Outputs: a call computes in f32 from the states as they are stored and
 rounds only what it stores, so its outputs stay within the f32 bound of the delta-rule tests
@@ -481,7 +482,7 @@ def assert_same_bits(got, names):
 
 @pytest.mark.parametrize("ssm_layout", ["vk", "kv"])
 def test_bf16_instructions_store_the_bit_operations_bits(queue, monkeypatch, ssm_layout):
-    """On a host with AVX512-BF16 the CPU variants round bf16 states with vcvtne2ps2bf16 (common.hpp
+    """On a host with AVX512-BF16 the CPU variants round bf16 states with vcvtne2ps2bf16 (vec16.hpp
     to_bf16x32); GDN_XPU_SOFT_BF16=1 asks for the bit operations instead (the only form elsewhere).
     The same mixed batch (chunked and 1-token prefills, decodes, spec sequences, padding) from the
     same caches both ways: every output and every stored state bit for bit the same. (Without the
@@ -507,7 +508,7 @@ def test_bf16_instructions_store_the_bit_operations_bits(queue, monkeypatch, ssm
 
 @pytest.mark.parametrize("ssm_layout", ["vk", "kv"])
 def test_bf16_instructions_store_one_vector_as_the_bit_operations(queue, monkeypatch, ssm_layout):
-    """The same as above for the stores of one vector (common.hpp store_bf16x16: vcvtneps2bf16):
+    """The same as above for the stores of one vector (vec16.hpp store_bf16x16: vcvtneps2bf16):
     K = V = 16, so a state row is one vector, and bf16 activations, so the outputs are stored 16
     at a time (the spec conv's too). Outputs, ssm and conv states bit for bit both ways."""
     rng = np.random.default_rng(206)
@@ -542,7 +543,7 @@ def test_bf16_store_flushes_denormal_states_both_ways(queue, monkeypatch, ssm_la
     device's builds take denormal fp32 values as zero (-cl-denorms-are-zero, kernel_cache.cpp), so
     a bf16 state holding a denormal comes back with +-0 there and every other value (zeros
     included) bit for bit -- the same bits whether AVX512-BF16's instructions round the stores
-    (they take a denormal input as zero, as those builds' arithmetic does; common.hpp to_bf16x32)
+    (they take a denormal input as zero, as those builds' arithmetic does; vec16.hpp to_bf16x32)
     or the bit operations do (GDN_XPU_SOFT_BF16=1). K = V = 32: rows of two vectors, stored in
     place (decode) and streamed to the spec slots (spec)."""
     monkeypatch.setattr(sys.modules[__name__], "K", 32)

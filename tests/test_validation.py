@@ -1,4 +1,4 @@
-"""Every validation rule of gdn_attention (src/validate.cpp, src/ops.cpp) and of the Python layer
+"""Every validation rule of gdn_attention (src/validate/, src/ops.cpp) and of the Python layer
 (pygdn/ops.py, pygdn/_usm.py): an otherwise valid call with exactly one thing broken must fail
 with the documented status, a message naming the field and the offending value, and NOTHING
 written (conv_state, ssm_state and core_attn_out -- pre-filled with a canary -- bit-identical).
@@ -852,7 +852,7 @@ def test_counts_mode_still_checks_counts(s):
 
 def test_device_memory_of_another_device_of_the_context(queue):
     """A context may span several devices (dpctl's default context: all GPUs of a platform): device
-    USM of one of them, given with a queue on another, is refused by name (validate.cpp check_usm).
+    USM of one of them, given with a queue on another, is refused by name (src/validate/pointers.cpp check_usm).
     Two sub-devices of the test device make such a context here."""
     try:
         subs = queue.sycl_device.create_sub_devices(partition=1)[:2]

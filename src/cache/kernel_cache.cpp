@@ -12,31 +12,15 @@
 
 #include "disk_cache.hpp"
 #include "errors.hpp"
-#include "kernel_sources.hpp"  // generated at build time from src/kernels/*
+#include "kernels/kernel_sources.hpp"  // generated at build time (src/kernels/meson.build)
 
 namespace syclexp = sycl::ext::oneapi::experimental;
 
 namespace {
 
-// The source file of a family (its name in gdn::kernel_files).
-const char *family_name(gdn::Family f) {
-  switch (f) {
-    case gdn::Family::Conv1d: return "conv1d.cpp";
-    case gdn::Family::Conv1dCpu: return "conv1d_cpu.cpp";
-    case gdn::Family::DeltaPrep: return "delta_prep.cpp";
-    case gdn::Family::DeltaPrepCpu: return "delta_prep_cpu.cpp";
-    case gdn::Family::DeltaRecurrent: return "delta_recurrent.cpp";
-    case gdn::Family::DeltaRecurrentCpu: return "delta_recurrent_cpu.cpp";
-    case gdn::Family::DeltaChunk: return "delta_chunk.cpp";
-    case gdn::Family::DeltaChunkCpu: return "delta_chunk_cpu.cpp";
-    case gdn::Family::GatedNorm: return "gated_norm.cpp";
-    case gdn::Family::GatedNormCpu: return "gated_norm_cpu.cpp";
-  }
-  return "?";
-}
-
+// The embedded source of a family (kernels/families.hpp names its file).
 const char *family_source(gdn::Family f) {
-  const std::string name = family_name(f);
+  const std::string name = gdn::family_file(f).file;
   for (size_t i = 0; i < gdn::num_kernel_files; ++i)
     if (name == gdn::kernel_files[i].name) return gdn::kernel_files[i].text;
   gdn::fail(GDN_ERROR_INTERNAL, "kernel source " + name + " is not embedded");
@@ -87,7 +71,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 // Fills e.bundle (compiled now) or e.program (from the disk cache).
 void compile(Entry &e) {
   sycl::device dev = e.device;  // (ext_oneapi_can_build is not const)
-  const char *family = family_name(e.family);
+  const char *family = gdn::family_file(e.family).file;
   if (!dev.ext_oneapi_can_build(syclexp::source_language::sycl))
     gdn::fail(GDN_ERROR_UNSUPPORTED, "device '" + dev.get_info<sycl::info::device::name>() +
                                          "' cannot build SYCL source at run time (sycl_ext_oneapi_kernel_compiler)");
@@ -100,7 +84,7 @@ void compile(Entry &e) {
     // handles denormal operands in microcode: on a Xeon the chunked prefill ran 2-4x slower,
     // data-dependently, without this. Values below 1.2e-38 carry no information at fp32
     // precision here. GPUs flush by default (and their compilers spell the option differently).
-    // The CPU variants' bf16 instructions (common.hpp to_bf16x32, store_bf16x16) rely on it:
+    // The CPU variants' bf16 instructions (vec16.hpp to_bf16x32, store_bf16x16) rely on it:
     // they take a denormal input as zero, as this makes every fp32 instruction do.
     opts.push_back("-Xs");
     opts.push_back("-cl-denorms-are-zero");

@@ -3,11 +3,9 @@
 #include <string>
 #include <sycl/sycl.hpp>
 
-namespace gdn {
+#include "kernels/families.hpp"
 
-// One build per kernel source file (src/kernels/*.cpp) and option set: a call compiles only the
-// files of the kernels it launches.
-enum class Family { Conv1d, Conv1dCpu, DeltaPrep, DeltaPrepCpu, DeltaRecurrent, DeltaRecurrentCpu, DeltaChunk, DeltaChunkCpu, GatedNorm, GatedNormCpu };
+namespace gdn {
 
 // The kernel `name` of `family` built with `options` (e.g. "-DGDN_ACT_BF16") for q's device.
 // The first request in a process loads the family from the library's disk cache (disk_cache.hpp)

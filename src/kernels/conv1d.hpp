@@ -1,6 +1,6 @@
 // conv1d.hpp — depthwise causal conv1d over time (+ SiLU) for GDN: the algorithm, shared by the
 // generic kernels (conv1d.cpp, one channel per work-item: GPUs) and the CPU device's variants
-// (conv1d_cpu.cpp, 16 channels per work-item as one vector), through Lanes<N> (common.hpp).
+// (conv1d_cpu.cpp, 16 channels per work-item as one vector), through Lanes<N> (vec16.hpp).
 // Speculative sequences: one work-item per (sequence, channel) walks the sequence's few tokens
 // in order with the W-1 input window in registers. Non-spec sequences (prefills can be thousands
 // of tokens long) are tiled over time as well, see conv_non_spec_tile. Either way a slot's state
@@ -60,8 +60,8 @@ static inline void load_weights(const void *weight, int32_t c, int32_t width, ty
 // The W-1 history columns from col0 of channels c..c+N-1 in a slot, and back. 16 channels of
 // width 4 in the dim-major layout with exactly W-1 = 3 columns (chan_stride 3, col_stride 1):
 // the window is 48 contiguous values, moved as three vectors regrouped by shuffles (a strided
-// 16-lane load or store went lane by lane, ~200 instructions a window: dim-major decode B=32 conv
-// on one thread 1.05 -> 0.85-0.95 ms). Elsewhere one load or store per column (contiguous in the
+// 16-lane load or store went lane by lane, ~200 instructions a window, and a dim-major decode's
+// conv took ~15% longer). Elsewhere one load or store per column (contiguous in the
 // time-major layout). The state holds inputs as they came: stores are store_act_exact (no rounding).
 static inline bool window16x3(const GdnConvStateView &s) { return s.chan_stride == 3 && s.col_stride == 1; }
 typedef float native_vf32 __attribute__((ext_vector_type(32)));
@@ -264,13 +264,12 @@ static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int3
     const NonSpecSlots use = non_spec_slots(p, seq, slot, first - j0);
     // M blocks b0 .. b0+M-1 over the sequence's tokens of this tile, together: one token's row,
     // checkpoint test and loop control serve them all, and the CPU variant stores each pair's 32
-    // outputs at once (store_act32: bf16 as one 64-byte store). Pairs against one block at a time,
-    // one thread, 512 tokens: conv 3.42-3.55 -> 2.94-3.05 ms (best of 25 in four of five
-    // alternated rounds). Four blocks (128 bytes of a bf16 row, two cache lines per token)
-    // against pairs, alternated in one process, conv kernel alone: 2048 tokens 6.2 -> 4.9 ms,
-    // 256 tokens 0.62 -> 0.59; decode B=8 / B=32 steps (the fused conv, one token a tile): no
-    // difference, and the build's cold compile ~1.5 s longer, so the fused conv keeps pairs
-    // (BP, the caller's). Eight (the whole work-item at once) spilled: 8.3 ms at 2048 tokens.
+    // outputs at once (store_act32: bf16 as one 64-byte store). One block at a time made a
+    // prefill's conv ~15% longer than pairs, and pairs a long prefill's conv up to ~25% longer
+    // than four blocks (128 bytes of a bf16 row, two cache lines per token). A decode step (the
+    // fused conv, one token a tile) gains nothing from four and its build compiles slower from
+    // cold, so the fused conv keeps pairs (BP, the caller's). Eight (the whole work-item at once)
+    // spilled.
     auto blocks = [&](auto m, int32_t b0) {
       constexpr int M = decltype(m)::value;
       T hist[M][GDN_MAX_CONV_WIDTH];
@@ -319,8 +318,7 @@ static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int3
 // 4: what conv_non_spec_tile does for it (owner of its only token: pad slot, read slot, initial state,
 // the checkpoint after the token, the new state), in pairs of blocks, each block's weights and
 // window loaded just before its token. gdn_fused_cpu's decode conv: through the tile with its
-// eight blocks' weights loaded up front, cache-resident bf16 decode B=8 steps took ~0.21 ms
-// against ~0.19 (0.2.17).
+// eight blocks' weights loaded up front, cache-resident bf16 decode steps took ~10% longer.
 static inline void conv_decode_blocks(const GdnConvParams &p, int32_t seq, int32_t c, int32_t c_end) {
   typedef Lanes<16> L;
   typedef L::T T;

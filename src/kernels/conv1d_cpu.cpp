@@ -2,7 +2,7 @@
 // 16 consecutive channels per work-item as one vector, so every x/out access is 16 contiguous
 // elements. Same algorithm as the generic kernels in conv1d.cpp (conv1d.hpp holds it).
 // Like every *_cpu kernel, they run in work-groups of one work-item and take their coordinates
-// from GROUP ids only (common.hpp, "CPU-device kernels").
+// from GROUP ids only (vec16.hpp, "CPU-device kernels").
 #include "conv1d.hpp"
 
 // Speculative sequences. Global (num spec sequences,

@@ -17,25 +17,33 @@
 #ifndef GDN_HEAD_K
 #error "GDN_HEAD_K must be defined"
 #endif
-#define KD GDN_HEAD_K
+// The build's head_k_dim.
+constexpr int kHeadK = GDN_HEAD_K;
 // -DGDN_CHANNEL_GATE=1 (a config with gdn_xpu.h's GDN_GATE_CHANNEL, KDA): state row k decays by its
-// own gate; the gate arrays (prep's g, a ring entry's g) hold GK values per v-head and token
-// (params.hpp, gdn_gate_k).
+// own gate; the gate arrays (prep's g, a ring entry's g) hold kGateK values per v-head and token.
 #ifndef GDN_CHANNEL_GATE
 #define GDN_CHANNEL_GATE 0
 #endif
-#define GK (GDN_CHANNEL_GATE ? KD : 1)
+constexpr int kGateK = gdn_gate_k(GDN_CHANNEL_GATE ? GDN_GATE_CHANNEL : GDN_GATE_HEAD, kHeadK);
+
+// A v-head's state S[k, v] (K x V) in the build's ssm layout (-DGDN_VK_LAYOUT): element (k, v) at
+// k * k_stride(p) + v * kVStride.
+static inline int32_t k_stride(const GdnDeltaParams &p) {
 #if GDN_VK_LAYOUT
-#define K_STRIDE 1
-#define V_STRIDE KD
+  return 1;
 #else
-#define K_STRIDE p.V
-#define V_STRIDE 1
+  return p.V;
+#endif
+}
+#if GDN_VK_LAYOUT
+constexpr int kVStride = kHeadK;
+#else
+constexpr int kVStride = 1;
 #endif
 
-// S[:, v] of (slot, v-head): element k at [k * K_STRIDE].
+// S[:, v] of (slot, v-head): element k at [k * k_stride(p)].
 static inline state_t *state_column(const GdnDeltaParams &p, int32_t slot, int32_t hv, int32_t v) {
-  return (state_t *)p.ssm + (int64_t)slot * p.slot_stride + (int64_t)hv * KD * p.V + (int64_t)v * V_STRIDE;
+  return (state_t *)p.ssm + (int64_t)slot * p.slot_stride + (int64_t)hv * kHeadK * p.V + (int64_t)v * kVStride;
 }
 
 static inline void zero_outputs(const GdnDeltaParams &p, int32_t j0, int32_t len, int32_t hv, int32_t v) {
@@ -154,26 +162,26 @@ static inline int32_t token_store_slot(RecurrentSeq &r, int32_t t) {
 // a replay into the read slot's ring (row: the entry).
 static inline int64_t v_index(const GdnDeltaParams &p, const RecurrentSeq &r, int64_t row, int32_t hv, int32_t v) {
   const int64_t col = (int64_t)hv * p.V + v;
-  return r.ring_in ? row * p.ring_floats + gdn_ring_v(p.H, KD) + col : row * p.qkv_stride + p.v_offset + col;
+  return r.ring_in ? row * p.ring_floats + gdn_ring_v(p.H, kHeadK) + col : row * p.qkv_stride + p.v_offset + col;
 }
 static inline float v_at(const GdnDeltaParams &p, const RecurrentSeq &r, int64_t i) {
   return r.ring_in ? r.ring_in[i] : load_act(p.qkv, i);
 }
 
 // Offsets of a ring entry's g and beta of v-head hv (params.hpp).
-static inline int64_t ring_g(const GdnDeltaParams &p, int32_t hv) { return gdn_ring_g(p.H, p.HV, KD, p.V) + (int64_t)hv * GK; }
-static inline int64_t ring_beta(const GdnDeltaParams &p, int32_t hv) { return gdn_ring_beta(p.H, p.HV, KD, p.V, GK) + hv; }
+static inline int64_t ring_g(const GdnDeltaParams &p, int32_t hv) { return gdn_ring_g(p.H, p.HV, kHeadK, p.V) + (int64_t)hv * kGateK; }
+static inline int64_t ring_beta(const GdnDeltaParams &p, int32_t hv) { return gdn_ring_beta(p.H, p.HV, kHeadK, p.V, kGateK) + hv; }
 
-// Replay WALK: token t's g (GK values) and beta of v-head hv and the v of the item's columns to its
+// Replay WALK: token t's g (kGateK values) and beta of v-head hv and the v of the item's columns to its
 // ring entry (k: the CPU walks' token_in). GDN_REPLAY_APPLY reads them back bit for bit (v widened
 // to f32 exactly).
 static inline void ring_write_v(const GdnDeltaParams &p, const RecurrentSeq &r, int32_t t, int64_t row, int32_t hv,
                                 const float *g, float beta) {
   float *e = r.ring_out + (int64_t)t * p.ring_floats;
   if (r.ring_v0 == 0) {
-    for (int c = 0; c < GK; ++c) e[ring_g(p, hv) + c] = g[c];
+    for (int c = 0; c < kGateK; ++c) e[ring_g(p, hv) + c] = g[c];
     e[ring_beta(p, hv)] = beta;
   }
-  const int64_t src = row * p.qkv_stride + p.v_offset + (int64_t)hv * p.V, dst = gdn_ring_v(p.H, KD) + (int64_t)hv * p.V;
+  const int64_t src = row * p.qkv_stride + p.v_offset + (int64_t)hv * p.V, dst = gdn_ring_v(p.H, kHeadK) + (int64_t)hv * p.V;
   for (int32_t v = r.ring_v0; v < r.ring_v0 + r.ring_vn; ++v) e[dst + v] = load_act(p.qkv, src + v);
 }

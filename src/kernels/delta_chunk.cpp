@@ -34,22 +34,22 @@ GDN_SUB_GROUP_KERNEL(2) void gdn_chunk_prep(GdnDeltaParams p) {
 #if GDN_CHANNEL_GATE
   const float b = valid ? p.beta[row * p.HV + hv] : 0.0f;
   const int64_t pos = chunk_pos(p, hv, c);
-  const float *ki = p.kn + (row * p.H + h) * KD, *qi = p.qn + (row * p.H + h) * KD;
+  const float *ki = p.kn + (row * p.H + h) * kHeadK, *qi = p.qn + (row * p.H + h) * kHeadK;
   float *aqk = p.chunk_aqk + (pos + i) * GDN_CHUNK_SIZE;
   // A decay per key channel (delta_chunk.hpp, "A decay per key channel"). Work-item i walks the
   // rows for channels i, i + GDN_CHUNK_SIZE, ...: dstart by its running product, and each row's
   // alpha = e^g to dend's row, which the products below read and the walk back turns into dend.
   B_s[i] = b;
   row_s[i] = row;
-  float *dstart = p.chunk_dstart + pos * GK, *dend = p.chunk_dend + pos * GK;
+  float *dstart = p.chunk_dstart + pos * kGateK, *dend = p.chunk_dend + pos * kGateK;
   sycl::group_barrier(grp);
-  for (int k = i; k < KD; k += GDN_CHUNK_SIZE) {
+  for (int k = i; k < kHeadK; k += GDN_CHUNK_SIZE) {
     float d = 1.0f;
     for (int32_t s = 0; s < len; ++s) {
-      const float alpha = sycl::exp(p.g[(row_s[s] * p.HV + hv) * GK + k]);
+      const float alpha = sycl::exp(p.g[(row_s[s] * p.HV + hv) * kGateK + k]);
       d *= alpha;
-      dstart[s * GK + k] = d;
-      dend[s * GK + k] = alpha;
+      dstart[s * kGateK + k] = d;
+      dend[s * kGateK + k] = alpha;
     }
   }
   sycl::group_barrier(grp);
@@ -57,16 +57,16 @@ GDN_SUB_GROUP_KERNEL(2) void gdn_chunk_prep(GdnDeltaParams p) {
   // with D = prod_{s=j+1..i} alpha_s, one more factor per step (A's row in A_s, Aqk's in T_s).
   for (int32_t j = 0; j < GDN_CHUNK_SIZE; ++j) A_s[i][j] = T_s[i][j] = 0.0f;
   if (valid)
-    for (int k0 = 0; k0 < KD; k0 += CHUNK_KB) {
+    for (int k0 = 0; k0 < kHeadK; k0 += CHUNK_KB) {
       float kd[CHUNK_KB], qd[CHUNK_KB];
 #pragma unroll
-      for (int kk = 0; kk < CHUNK_KB; ++kk) kd[kk] = k0 + kk < KD ? ki[k0 + kk] : 0.0f, qd[kk] = k0 + kk < KD ? qi[k0 + kk] : 0.0f;
+      for (int kk = 0; kk < CHUNK_KB; ++kk) kd[kk] = k0 + kk < kHeadK ? ki[k0 + kk] : 0.0f, qd[kk] = k0 + kk < kHeadK ? qi[k0 + kk] : 0.0f;
       for (int32_t j = i; j >= 0; --j) {
-        const float *kj = p.kn + (row_s[j] * p.H + h) * KD + k0, *al = dend + j * GK + k0;
+        const float *kj = p.kn + (row_s[j] * p.H + h) * kHeadK + k0, *al = dend + j * kGateK + k0;
         float a = 0.0f, aq = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < CHUNK_KB; ++kk)
-          if (k0 + kk < KD) {
+          if (k0 + kk < kHeadK) {
             a += kd[kk] * kj[kk];
             aq += qd[kk] * kj[kk];
             kd[kk] *= al[kk];
@@ -81,11 +81,11 @@ GDN_SUB_GROUP_KERNEL(2) void gdn_chunk_prep(GdnDeltaParams p) {
     aqk[j] = j <= i ? T_s[i][j] : 0.0f;
   }
   sycl::group_barrier(grp);
-  for (int k = i; k < KD; k += GDN_CHUNK_SIZE) {  // dend from the alphas, in place (nothing else reads them)
+  for (int k = i; k < kHeadK; k += GDN_CHUNK_SIZE) {  // dend from the alphas, in place (nothing else reads them)
     float d = 1.0f;
     for (int32_t s = len - 1; s >= 0; --s) {
-      const float alpha = dend[s * GK + k];
-      dend[s * GK + k] = d;
+      const float alpha = dend[s * kGateK + k];
+      dend[s * kGateK + k] = d;
       d *= alpha;
     }
   }
@@ -105,14 +105,14 @@ GDN_SUB_GROUP_KERNEL(2) void gdn_chunk_prep(GdnDeltaParams p) {
   p.chunk_dstart[pos + i] = d;
   p.chunk_dend[pos + i] = valid ? decay_between(P_s[len - 1], R_s[len - 1], P, i) : 0.0f;
 
-  const float *ki = p.kn + (row * p.H + h) * KD, *qi = p.qn + (row * p.H + h) * KD;
+  const float *ki = p.kn + (row * p.H + h) * kHeadK, *qi = p.qn + (row * p.H + h) * kHeadK;
   float *aqk = p.chunk_aqk + (pos + i) * GDN_CHUNK_SIZE;
   for (int32_t j = 0; j < GDN_CHUNK_SIZE; ++j) {
     float a = 0.0f, aq = 0.0f;
     if (valid && j <= i) {
-      const float *kj = p.kn + (row_s[j] * p.H + h) * KD;
+      const float *kj = p.kn + (row_s[j] * p.H + h) * kHeadK;
       float dk = 0.0f, dq = 0.0f;
-      for (int k = 0; k < KD; ++k) {
+      for (int k = 0; k < kHeadK; ++k) {
         dk += ki[k] * kj[k];
         dq += qi[k] * kj[k];
       }
@@ -145,13 +145,13 @@ GDN_SUB_GROUP_KERNEL(2) void gdn_chunk_prep(GdnDeltaParams p) {
     T_s[i][j] = tb;
     if (!GDN_CHANNEL_GATE) A_s[i][j] = tb * D_s[j];
   }
-  float *w = p.chunk_w + (pos + i) * KD;
-  for (int k = 0; k < KD; ++k) {
+  float *w = p.chunk_w + (pos + i) * kHeadK;
+  for (int k = 0; k < kHeadK; ++k) {
     float acc = 0.0f;
 #if GDN_CHANNEL_GATE
-    for (int32_t j = 0; j <= i; ++j) acc += T_s[i][j] * (p.kn[(row_s[j] * p.H + h) * KD + k] * dstart[j * GK + k]);
+    for (int32_t j = 0; j <= i; ++j) acc += T_s[i][j] * (p.kn[(row_s[j] * p.H + h) * kHeadK + k] * dstart[j * kGateK + k]);
 #else
-    for (int32_t j = 0; j <= i; ++j) acc += A_s[i][j] * p.kn[(row_s[j] * p.H + h) * KD + k];
+    for (int32_t j = 0; j <= i; ++j) acc += A_s[i][j] * p.kn[(row_s[j] * p.H + h) * kHeadK + k];
 #endif
     w[k] = acc;
   }
@@ -203,7 +203,7 @@ GDN_SUB_GROUP_KERNEL(2) void gdn_chunk_scan(GdnDeltaParams p) {
   for (int32_t c = c0; c < c0 + nc; ++c) {
     const int32_t jfirst = p.chunk_table[(int64_t)c * GDN_TABLE_INTS + 1], len = p.chunk_table[(int64_t)c * GDN_TABLE_INTS + 2];
     const int64_t pos = chunk_pos(p, hv, c);
-    const float *dstart = p.chunk_dstart + pos * GK, *dend = p.chunk_dend + pos * GK;
+    const float *dstart = p.chunk_dstart + pos * kGateK, *dend = p.chunk_dend + pos * kGateK;
     sycl::group_barrier(sg);  // the previous chunk's reads of U_s are done
 #pragma unroll
     for (int b = 0; b < TILE_COLS; ++b)
@@ -216,10 +216,10 @@ GDN_SUB_GROUP_KERNEL(2) void gdn_chunk_scan(GdnDeltaParams p) {
 #pragma unroll 1
     for (int m = 0; m < SCAN_ROWS; ++m) {  // u = U - W S and q S
       const int32_t i = lane + GDN_SUB_GROUP * m, ic = sycl::min(i, len - 1);
-      const float *w = p.chunk_w + (pos + ic) * KD;
-      const float *q = p.qn + (global_row(p.token_indx, jfirst + ic) * p.H + h) * KD, *dq = dstart + ic * GK;
+      const float *w = p.chunk_w + (pos + ic) * kHeadK;
+      const float *q = p.qn + (global_row(p.token_indx, jfirst + ic) * p.H + h) * kHeadK, *dq = dstart + ic * kGateK;
       float ws[TILE_COLS] = {}, qs[TILE_COLS] = {};
-      for (int k = 0; k < KD; ++k) {
+      for (int k = 0; k < kHeadK; ++k) {
         const float wk = w[k], qk = GDN_CHANNEL_GATE ? q[k] * dq[k] : q[k];  // per channel: (q (.) dstart) S
 #pragma unroll
         for (int b = 0; b < TILE_COLS; ++b) {
@@ -259,7 +259,7 @@ GDN_SUB_GROUP_KERNEL(2) void gdn_chunk_scan(GdnDeltaParams p) {
     // rows' dlast and dend beside its k slice.
 #if GDN_CHANNEL_GATE
     float dl[TILE_KS];
-    load_slice(dstart + (len - 1) * GK, lane, dl);
+    load_slice(dstart + (len - 1) * kGateK, lane, dl);
 #pragma unroll
     for (int b = 0; b < TILE_COLS; ++b)
 #pragma unroll
@@ -273,9 +273,9 @@ GDN_SUB_GROUP_KERNEL(2) void gdn_chunk_scan(GdnDeltaParams p) {
 #endif
     for (int32_t j = 0; j < len; ++j) {
       float kk[TILE_KS];
-      load_slice(p.kn + (global_row(p.token_indx, jfirst + j) * p.H + h) * KD, lane, kk);
+      load_slice(p.kn + (global_row(p.token_indx, jfirst + j) * p.H + h) * kHeadK, lane, kk);
 #if GDN_CHANNEL_GATE
-      const float *de = dend + j * GK + lane;
+      const float *de = dend + j * kGateK + lane;
 #pragma unroll
       for (int i = 0; i < TILE_KS; ++i) kk[i] *= tile_row(lane, i) ? de[GDN_SUB_GROUP * i] : 0.0f;
       const float dj = 1.0f;  // (in k)

@@ -25,7 +25,7 @@
 //   A[i][j] = beta_i sum_k k_i[k] k_j[k] D[i][j][k],   Aqk[i][j] = sum_k q_i[k] k_j[k] D[i][j][k],
 //   D[i][j] = prod_{s=j+1..i} alpha_s,  dstart_i = prod_{s<=i} alpha_s,  dend_i = prod_{s=i+1..last} alpha_s,
 //   W = T (beta K (.) dstart),  o_i = (q_i (.) dstart_i) S + Aqk u,  S = Diag(dstart_last) S + (K (.) dend)^T u.
-// chunk_dstart / chunk_dend hold the vectors, GK floats per chunk row. Everything is a running
+// chunk_dstart / chunk_dend hold the vectors, kGateK floats per chunk row. Everything is a running
 // product of alphas in linear space: no quotient and no difference of cumulative logs, the two
 // forms that fail here. A per-channel reset (alpha = 0 on some channels) makes every product across
 // it exactly 0 on those channels only, with no special case (the head gate's P/R bookkeeping does
@@ -62,7 +62,7 @@ static inline void store_state_columns(const GdnDeltaParams &p, int32_t slot, in
                                        typename Lanes<NL>::T *s) {
   for (int32_t l = 0; l < NL; ++l) {
     state_t *S = state_column(p, slot, hv, v + l);
-    for (int k = 0; k < KD; ++k) store_state(S + k * K_STRIDE, Lanes<NL>::at(s[k], l));
+    for (int k = 0; k < kHeadK; ++k) store_state(S + k * k_stride(p), Lanes<NL>::at(s[k], l));
   }
 }
 
@@ -80,19 +80,19 @@ static inline void chunk_scan_columns(const GdnDeltaParams &p, int64_t pos, int3
                                       typename Lanes<NL>::T (*qs)[GDN_CHUNK_SIZE]) {
   typedef Lanes<NL> L;
   typedef typename L::T lane_t;
-  const float *dstart = p.chunk_dstart + pos * GK, *dend = p.chunk_dend + pos * GK;
+  const float *dstart = p.chunk_dstart + pos * kGateK, *dend = p.chunk_dend + pos * kGateK;
   for (int32_t i0 = 0; i0 < len; i0 += RB) {  // u = U - W S and q S, RB rows at a time
     const float *w[RB], *qi[RB], *dq[RB];
     for (int r = 0; r < RB; ++r) {  // rows past len repeat row i0: computed, not stored
       const int32_t i = i0 + r < len ? i0 + r : i0;
-      w[r] = p.chunk_w + (pos + i) * KD;
+      w[r] = p.chunk_w + (pos + i) * kHeadK;
       qi[r] = p.qn + qk_off[i];
-      dq[r] = dstart + i * GK;
+      dq[r] = dstart + i * kGateK;
     }
     lane_t ws[CB][RB], q_s[CB][RB];
     for (int b = 0; b < CB; ++b)
       for (int r = 0; r < RB; ++r) ws[b][r] = q_s[b][r] = lane_t(0.0f);
-    for (int k = 0; k < KD; ++k) {
+    for (int k = 0; k < kHeadK; ++k) {
       lane_t sk[CB];
       for (int b = 0; b < CB; ++b) sk[b] = s[b][k];
       for (int r = 0; r < RB; ++r) {
@@ -132,31 +132,31 @@ static inline void chunk_scan_columns(const GdnDeltaParams &p, int64_t pos, int3
     }
   }
   // S = d_last S + K^T (D[last][.] u); per channel: Diag(dlast) S + (K (.) dend)^T u.
-  const float *dlast_k = dstart + (len - 1) * GK, dlast = dlast_k[0];
+  const float *dlast_k = dstart + (len - 1) * kGateK, dlast = dlast_k[0];
   if (!GDN_CHANNEL_GATE)
     for (int32_t j = 0; j < len; ++j)
       for (int b = 0; b < CB; ++b) up[b][j] *= dend[j];
-  for (int k0 = 0; k0 < KD; k0 += KB) {
+  for (int k0 = 0; k0 < kHeadK; k0 += KB) {
     lane_t acc[CB][KB];
     for (int b = 0; b < CB; ++b)
       for (int kk = 0; kk < KB; ++kk)
-        acc[b][kk] = k0 + kk < KD ? s[b][k0 + kk] * (GDN_CHANNEL_GATE ? dlast_k[k0 + kk] : dlast) : lane_t(0.0f);
+        acc[b][kk] = k0 + kk < kHeadK ? s[b][k0 + kk] * (GDN_CHANNEL_GATE ? dlast_k[k0 + kk] : dlast) : lane_t(0.0f);
     for (int32_t j = 0; j < len; ++j) {
       lane_t uj[CB];
       for (int b = 0; b < CB; ++b) uj[b] = up[b][j];
-      const float *kj = p.kn + qk_off[j] + k0, *dj = dend + j * GK + k0;
-      for (int kk = 0; kk < KB && k0 + kk < KD; ++kk) {
+      const float *kj = p.kn + qk_off[j] + k0, *dj = dend + j * kGateK + k0;
+      for (int kk = 0; kk < KB && k0 + kk < kHeadK; ++kk) {
         const float x = GDN_CHANNEL_GATE ? kj[kk] * dj[kk] : kj[kk];
         for (int b = 0; b < CB; ++b) acc[b][kk] += uj[b] * x;
       }
     }
     for (int b = 0; b < cb; ++b)
-      for (int kk = 0; kk < KB && k0 + kk < KD; ++kk) s[b][k0 + kk] = acc[b][kk];
+      for (int kk = 0; kk < KB && k0 + kk < kHeadK; ++kk) s[b][k0 + kk] = acc[b][kk];
   }
 }
 
 // The chunk scan of one (sequence, v-head) over NB blocks of NL state columns from v0 on
-// (Lanes<NL>, common.hpp), CB blocks per pass: the CPU device's kernel (NL = 16; the generic
+// (Lanes<NL>, vec16.hpp), CB blocks per pass: the CPU device's kernel (NL = 16; the generic
 // kernel in delta_chunk.cpp computes the same products with the state spread over a sub-group,
 // docs/gpu.md). The blocks are walked INSIDE the chunk loop: a
 // chunk's W, q, k and Aqk (~112 KiB per v-head at K = 128) are read from memory once and reused
@@ -179,18 +179,18 @@ static inline void chunk_scan_body(const GdnDeltaParams &p, int32_t e, int32_t h
   }
   const int32_t h = hv / (p.HV / p.H);
   Checkpoints ckpt = checkpoints(p.slots, seq, ss.start, 0, p.pad_slot_id);
-  lane_t s[NB][KD];  // s[b][k] = S[k, v0 + b NL .. v0 + (b+1) NL - 1]
+  lane_t s[NB][kHeadK];  // s[b][k] = S[k, v0 + b NL .. v0 + (b+1) NL - 1]
   for (int32_t b = 0; b < nb; ++b)
     for (int32_t l = 0; l < NL; ++l) {
       const state_t *S = state_column(p, ss.read_slot, hv, v0 + b * NL + l);
-      for (int k = 0; k < KD; ++k) L::at(s[b][k], l) = ss.init ? load_state(S + k * K_STRIDE) : 0.0f;
+      for (int k = 0; k < kHeadK; ++k) L::at(s[b][k], l) = ss.init ? load_state(S + k * k_stride(p)) : 0.0f;
     }
   lane_t up[CB][GDN_CHUNK_SIZE], qs[CB][GDN_CHUNK_SIZE];
   int64_t qk_off[GDN_CHUNK_SIZE];  // offset of row i's q and k (qn and kn share the layout)
   for (int32_t c = c0; c < c0 + nc; ++c) {
     const int32_t jfirst = p.chunk_table[(int64_t)c * GDN_TABLE_INTS + 1], len = p.chunk_table[(int64_t)c * GDN_TABLE_INTS + 2];
     const int64_t pos = chunk_pos(p, hv, c);
-    for (int32_t i = 0; i < len; ++i) qk_off[i] = (global_row(p.token_indx, jfirst + i) * p.H + h) * KD;
+    for (int32_t i = 0; i < len; ++i) qk_off[i] = (global_row(p.token_indx, jfirst + i) * p.H + h) * kHeadK;
     for (int32_t b0 = 0; b0 < nb; b0 += CB) {
       const int32_t cb = sycl::min(CB, nb - b0);
       lane_t *sb[CB];

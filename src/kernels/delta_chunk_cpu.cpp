@@ -2,18 +2,18 @@
 // V % 16 == 0). Same algorithm and workspace as the generic ones (delta_chunk.hpp); every inner loop
 // runs over 16-wide vectors inside one work-item, so nothing depends on the runtime's
 // cross-work-item vectorizer (work-groups of one work-item, coordinates from GROUP ids only:
-// common.hpp, "CPU-device kernels").
+// vec16.hpp, "CPU-device kernels").
 #include "delta_chunk.hpp"
 
-#define KV16 (KD / 16)
+#define KV16 (kHeadK / 16)
 #define PREP_VB 8  // 16-wide column blocks of U per pass (V = 128 in one)
 #define PREP_SUB_ROWS 16  // per-channel decays: rows per sub-chunk of the A and Aqk products
 static_assert(GDN_CHUNK_SIZE % PREP_SUB_ROWS == 0 && PREP_SUB_ROWS % 4 == 0, "whole sub-chunks of whole sums8 groups");
 // The chunk scan's register blocking here: SCAN_CPU_CB 16-column blocks x SCAN_CPU_RB rows x 2
 // products = 24 accumulators for W S and q S (each loaded state vector feeds 6 FMAs, each
-// broadcast of W or q 4), SCAN_CPU_CB x SCAN_CPU_KB for the state update. Against the generic
-// blocking with 2 column blocks (4 rows, 8 state rows), alternated: scan at 2048 tokens
-// 46.2-46.4 -> 43.8-43.9 ms (0.2.2); 2 or 4 rows, 2 or 3 state rows measured no better.
+// broadcast of W or q 4), SCAN_CPU_CB x SCAN_CPU_KB for the state update. The generic blocking
+// with 2 column blocks (4 rows, 8 state rows) made the scan ~5% longer; 2 or 4 rows, 2 or 3
+// state rows measured no better.
 #define SCAN_CPU_CB 4
 #define SCAN_CPU_RB 3
 #define SCAN_CPU_KB 4
@@ -41,9 +41,9 @@ static inline vf16 sums8(const vf16 *a) {
 // X_i = R_i - sum_{l<i} A[i][l] X_l, NV vectors a row (NV independent accumulators). rhs(i, x)
 // gives R_i; each row is kept in xb for the rows below it and handed to out(i, x). The chunk prep's
 // W and U this way cost the FMAs of multiplying by T = (I + A)^-1, without forming T (64 x 64 per
-// chunk and v-head, which took about as long as W or U): the kernel at a 2048-token prefill
-// 17.8-18.6 -> 15.3-16.2 ms (0.2.3). Two rows per pass (each row read back feeding
-// both) or 4 of the 8 column vectors per pass (an L1-sized xb) measured no better.
+// chunk and v-head, which took about as long as W or U, and the kernel ~15% longer). Two rows
+// per pass (each row read back feeding both) or 4 of the 8 column vectors per pass (an L1-sized
+// xb) measured no better.
 template <int NV, class Rhs, class Out>
 static inline void substitute_rows(const float (*A)[GDN_CHUNK_SIZE], int32_t len, vf16 (*xb)[NV], Rhs rhs, Out out) {
   for (int32_t i = 0; i < len; ++i) {
@@ -74,18 +74,17 @@ GDN_KERNEL(1) void gdn_chunk_prep_cpu(GdnDeltaParams p) {
   // products below; the W loop did when it multiplied by T) missed L1 on its k loads.
   vf16 kc[GDN_CHUNK_SIZE][KV16];
   for (int32_t i = 0; i < len; ++i)
-    for (int cc = 0; cc < KV16; ++cc) kc[i][cc] = vload(p.kn + (rows[i] * p.H + h) * KD + 16 * cc);
+    for (int cc = 0; cc < KV16; ++cc) kc[i][cc] = vload(p.kn + (rows[i] * p.H + h) * kHeadK + 16 * cc);
   // k_i.k_j and q_i.k_j (j <= i), 4 j at a time: 8 vector accumulators, reduced together by
-  // sums8 (above) instead of a horizontal sum per product (this kernel at 2048 tokens: best of 10
-  // 14.7-15.9 -> 14.2 ms, three alternated rounds, 0.2.4; 8 j at a time, 16 accumulators,
-  // spilled and ran slower). A block may reach past the diagonal, and past len, where the kc rows
-  // are zeros; those entries are never read.
+  // sums8 (above) instead of a horizontal sum per product (which made this kernel ~8% longer;
+  // 8 j at a time, 16 accumulators, spilled and ran slower). A block may reach past the
+  // diagonal, and past len, where the kc rows are zeros; those entries are never read.
   for (int32_t i = len; i < (len + 3) / 4 * 4; ++i)
     for (int cc = 0; cc < KV16; ++cc) kc[i][cc] = vf16(0.0f);
 #if !GDN_CHANNEL_GATE  // (per channel the decays enter the products: per v-head, below)
   float KK[GDN_CHUNK_SIZE][GDN_CHUNK_SIZE], QK[GDN_CHUNK_SIZE][GDN_CHUNK_SIZE];
   for (int32_t i = 0; i < len; ++i) {
-    const float *qi = p.qn + (rows[i] * p.H + h) * KD;
+    const float *qi = p.qn + (rows[i] * p.H + h) * kHeadK;
     vf16 qv[KV16];
     for (int cc = 0; cc < KV16; ++cc) qv[cc] = vload(qi + 16 * cc);
     for (int32_t j0 = 0; j0 <= i; j0 += 4) {
@@ -108,9 +107,7 @@ GDN_KERNEL(1) void gdn_chunk_prep_cpu(GdnDeltaParams p) {
   // GDN_SCRATCH_ALIGN, and K, V, GDN_CHUNK_SIZE are multiples of 16 floats). Nothing reads them in
   // this kernel, and the chunk scan after it finds them in memory either way (from ~1000 tokens on
   // they outgrow the last-level cache), so plain stores only made every written line be read
-  // first. Chunk prep alone, alternated in one process (timing builds, 5 rounds, 0.2.9): 512
-  // tokens 3.62 -> 3.09 ms, 2048 19.2 -> 17.4, 8192 67.8 -> 61.8; the chunk scan after it
-  // unchanged (10.83 / 10.85, 59.4 / 59.7, 209.3 / 209.3 ms).
+  // first: the chunk prep ~10% longer with them, the chunk scan after it unchanged.
   for (int32_t r = 0; r < ratio; ++r) {
     const int32_t hv = h * ratio + r;
     const int64_t pos = chunk_pos(p, hv, c);
@@ -119,23 +116,23 @@ GDN_KERNEL(1) void gdn_chunk_prep_cpu(GdnDeltaParams p) {
     // running products over the rows.
     float B[GDN_CHUNK_SIZE];
     vf16 al[GDN_CHUNK_SIZE][KV16];
-    float *const dstart = p.chunk_dstart + pos * GK, *const dend = p.chunk_dend + pos * GK;
+    float *const dstart = p.chunk_dstart + pos * kGateK, *const dend = p.chunk_dend + pos * kGateK;
     {
       vf16 d[KV16];
       for (int cc = 0; cc < KV16; ++cc) d[cc] = vf16(1.0f);
       for (int32_t i = 0; i < len; ++i) {
-        const float *gi = p.g + (rows[i] * p.HV + hv) * GK;
+        const float *gi = p.g + (rows[i] * p.HV + hv) * kGateK;
         B[i] = p.beta[rows[i] * p.HV + hv];
         for (int cc = 0; cc < KV16; ++cc) {
           al[i][cc] = exp16_ieee(vload(gi + 16 * cc));  // (sycl::exp of a vector: a call per lane)
           d[cc] *= al[i][cc];
-          vstore(dstart + i * GK + 16 * cc, d[cc]);
+          vstore(dstart + i * kGateK + 16 * cc, d[cc]);
         }
       }
       for (int cc = 0; cc < KV16; ++cc) d[cc] = vf16(1.0f);
       for (int32_t i = len - 1; i >= 0; --i)
         for (int cc = 0; cc < KV16; ++cc) {
-          vstore(dend + i * GK + 16 * cc, d[cc]);
+          vstore(dend + i * kGateK + 16 * cc, d[cc]);
           d[cc] *= al[i][cc];
         }
     }
@@ -144,8 +141,8 @@ GDN_KERNEL(1) void gdn_chunk_prep_cpu(GdnDeltaParams p) {
     // of PREP_SUB_ROWS from r0 on; columns j < r0 as plain dot products of k_i (.) F and q_i (.) F,
     // F = prod_{s=r0+1..i} alpha_s, with kb_j = k_j (.) prod_{s=j+1..r0} alpha_s; columns r0..i
     // by the walk from i down, kd = k_i (.) D and qd = q_i (.) D taking one more factor per step.
-    // 4 j per sums8 reduction; Aqk's rows whole, zeros past the diagonal. Against the walk over
-    // all j (2048 tokens, 32 heads, K = V = 128, three runs each): 61.7-62.8 -> 51.9-56.3 ms.
+    // 4 j per sums8 reduction; Aqk's rows whole, zeros past the diagonal. The walk over all j
+    // made the kernel ~15% longer at 2048 tokens.
     float A[GDN_CHUNK_SIZE][GDN_CHUNK_SIZE];
     vf16 kb[GDN_CHUNK_SIZE][KV16];
     for (int32_t r0 = 0; r0 < len; r0 += PREP_SUB_ROWS) {
@@ -161,7 +158,7 @@ GDN_KERNEL(1) void gdn_chunk_prep_cpu(GdnDeltaParams p) {
       vf16 f[KV16];
       for (int cc = 0; cc < KV16; ++cc) f[cc] = vf16(1.0f);
       for (int32_t i = r0; i < sycl::min(r0 + PREP_SUB_ROWS, len); ++i) {
-        const float *qi = p.qn + (rows[i] * p.H + h) * KD;
+        const float *qi = p.qn + (rows[i] * p.H + h) * kHeadK;
         float aq[GDN_CHUNK_SIZE];
         for (int32_t jb = 0; jb < GDN_CHUNK_SIZE; jb += 16) vstore(aq + jb, vf16(0.0f));
         if (i > r0)
@@ -251,16 +248,16 @@ GDN_KERNEL(1) void gdn_chunk_prep_cpu(GdnDeltaParams p) {
 #endif
     // W = T (beta d K) and U = T (beta V), T = (I + A)^-1, without forming T (substitute_rows).
     vf16 wb[GDN_CHUNK_SIZE][KV16];
-    float *const wout = p.chunk_w + pos * KD;
+    float *const wout = p.chunk_w + pos * kHeadK;
     substitute_rows<KV16>(A, len, wb, [&](int32_t i, vf16 *x) {
 #if GDN_CHANNEL_GATE
-      for (int cc = 0; cc < KV16; ++cc) x[cc] = B[i] * (kc[i][cc] * vload(dstart + i * GK + 16 * cc));
+      for (int cc = 0; cc < KV16; ++cc) x[cc] = B[i] * (kc[i][cc] * vload(dstart + i * kGateK + 16 * cc));
 #else
       const float bd = B[i] * D[i];
       for (int cc = 0; cc < KV16; ++cc) x[cc] = bd * kc[i][cc];
 #endif
     }, [&](int32_t i, const vf16 *x) {
-      for (int cc = 0; cc < KV16; ++cc) vstore_nt(wout + i * KD + 16 * cc, x[cc]);
+      for (int cc = 0; cc < KV16; ++cc) vstore_nt(wout + i * kHeadK + 16 * cc, x[cc]);
     });
     // U per pass of PREP_VB column blocks (V = 128 in one), zeros past V.
     const int64_t vcol = vcol0 + (int64_t)hv * p.V;

@@ -8,19 +8,19 @@
 // by sub-group reductions, and gate elements l, l + GDN_SUB_GROUP, ... of the k-head's v-heads.
 // Global (H, rows * GDN_SUB_GROUP rounded up), local (1, GDN_SUB_GROUP * GDN_TILE_SUB_GROUPS): the
 // sub-groups run along the last dimension (on the CPU device the only one they can span).
-#define PREP_KS ((KD + GDN_SUB_GROUP - 1) / GDN_SUB_GROUP)
+#define PREP_KS ((kHeadK + GDN_SUB_GROUP - 1) / GDN_SUB_GROUP)
 GDN_SUB_GROUP_KERNEL(2) void gdn_prep(GdnPrepParams p) {
   const auto it = item2();
   const auto sg = it.get_sub_group();
   const int64_t row = (int64_t)(it.get_global_id(1) / GDN_SUB_GROUP);  // uniform across the sub-group
   const int32_t h = (int32_t)it.get_group(0), lane = (int32_t)sg.get_local_linear_id();
   if (row >= p.rows || h >= p.H) return;
-  const int64_t qbase = row * p.qkv_stride + (int64_t)h * KD, kbase = qbase + (int64_t)p.H * KD;
+  const int64_t qbase = row * p.qkv_stride + (int64_t)h * kHeadK, kbase = qbase + (int64_t)p.H * kHeadK;
   float q[PREP_KS], k[PREP_KS], sq = 0.0f, sk = 0.0f;
 #pragma unroll
   for (int i = 0; i < PREP_KS; ++i) {
     const int32_t e = lane + GDN_SUB_GROUP * i;
-    const bool in = KD % GDN_SUB_GROUP == 0 || e < KD;
+    const bool in = kHeadK % GDN_SUB_GROUP == 0 || e < kHeadK;
     q[i] = in ? load_act(p.qkv, qbase + e) : 0.0f;
     k[i] = in ? load_act(p.qkv, kbase + e) : 0.0f;
     sq += q[i] * q[i];
@@ -28,11 +28,11 @@ GDN_SUB_GROUP_KERNEL(2) void gdn_prep(GdnPrepParams p) {
   }
   const float rq = l2_factor(p, sycl::reduce_over_group(sg, sq, sycl::plus<float>())) * p.scale;
   const float rk = l2_factor(p, sycl::reduce_over_group(sg, sk, sycl::plus<float>()));
-  float *qn = p.qn + (row * p.H + h) * KD, *kn = p.kn + (row * p.H + h) * KD;
+  float *qn = p.qn + (row * p.H + h) * kHeadK, *kn = p.kn + (row * p.H + h) * kHeadK;
 #pragma unroll
   for (int i = 0; i < PREP_KS; ++i) {
     const int32_t e = lane + GDN_SUB_GROUP * i;
-    if (KD % GDN_SUB_GROUP == 0 || e < KD) {
+    if (kHeadK % GDN_SUB_GROUP == 0 || e < kHeadK) {
       qn[e] = q[i] * rq;
       kn[e] = k[i] * rk;
     }

@@ -89,20 +89,20 @@ static inline void prep_gates(const GdnPrepParams &p, int64_t row, int32_t hv0, 
   }
 }
 
-// q (times scale) and k of (row, k-head h), l2-normalized, as KD/16 vectors each (KD % 16 == 0):
+// q (times scale) and k of (row, k-head h), l2-normalized, as kHeadK/16 vectors each (kHeadK % 16 == 0):
 // what gdn_prep_cpu stores, and what the recurrent CPU kernels compute themselves when no
 // gdn_prep ran (GdnDeltaParams.prep_inline): the same arithmetic either way.
 static inline void prep_qk16(const GdnPrepParams &p, int64_t row, int32_t h, vf16 *q, vf16 *k) {
-  const int64_t qbase = row * p.qkv_stride + (int64_t)h * KD, kbase = qbase + (int64_t)p.H * KD;
+  const int64_t qbase = row * p.qkv_stride + (int64_t)h * kHeadK, kbase = qbase + (int64_t)p.H * kHeadK;
   vf16 sq(0.0f), sk(0.0f);
-  for (int c = 0; c < KD / 16; ++c) {
+  for (int c = 0; c < kHeadK / 16; ++c) {
     q[c] = load_act16(p.qkv, qbase + 16 * c);
     k[c] = load_act16(p.qkv, kbase + 16 * c);
     sq += q[c] * q[c];
     sk += k[c] * k[c];
   }
   const float rq = l2_factor(p, hsum(sq)) * p.scale, rk = l2_factor(p, hsum(sk));
-  for (int c = 0; c < KD / 16; ++c) {
+  for (int c = 0; c < kHeadK / 16; ++c) {
     q[c] *= rq;
     k[c] *= rk;
   }

@@ -15,20 +15,20 @@
 #include <sycl/group_algorithm.hpp>
 #include "delta.hpp"
 
-#define TILE_KS ((KD + GDN_SUB_GROUP - 1) / GDN_SUB_GROUP)
-#define TILE_COLS gdn_tile_cols(KD, GK)
+#define TILE_KS ((kHeadK + GDN_SUB_GROUP - 1) / GDN_SUB_GROUP)
+#define TILE_COLS gdn_tile_cols(kHeadK, kGateK)
 // Where a lane's row i of a column is, from the column's start. vk: the lane's offset plus a
 // constant. kv: the lane's first row plus i uniform steps of GDN_SUB_GROUP rows (per-lane offsets
 // (lane + 16 i) V for every i stay live across the chunk scan's loop and spill registers).
 #if GDN_VK_LAYOUT
-#define TILE_LANE(S, lane) (S)
-#define TILE_AT(S, lane, i) ((S) + ((lane) + GDN_SUB_GROUP * (i)))
+#define TILE_LANE(p, S, lane) (S)
+#define TILE_AT(p, S, lane, i) ((S) + ((lane) + GDN_SUB_GROUP * (i)))
 #else
-#define TILE_LANE(S, lane) ((S) + (lane) * K_STRIDE)
-#define TILE_AT(S, lane, i) ((S) + (int64_t)GDN_SUB_GROUP * K_STRIDE * (i))
+#define TILE_LANE(p, S, lane) ((S) + (lane) * k_stride(p))
+#define TILE_AT(p, S, lane, i) ((S) + (int64_t)GDN_SUB_GROUP * k_stride(p) * (i))
 #endif
 // Row i of a lane's slice exists (K need not be a multiple of GDN_SUB_GROUP).
-static inline bool tile_row(int lane, int i) { return KD % GDN_SUB_GROUP == 0 || lane + GDN_SUB_GROUP * i < KD; }
+static inline bool tile_row(int lane, int i) { return kHeadK % GDN_SUB_GROUP == 0 || lane + GDN_SUB_GROUP * i < kHeadK; }
 
 typedef float state_tile[TILE_COLS][TILE_KS];
 
@@ -38,10 +38,10 @@ static inline void load_tile(const GdnDeltaParams &p, int32_t slot, int32_t hv, 
 #pragma unroll
   for (int b = 0; b < TILE_COLS; ++b) {
     const bool col = init && v0 + b < p.V;
-    const state_t *S = TILE_LANE(state_column(p, col ? slot : 0, hv, col ? v0 + b : 0), lane);
+    const state_t *S = TILE_LANE(p, state_column(p, col ? slot : 0, hv, col ? v0 + b : 0), lane);
 #pragma unroll
     for (int i = 0; i < TILE_KS; ++i)
-      s[b][i] = col && tile_row(lane, i) ? load_state(TILE_AT(S, lane, i)) : 0.0f;
+      s[b][i] = col && tile_row(lane, i) ? load_state(TILE_AT(p, S, lane, i)) : 0.0f;
   }
 }
 
@@ -50,10 +50,10 @@ static inline void store_tile(const GdnDeltaParams &p, int32_t slot, int32_t hv,
 #pragma unroll
   for (int b = 0; b < TILE_COLS; ++b) {
     if (v0 + b >= p.V) break;
-    state_t *S = TILE_LANE(state_column(p, slot, hv, v0 + b), lane);
+    state_t *S = TILE_LANE(p, state_column(p, slot, hv, v0 + b), lane);
 #pragma unroll
     for (int i = 0; i < TILE_KS; ++i)
-      if (tile_row(lane, i)) store_state(TILE_AT(S, lane, i), s[b][i]);
+      if (tile_row(lane, i)) store_state(TILE_AT(p, S, lane, i), s[b][i]);
   }
 }
 
@@ -94,12 +94,12 @@ static inline void recurrent_tile(const GdnDeltaParams &p, const sycl::sub_group
     const float *e = r.ring_in + (int64_t)t * p.ring_floats;  // (replay only)
     // k stays in registers for the update; q is used in this pass only, one value at a time (at
     // K = 256 both slices beside the tile spill on Xe-HPG). A replay has no q: k stands in.
-    const float *kn = state_only ? e + h * KD : p.kn + (row * p.H + h) * KD;
+    const float *kn = state_only ? e + h * kHeadK : p.kn + (row * p.H + h) * kHeadK;
     float kk[TILE_KS];
     load_slice(kn, lane, kk);
-    const float *qn = state_only ? kn : p.qn + (row * p.H + h) * KD;
-    // The token's gates: g of v-head hv (GK values: the lane's rows' with GDN_CHANNEL_GATE), beta.
-    const float *gs = state_only ? e + ring_g(p, hv) : p.g + (row * p.HV + hv) * GK;
+    const float *qn = state_only ? kn : p.qn + (row * p.H + h) * kHeadK;
+    // The token's gates: g of v-head hv (kGateK values: the lane's rows' with GDN_CHANNEL_GATE), beta.
+    const float *gs = state_only ? e + ring_g(p, hv) : p.g + (row * p.HV + hv) * kGateK;
     const float beta = state_only ? e[ring_beta(p, hv)] : p.beta[row * p.HV + hv];
     // The decay of the sums and the update: the head's one, or 1 after the tile's rows decayed by
     // their own (GDN_CHANNEL_GATE).
@@ -116,13 +116,13 @@ static inline void recurrent_tile(const GdnDeltaParams &p, const sycl::sub_group
       if (v0 == 0 && hv % (p.HV / p.H) == 0)
 #pragma unroll
         for (int i = 0; i < TILE_KS; ++i)
-          if (tile_row(lane, i)) o[h * KD + lane + GDN_SUB_GROUP * i] = kk[i];
+          if (tile_row(lane, i)) o[h * kHeadK + lane + GDN_SUB_GROUP * i] = kk[i];
       if (v0 == 0)  // (a loop, not unrolled: its addresses live one at a time)
 #pragma unroll 1
-        for (int i = 0; i < (GK + GDN_SUB_GROUP - 1) / GDN_SUB_GROUP; ++i)
-          if (lane + GDN_SUB_GROUP * i < GK) o[ring_g(p, hv) + lane + GDN_SUB_GROUP * i] = gs[lane + GDN_SUB_GROUP * i];
+        for (int i = 0; i < (kGateK + GDN_SUB_GROUP - 1) / GDN_SUB_GROUP; ++i)
+          if (lane + GDN_SUB_GROUP * i < kGateK) o[ring_g(p, hv) + lane + GDN_SUB_GROUP * i] = gs[lane + GDN_SUB_GROUP * i];
       if (v0 == 0 && lane == 0) o[ring_beta(p, hv)] = beta;
-      if (writer) o[gdn_ring_v(p.H, KD) + (int64_t)hv * p.V + vl] = v_at(p, r, v_index(p, r, row, hv, vl));
+      if (writer) o[gdn_ring_v(p.H, kHeadK) + (int64_t)hv * p.V + vl] = v_at(p, r, v_index(p, r, row, hv, vl));
     }
     float a[TILE_COLS] = {}, c[TILE_COLS] = {}, kq = 0.0f;
 #pragma unroll

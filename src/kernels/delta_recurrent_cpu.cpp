@@ -3,7 +3,7 @@
 // allow; GDN_XPU_GENERIC_KERNELS=1 runs the generic delta_recurrent.cpp and conv1d.cpp instead.
 // The CPU runtime's work-group vectorizer turns uniform loads into gathers when it cannot prove
 // uniformity; explicit 16-wide vectors inside a work-item make every load contiguous or a
-// broadcast. Work-groups of one work-item, coordinates from GROUP ids only (common.hpp, "CPU-device
+// broadcast. Work-groups of one work-item, coordinates from GROUP ids only (vec16.hpp, "CPU-device
 // kernels"). One run-time build per (layout, dtypes, K): the build includes its layout's walks
 // (delta_recurrent_vk_cpu.hpp or delta_recurrent_kv_cpu.hpp, what both share in
 // delta_recurrent_cpu.hpp), so a call compiles one layout's walks only.
@@ -20,8 +20,8 @@ struct KHeadChannels {
 };
 static inline KHeadChannels k_head_channels(const GdnDeltaParams &p, int32_t h) {
   const int32_t per_k = p.HV / p.H;
-  return {{{h * KD, (h + 1) * KD},
-           {(p.H + h) * KD, (p.H + h + 1) * KD},
+  return {{{h * kHeadK, (h + 1) * kHeadK},
+           {(p.H + h) * kHeadK, (p.H + h + 1) * kHeadK},
            {p.v_offset + h * per_k * p.V, p.v_offset + (h + 1) * per_k * p.V}}};
 }
 
@@ -58,7 +58,7 @@ static inline void fused_conv(const GdnConvParams &c, const GdnDeltaParams &p, i
 
 #if GDN_VK_LAYOUT
 // Global (num_seqs*HV, V / GDN_VK_ITEM_ROWS rounded up), local (1, 1): a work-item walks
-// GDN_VK_ITEM_ROWS rows. (A work-item per 16 rows took decode B=8 1.01 ms against 0.90, 0.2.1.)
+// GDN_VK_ITEM_ROWS rows. (A work-item per 16 rows made a decode's kernel ~12% longer.)
 GDN_KERNEL(2) void gdn_recurrent_vk_cpu(GdnDeltaParams p) {
   const auto it = item2();
   recurrent_item(p, (int32_t)(it.get_group(0) / p.HV), (int32_t)(it.get_group(0) % p.HV),
@@ -86,8 +86,8 @@ GDN_KERNEL(2) void gdn_fused_cpu(GdnFusedParams fp) {  // (see fused_conv)
       copy_z_seq<16>(fp.conv, seq, p.group == GDN_GROUP_SPEC, e);
   // While this work-item walks its states, the lines the next one's conv reads first come in
   // (conv_prefetch; the next group id: the work-item this core most likely runs next). Without it
-  // the conv's first loads of each window column waited for DRAM (time-major conv state, bf16,
-  // alternated in one process: spec B=8 S=3 1.124 -> 1.002 ms, decode B=8 0.351 -> 0.342, 0.2.20).
+  // the conv's first loads of each window column waited for DRAM (time-major conv state, bf16:
+  // a spec decode step ~12% longer, a decode step ~3%).
   const int32_t next = (int32_t)it.get_group(0) + 1;
   if (next / p.H < p.num_seqs) {
     const KHeadChannels next_head = k_head_channels(p, next % p.H);

@@ -7,7 +7,7 @@
 
 // A work-item's walk (recurrent_item, one per layout) is ONE function both kernels of this build
 // call (gdn_recurrent_*_cpu and gdn_fused_cpu), not an inlined copy in each: an inlined copy
-// doubled the build's back-end time (cold compile at K = 128: ~3 -> ~7 s, 0.2.5).
+// doubled the build's back-end time (a cold compile at K = 128 over twice as long).
 #define GDN_NOINLINE static __attribute__((noinline))
 
 // Whether a store of this walk's state to slot `to` streams: not when it is in place, to the slot
@@ -16,19 +16,19 @@
 static inline bool streaming_to(const RecurrentSeq &rs, int32_t to) { return !(rs.init && to == rs.read_slot); }
 
 // Asks for the n states from p to be brought into this core's caches, without waiting for them
-// (prefetch_bytes, common.hpp: prefetcht0 inline on an x86-64 host).
+// (prefetch_bytes, vec16.hpp: prefetcht0 inline on an x86-64 host).
 static inline void prefetch_states(const state_t *p, size_t n) { prefetch_bytes(p, n * sizeof(state_t)); }
 
-// A token's GK decays e^g from its log-decays g: as vectors for KDA's K (exp16_ieee), else sycl::exp.
+// A token's kGateK decays e^g from its log-decays g: as vectors for KDA's K (exp16_ieee), else sycl::exp.
 static inline void token_decays(const float *g, float *decay) {
-  if (GK % 16 == 0)
-    for (int c = 0; c < GK; c += 16) vstore(decay + c, exp16_ieee(vload(g + c)));
+  if (kGateK % 16 == 0)
+    for (int c = 0; c < kGateK; c += 16) vstore(decay + c, exp16_ieee(vload(g + c)));
   else
-    for (int c = 0; c < GK; ++c) decay[c] = sycl::exp(g[c]);
+    for (int c = 0; c < kGateK; ++c) decay[c] = sycl::exp(g[c]);
 }
 
 // Token t of the walk, for k-head h and v-head hv: returns its global row; kn, qn point to its
-// l2-normalized k and q (KD floats each), decay[0 .. GK) = e^g (GDN_CHANNEL_GATE: one per key
+// l2-normalized k and q (kHeadK floats each), decay[0 .. kGateK) = e^g (GDN_CHANNEL_GATE: one per key
 // channel, i.e. per state row k), beta. They are the prep kernel's outputs,
 // or, when the call launched no gdn_prep (p.prep_inline: no chunk kernels in it, K % 16 == 0),
 // prepared here from the conv output into kb, qb with the prep kernel's own arithmetic
@@ -38,35 +38,35 @@ static inline int64_t token_in(const GdnDeltaParams &p, const RecurrentSeq &rs, 
                                float *kb, float *qb, const float *&kn, const float *&qn, float *decay, float &beta) {
   if (rs.ring_in) {  // a replay (GDN_REPLAY_APPLY): ring entry t; no q (k stands in), no outputs
     const float *e = rs.ring_in + (int64_t)t * p.ring_floats;
-    kn = qn = e + h * KD;
+    kn = qn = e + h * kHeadK;
     token_decays(e + ring_g(p, hv), decay);  // (the decays of the walk that wrote the entry, below)
     beta = e[ring_beta(p, hv)];
     return t;
   }
   const int64_t row = global_row(p.token_indx, rs.j0 + t);
-  float g[GK];
-  if (KD % 16 == 0 && p.prep_inline) {
-    vf16 k[KD / 16 + (KD % 16 != 0)], q[KD / 16 + (KD % 16 != 0)];
+  float g[kGateK];
+  if (kHeadK % 16 == 0 && p.prep_inline) {
+    vf16 k[kHeadK / 16 + (kHeadK % 16 != 0)], q[kHeadK / 16 + (kHeadK % 16 != 0)];
     prep_qk16(p.prep, row, h, q, k);
-    for (int c = 0; c < KD / 16; ++c) {
+    for (int c = 0; c < kHeadK / 16; ++c) {
       vstore(kb + 16 * c, k[c]);
       vstore(qb + 16 * c, q[c]);
     }
     kn = kb, qn = qb;
-    if (GK % 16 == 0)  // (KDA: as gdn_prep_cpu computes them)
-      for (int c = 0; c < GK; c += 16) vstore(g + c, gate_g16(p.prep, row, hv * GK + c));
+    if (kGateK % 16 == 0)  // (KDA: as gdn_prep_cpu computes them)
+      for (int c = 0; c < kGateK; c += 16) vstore(g + c, gate_g16(p.prep, row, hv * kGateK + c));
     else
-      for (int c = 0; c < GK; ++c) g[c] = gate_g(p.prep, row, hv * GK + c);
+      for (int c = 0; c < kGateK; ++c) g[c] = gate_g(p.prep, row, hv * kGateK + c);
     beta = gate_beta(p.prep, row, hv);
   } else {
-    kn = p.kn + (row * p.H + h) * KD, qn = p.qn + (row * p.H + h) * KD;
-    for (int c = 0; c < GK; ++c) g[c] = p.g[(row * p.HV + hv) * GK + c];
+    kn = p.kn + (row * p.H + h) * kHeadK, qn = p.qn + (row * p.H + h) * kHeadK;
+    for (int c = 0; c < kGateK; ++c) g[c] = p.g[(row * p.HV + hv) * kGateK + c];
     beta = p.beta[row * p.HV + hv];
   }
   token_decays(g, decay);
   if (rs.ring_out) {  // replay mode's walk: the token's inputs to the ring (RecurrentSeq)
     if (rs.ring_k)
-      for (int k = 0; k < KD; ++k) rs.ring_out[(int64_t)t * p.ring_floats + h * KD + k] = kn[k];
+      for (int k = 0; k < kHeadK; ++k) rs.ring_out[(int64_t)t * p.ring_floats + h * kHeadK + k] = kn[k];
     ring_write_v(p, rs, t, row, hv, g, beta);
   }
   return row;
@@ -88,7 +88,7 @@ static inline void copy_state(const GdnDeltaParams &p, const RecurrentSeq &rs, i
   for (int32_t j = v; j < sycl::min(p.V, v + n); ++j) {
     const state_t *S = state_column(p, rs.read_slot, hv, j);
     state_t *D = state_column(p, rs.final_slot, hv, j);
-    for (int k = 0; k < KD; ++k) D[k * K_STRIDE] = rs.init ? S[k * K_STRIDE] : state_t(0);
+    for (int k = 0; k < kHeadK; ++k) D[k * k_stride(p)] = rs.init ? S[k * k_stride(p)] : state_t(0);
   }
 }
 
@@ -108,27 +108,27 @@ static inline state_t *slot_state(const GdnDeltaParams &p, int32_t slot, int32_t
   return slot != p.pad_slot_id ? state_column(p, slot, hv, v) : nullptr;
 }
 
-// a . b over KD floats (l2-normalized k and q: |a . b| <= 1).
+// a . b over kHeadK floats (l2-normalized k and q: |a . b| <= 1).
 static inline float dot_kd(const float *a, const float *b) {
-  if (KD % 16 == 0) {
+  if (kHeadK % 16 == 0) {
     vf16 x(0.0f);
-    for (int c = 0; c < KD / 16; ++c) x = sycl::fma(vload(a + 16 * c), vload(b + 16 * c), x);
+    for (int c = 0; c < kHeadK / 16; ++c) x = sycl::fma(vload(a + 16 * c), vload(b + 16 * c), x);
     return hsum(x);
   }
   float x = 0.0f;
-  for (int k = 0; k < KD; ++k) x = sycl::fma(a[k], b[k], x);
+  for (int k = 0; k < kHeadK; ++k) x = sycl::fma(a[k], b[k], x);
   return x;
 }
-// (a * w) . b over KD floats, the rounded products a * w as the FMAs' factors (GDN_CHANNEL_GATE:
+// (a * w) . b over kHeadK floats, the rounded products a * w as the FMAs' factors (GDN_CHANNEL_GATE:
 // w a key channel's decays, in [0, 1]).
 static inline float dot_kd_w(const float *a, const float *w, const float *b) {
-  if (KD % 16 == 0) {
+  if (kHeadK % 16 == 0) {
     vf16 x(0.0f);
-    for (int c = 0; c < KD / 16; ++c) x = sycl::fma(vload(a + 16 * c) * vload(w + 16 * c), vload(b + 16 * c), x);
+    for (int c = 0; c < kHeadK / 16; ++c) x = sycl::fma(vload(a + 16 * c) * vload(w + 16 * c), vload(b + 16 * c), x);
     return hsum(x);
   }
   float x = 0.0f;
-  for (int k = 0; k < KD; ++k) x = sycl::fma(a[k] * w[k], b[k], x);
+  for (int k = 0; k < kHeadK; ++k) x = sycl::fma(a[k] * w[k], b[k], x);
   return x;
 }
 
@@ -141,8 +141,8 @@ struct PreparedTokens {
   int32_t n;
   int64_t row[GDN_WALK_TOKENS];
   const float *kn[GDN_WALK_TOKENS], *qn[GDN_WALK_TOKENS];
-  float decay[GDN_WALK_TOKENS][GK], beta[GDN_WALK_TOKENS];
-  float kb[GDN_WALK_TOKENS][KD], qb[GDN_WALK_TOKENS][KD];
+  float decay[GDN_WALK_TOKENS][kGateK], beta[GDN_WALK_TOKENS];
+  float kb[GDN_WALK_TOKENS][kHeadK], qb[GDN_WALK_TOKENS][kHeadK];
   void prepare(const GdnDeltaParams &p, const RecurrentSeq &rs, int32_t h, int32_t hv) {
     for (n = 0; n < rs.len; ++n) row[n] = token_in(p, rs, n, h, hv, kb[n], qb[n], kn[n], qn[n], decay[n], beta[n]);
   }

@@ -11,42 +11,41 @@
 // Why NV vectors, whole rows: a walk reads and writes NV*64 contiguous bytes of each of the K
 // state rows, and the NV column vectors are NV independent FMA chains. With one vector (64 bytes
 // a row) the kv layout took ~1.6x the vk layout's time at spec S=3, bound by that access pattern,
-// not by instructions (0.2.0). Half rows cost too, alternated in one process: two work-items on
-// alternate 256-byte halves of every 512-byte row, decode B=8 1.64 ms against 1.07 (0.2.1); one
-// work-item walking the two halves in turn, spec B=8 f32 S=3 4.47 ms against 4.02 (0.2.3).
+// not by instructions. Half rows cost too: two work-items on alternate 256-byte halves of every
+// 512-byte row made a decode ~50% longer, one work-item walking the two halves in turn a spec
+// decode ~10% longer.
 #pragma once
 #include "delta_recurrent_cpu.hpp"
 
 // 2-byte states: a walk's last pass (the WY write pass, the held block's last update) reads no
 // memory but this core's caches, so each of its rows asks for the same row and columns of the
 // next head (the next walk of this work-item in gdn_fused_cpu, else likely of the next
-// work-item), as the vk walks do for the rows ahead: bf16 decode B=8 0.708 -> 0.624 ms, spec S=3
-// B=8 2.79 -> 2.53 (0.2.8's kv walks, alternated in one process). Not for f32 states (a head is
-// 64 KB, the whole L1 twice over): decode B=8 3-8% slower.
+// work-item), as the vk walks do for the rows ahead: bf16 decode and spec steps ~10% longer
+// without. Not for f32 states (a head is 64 KB, the whole L1 twice over): decode 3-8% slower.
 static inline bool ask_next_head(const GdnDeltaParams &p, const RecurrentSeq &rs, int32_t hv) {
   return sizeof(state_t) == 2 && rs.init && hv + 1 < p.HV;
 }
-static inline const state_t *next_head(const GdnDeltaParams &p, const state_t *S) { return S + (int64_t)KD * p.V; }
+static inline const state_t *next_head(const GdnDeltaParams &p, const state_t *S) { return S + (int64_t)kHeadK * p.V; }
 
 // The held walk of the 16 NV columns from v over a sequence's tokens, for walks longer than
 // GDN_WALK_TOKENS (forced-recurrent prefills): the K x 16 NV block stays in registers (on the
 // stack) across the tokens, and token t's read pass applies token t-1's update and stores the
 // updated row as it goes: one pass over the block per token, not three (products, update, store;
-// measured on spec walks, B=8 f32 S=3 whole steps 3.92 -> 3.51-3.67 ms, 0.2.4). Token 0's read
-// pass loads the block, without a copy pass before it (spec B=8 f32 S=1 1.665 -> 1.592 ms,
-// 0.2.11; the vk 16-row walk gains nothing that way and keeps its load loop).
+// three made f32 spec steps ~10% longer). Token 0's read pass loads the block, without a copy
+// pass before it (~5% of a short spec step; the vk 16-row walk gains nothing that way and keeps
+// its load loop).
 template <int NV, bool SO>
 static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int32_t hv, int32_t v, int32_t h) {
   const state_t *S = state_column(p, rs.read_slot, hv, v);  // read only when rs.init
-  vf16 s[KD][NV];
+  vf16 s[kHeadK][NV];
   // The update of the token before (S' = d S + k u^T; GDN_CHANNEL_GATE: row k by dp[k]) and where
   // its state goes (A: none).
-  float kp[KD], dp[GK] = {1.0f};
+  float kp[kHeadK], dp[kGateK] = {1.0f};
   vf16 up[NV];
   state_t *Ap = nullptr;
   bool stream_p = false;
   for (int32_t t = 0; t < rs.len; ++t) {
-    float kb[KD], qb[KD], decay[GK], beta;
+    float kb[kHeadK], qb[kHeadK], decay[kGateK], beta;
     const float *kn, *qn;
     const int64_t row = token_in(p, rs, t, h, hv, kb, qb, kn, qn, decay, beta);
     const float dsum = GDN_CHANNEL_GATE ? 1.0f : decay[0];  // the decay of the sums (per row: in the products)
@@ -55,7 +54,7 @@ static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int
     const float kdotq = SO ? 0.0f : dot_kd(kn, qn);
     vf16 ak[NV], aq[NV], u[NV];
     for (int j = 0; j < NV; ++j) ak[j] = aq[j] = vf16(0.0f);
-    for (int k = 0; k < KD; ++k) {
+    for (int k = 0; k < kHeadK; ++k) {
       const float kd = GDN_CHANNEL_GATE ? kn[k] * decay[k] : kn[k];
       const float qd = GDN_CHANNEL_GATE && !SO ? qn[k] * decay[k] : qn[k];
       for (int j = 0; j < NV; ++j) {  // row k of the block before the token
@@ -74,15 +73,15 @@ static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int
     // to its store slot (a spec write-back or a checkpoint). Nothing in this call reads the
     // stored states again: streaming stores unless in place.
     const int32_t to = token_store_slot(rs, t);
-    for (int k = 0; k < KD; ++k) kp[k] = kn[k];
+    for (int k = 0; k < kHeadK; ++k) kp[k] = kn[k];
     for (int j = 0; j < NV; ++j) up[j] = u[j];
-    for (int c = 0; c < GK; ++c) dp[c] = decay[c];
+    for (int c = 0; c < kGateK; ++c) dp[c] = decay[c];
     Ap = slot_state(p, to, hv, v), stream_p = streaming_to(rs, to);
   }
   // The last token's update, also to the walk's final slot (a non-spec sequence's, a replay's).
   state_t *const B = slot_state(p, rs.final_slot, hv, v);
   const bool ahead = ask_next_head(p, rs, hv);
-  for (int k = 0; k < KD; ++k) {
+  for (int k = 0; k < kHeadK; ++k) {
     if (ahead) prefetch_states(next_head(p, S) + k * p.V, 16 * NV);
     for (int j = 0; j < NV; ++j) s[k][j] = held_update(s[k][j], dp[GDN_CHANNEL_GATE ? k : 0], up[j] * kp[k]);
     if (Ap) vstore_states(Ap + k * p.V, s[k], NV, stream_p);
@@ -107,29 +106,28 @@ static inline void walk_columns_kv(const GdnDeltaParams &p, RecurrentSeq rs, int
 // S^T (P(t) k_t) and D(t, i) (k_i.k_t) is (D(t, i) k_i).k_t, the same walk otherwise (K products
 // per coefficient: L(L+1)/2 of them, few beside the state's passes). The u and o differ from the
 // held walk's by the summation order: rounding only, the coefficients being bounded (|k_i.k_t| <= 1
-// for l2-normalized k and q, decays in [0, 1]). Against the held walk, alternated in one process,
-// spec B=8: f32 S=3 2.460 -> 2.069 ms, bf16 S=3 2.072 -> 1.903 (0.2.12). One token (a decode)
+// for l2-normalized k and q, decays in [0, 1]). The held walk made spec steps ~10-20% longer.
+// One token (a decode)
 // reads the block twice, for its products and then from this core's caches for the write pass
-// (holding the block spilled it through the stack). A decode walk of its own took the same time
-// (decode B=8 f32 0.879 ms either way, 0.2.13), and the build compiles ~1.6 s faster from cold
-// without one.
+// (holding the block spilled it through the stack). A decode walk of its own took the same time,
+// and the build compiles faster from cold without one.
 template <int NV, bool SO>
 static inline void walk_columns_kv_wy(const GdnDeltaParams &p, RecurrentSeq &rs, const PreparedTokens &pt, int32_t hv,
                                       int32_t v) {
   const state_t *S = state_column(p, rs.read_slot, hv, v);  // read only when rs.init
   const int32_t L = pt.n;
-  // ck[t][i] = D(t, i) k_i.k_t (i < t), cq[t][i] = D(t, i) k_i.q_t (i <= t), P[t] = P(t) (GK values).
-  float ck[GDN_WALK_TOKENS][GDN_WALK_TOKENS], cq[GDN_WALK_TOKENS][GDN_WALK_TOKENS], P[GDN_WALK_TOKENS][GK];
+  // ck[t][i] = D(t, i) k_i.k_t (i < t), cq[t][i] = D(t, i) k_i.q_t (i <= t), P[t] = P(t) (kGateK values).
+  float ck[GDN_WALK_TOKENS][GDN_WALK_TOKENS], cq[GDN_WALK_TOKENS][GDN_WALK_TOKENS], P[GDN_WALK_TOKENS][kGateK];
   for (int32_t t = 0; t < L; ++t) {
     if constexpr (GDN_CHANNEL_GATE) {
-      float D[KD];  // D(t, i), per key channel
-      for (int k = 0; k < KD; ++k) D[k] = 1.0f;
+      float D[kHeadK];  // D(t, i), per key channel
+      for (int k = 0; k < kHeadK; ++k) D[k] = 1.0f;
       for (int32_t i = t; i >= 0; --i) {
         if (i < t) ck[t][i] = dot_kd_w(pt.kn[i], D, pt.kn[t]);
         if constexpr (!SO) cq[t][i] = dot_kd_w(pt.kn[i], D, pt.qn[t]);
-        for (int k = 0; k < KD; ++k) D[k] *= pt.decay[i][k];
+        for (int k = 0; k < kHeadK; ++k) D[k] *= pt.decay[i][k];
       }
-      for (int k = 0; k < KD; ++k) P[t][k] = D[k];
+      for (int k = 0; k < kHeadK; ++k) P[t][k] = D[k];
     } else {
       P[t][0] = t ? P[t - 1][0] * pt.decay[t][0] : pt.decay[t][0];
       float D = 1.0f;
@@ -146,7 +144,7 @@ static inline void walk_columns_kv_wy(const GdnDeltaParams &p, RecurrentSeq &rs,
     const float Pt = GDN_CHANNEL_GATE ? 1.0f : P[t][0];  // P(t) of the sums (per row: in the products)
     for (int j = 0; j < NV; ++j) a[j] = b[j] = vf16(0.0f);
     if (rs.init)
-      for (int k = 0; k < KD; ++k) {
+      for (int k = 0; k < kHeadK; ++k) {
         const float kk = GDN_CHANNEL_GATE ? P[t][k] * pt.kn[t][k] : pt.kn[t][k];
         const float qk = GDN_CHANNEL_GATE && !SO ? P[t][k] * pt.qn[t][k] : pt.qn[t][k];
         for (int j = 0; j < NV; ++j) {
@@ -180,7 +178,7 @@ static inline void walk_columns_kv_wy(const GdnDeltaParams &p, RecurrentSeq &rs,
   state_t *const B = slot_state(p, rs.final_slot, hv, v);
   const bool stream_b = streaming_to(rs, rs.final_slot);
   const bool ahead = ask_next_head(p, rs, hv);
-  for (int k = 0; k < KD; ++k) {
+  for (int k = 0; k < kHeadK; ++k) {
     if (ahead) prefetch_states(next_head(p, S) + k * p.V, 16 * NV);
     vf16 s[NV];
     for (int j = 0; j < NV; ++j) s[j] = rs.init ? vload_state(S + k * p.V + 16 * j) : vf16(0.0f);
@@ -205,7 +203,7 @@ static inline void columns_kv(const GdnDeltaParams &p, RecurrentSeq &rs, int32_t
     pt.prepare(p, rs, h, hv);
     walk_columns_kv_wy<NV, SO>(p, rs, pt, hv, v);
   } else {
-    constexpr int NW = KD <= 128 || NV < GDN_KV_VECS ? NV : GDN_KV_VECS;
+    constexpr int NW = kHeadK <= 128 || NV < GDN_KV_VECS ? NV : GDN_KV_VECS;
     for (int j = 0; j < NV; j += NW) walk_columns_kv<NW, SO>(p, rs, hv, v + 16 * j, h);
   }
 }

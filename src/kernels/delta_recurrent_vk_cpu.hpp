@@ -13,7 +13,7 @@
 #pragma once
 #include "delta_recurrent_cpu.hpp"
 
-#define KC (KD / 16)
+#define KC (kHeadK / 16)
 
 static_assert(GDN_VK_ROWS == 16, "a work-item's rows are the lanes of one vector");
 
@@ -67,11 +67,11 @@ static inline int32_t slot_rows_from(const GdnDeltaParams &p, int32_t hv, int32_
 // they do not fit: 16 rows of K = 128 are 128 vectors, four times the register file), and token
 // t's read pass (its two dot products) applies token t-1's update as it goes and stores the
 // updated row: one pass over the held rows per token instead of three (read for the products,
-// update, read again for the store; spec B=8 f32 whole steps S=7 5.23 -> 4.93 ms, 0.2.4). One
-// token (a decode step, !HOLD): the rows are read twice, once for the two dot products and once
-// more (from this core's caches by then) for the update and its store, instead of being held:
-// the copy the compiler kept on the stack cost a store and two loads per vector (decode B=8
-// recurrent kernel 1.5 -> 0.9-1.3 ms, 0.2.1).
+// update, read again for the store; three made f32 spec steps ~6% longer). One token (a decode
+// step, !HOLD): the rows are read twice, once for the two dot products and once more (from this
+// core's caches by then) for the update and its store, instead of being held: the copy the
+// compiler kept on the stack cost a store and two loads per vector (and a decode's recurrent
+// kernel up to 1.5x its time).
 template <bool HOLD, bool SO>
 static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const PreparedTokens &pt, int32_t hv,
                                 int32_t v0, int32_t nr, int32_t h) {
@@ -79,7 +79,7 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
   vf16 s[HOLD ? 16 : 1][KC];  // HOLD: s[r][c] = S[v0 + r, 16c .. 16c+15]; rows past nr stay zero
   if constexpr (HOLD)
     for (int32_t r = 0; r < 16; ++r)
-      for (int c = 0; c < KC; ++c) s[r][c] = rs.init && r < nr ? vload_state(S + r * KD + 16 * c) : vf16(0.0f);
+      for (int c = 0; c < KC; ++c) s[r][c] = rs.init && r < nr ? vload_state(S + r * kHeadK + 16 * c) : vf16(0.0f);
   // HOLD: the update of the token before (S' = d S + u k^T; GDN_CHANNEL_GATE: d along k, dpv) and
   // where its state goes (A: none).
   vf16 kp[HOLD ? KC : 1], up(0.0f), dpv[HOLD && GDN_CHANNEL_GATE ? KC : 1];
@@ -89,12 +89,11 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
   // The walk's last pass (a decode's update pass, the held rows' last update) runs from this
   // core's caches and reads no memory, which would idle through it: each of its rows asks for
   // the row walk_ahead rows on (this head's rows, or the next head's, which this work-item or the
-  // one after it walks; within the slot), so the walks ahead find their rows arrived (decode B=8
-  // 0.93 -> 0.87 ms, 0.2.7). How far, alternated in one process, bf16 state: 32 rows on (the same
-  // row of the walk after next) against 16, decode B=8 0.375 -> 0.326 ms, spec B=8 S=3 1.049 ->
-  // 0.956 (0.2.14); for a one-token walk (a decode) 24 against 32, decode B=32 1.400 -> 1.262 ms,
-  // where spec S=3 B=8 lost ~1-3% (0.2.19): 24 rows on for a decode, 32 otherwise. (The kv walks
-  // do the same for 2-byte states only, one head on.)
+  // one after it walks; within the slot), so the walks ahead find their rows arrived (a decode
+  // ~7% longer without). How far, bf16 state: 32 rows on (the same row of the walk after next)
+  // beat 16 by ~10-15%; for a one-token walk (a decode) 24 beat 32 by ~10%, where spec steps lost
+  // ~1-3%: 24 rows on for a decode, 32 otherwise. (The kv walks do the same for 2-byte states
+  // only, one head on.)
   const int32_t walk_ahead = rs.len == 1 ? 24 : 32;
   const bool ahead = rs.init && slot_rows_from(p, hv, v0) >= walk_ahead + 16;  // every row's request in the slot
   // Row r, vector c of the state before the token (HOLD: after applying the pending update).
@@ -104,11 +103,11 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
         s[r][c] = GDN_CHANNEL_GATE ? held_update(s[r][c], dpv[c], kp[c] * up[r]) : held_update(s[r][c], dp, kp[c] * up[r]);
       return s[r][c];
     } else {
-      return rs.init && r < nr ? vload_state(S + r * KD + 16 * c) : vf16(0.0f);
+      return rs.init && r < nr ? vload_state(S + r * kHeadK + 16 * c) : vf16(0.0f);
     }
   };
   for (int32_t t = 0; t < rs.len; ++t) {
-    float kb[KD], qb[KD], db[GK], beta;
+    float kb[kHeadK], qb[kHeadK], db[kGateK], beta;
     const float *kn, *qn, *decay = db;
     const int64_t row = pt.n ? pt.get(t, kn, qn, decay, beta) : token_in(p, rs, t, h, hv, kb, qb, kn, qn, db, beta);
     const int64_t vrow = v_index(p, rs, row, hv, v0);
@@ -135,7 +134,7 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
         ak[r] = sycl::fma(x, GDN_CHANNEL_GATE ? kd[c] : k[c], ak[r]);
         if constexpr (!SO) aq[r] += x * (GDN_CHANNEL_GATE ? qd[c] : q[c]);
       }
-      if (HOLD && Ap && r < nr) vstore_states(Ap + r * KD, s[r], KC, stream_p);
+      if (HOLD && Ap && r < nr) vstore_states(Ap + r * kHeadK, s[r], KC, stream_p);
     }
     const vf16 u = beta * sycl::fma(vf16(-dsum), row_sums(ak), v_rows(p, rs, vrow, nr));
     if constexpr (!SO) store_rows(p.out, orow, nr, dsum * row_sums(aq) + u * hsum(kq));
@@ -152,24 +151,24 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
       up = u, dp = d1, Ap = A, stream_p = stream_a;
     } else {
       for (int32_t r = 0; r < nr; ++r) {
-        if (ahead) prefetch_states(S + (walk_ahead + r) * KD, KD);
+        if (ahead) prefetch_states(S + (walk_ahead + r) * kHeadK, kHeadK);
         vf16 x[KC];
         for (int c = 0; c < KC; ++c)
           x[c] = GDN_CHANNEL_GATE ? held_update(state_in(t, r, c), dv[c], k[c] * u[r])
                                   : held_update(state_in(t, r, c), d1, k[c] * u[r]);
-        if (A) vstore_states(A + r * KD, x, KC, stream_a);
-        if (B) vstore_states(B + r * KD, x, KC, stream_b);
+        if (A) vstore_states(A + r * kHeadK, x, KC, stream_a);
+        if (B) vstore_states(B + r * kHeadK, x, KC, stream_b);
       }
     }
   }
   if constexpr (HOLD) {  // the last token's update
     state_t *const B = slot_state(p, rs.final_slot, hv, v0);
     for (int32_t r = 0; r < nr; ++r) {
-      if (ahead) prefetch_states(S + (walk_ahead + r) * KD, KD);
+      if (ahead) prefetch_states(S + (walk_ahead + r) * kHeadK, kHeadK);
       for (int c = 0; c < KC; ++c)
         s[r][c] = GDN_CHANNEL_GATE ? held_update(s[r][c], dpv[c], kp[c] * up[r]) : held_update(s[r][c], dp, kp[c] * up[r]);
-      if (Ap) vstore_states(Ap + r * KD, s[r], KC, stream_p);
-      if (B) vstore_states(B + r * KD, s[r], KC, streaming_to(rs, rs.final_slot));
+      if (Ap) vstore_states(Ap + r * kHeadK, s[r], KC, stream_p);
+      if (B) vstore_states(B + r * kHeadK, s[r], KC, streaming_to(rs, rs.final_slot));
     }
   }
 }
@@ -188,23 +187,22 @@ static inline vf16 sum_partials(const vf16 *x) {
 // vk layout each state row is a recurrence of its own (row r's u and o need row r alone), so a row
 // walks all the tokens in KC registers: read once, stored after each token, then the next row -- a
 // decode moves its state as a bare state pass does, not in walk_rows_vk's two passes over 16 rows,
-// and a spec walk holds no block on the stack (against walk_rows_vk, alternated in one process,
-// f32 state: decode B=8 1.06 -> 0.94 ms, spec B=8 S=3 3.64 -> 3.13, 0.2.10). 2-byte states keep
-// walk_rows_vk: row by row they took up to 1.4x as long, as slow with the state cache-resident
-// (compute: with the rounding a row's chain is ~100 instructions a token, and fewer rows overlap;
-// two rows interleaved were still slower). The kv layout cannot walk this way: a column's u needs
-// every row of the state.
+// and a spec walk holds no block on the stack (walk_rows_vk made f32 decode and spec steps
+// ~13-16% longer). 2-byte states keep walk_rows_vk: row by row they took up to 1.4x as long, as
+// slow with the state cache-resident (compute: with the rounding a row's chain is ~100
+// instructions a token, and fewer rows overlap; two rows interleaved were still slower). The kv
+// layout cannot walk this way: a column's u needs every row of the state.
 // Each of the two dot products is summed in BY_ROW_SUMS = 4 partial sums (fewer for K < 64), then
-// by hsum: chains of KC / 4 FMAs on the token's critical path, not KC (cache-resident decode B=8
-// 0.263 -> 0.228 ms, 0.2.22). Those sums, and the scalar u and o, contract into FMAs differently
-// from walk_rows_vk's, so a state can differ from that walk's in its last bits.
+// by hsum: chains of KC / 4 FMAs on the token's critical path, not KC (one chain made a
+// cache-resident decode ~15% longer). Those sums, and the scalar u and o, contract into FMAs
+// differently from walk_rows_vk's, so a state can differ from that walk's in its last bits.
 // Every row asks for the row BY_ROW_AHEAD = 12 rows on (6 KB at K = 128; within the slot, so the
 // last rows of a head ask for the next head's first, which this work-item or the next one walks
-// next), a prefetch that never waits: decode B=8 0.493 -> 0.388 ms, spec S=1 B=8 0.728 -> 0.596
-// (0.2.13, alternated in one process). 8 or 16 rows on are about as good, 4 less; one row every
-// row against two every other row 0-5% faster (0.2.19); the next 16 rows at once slower than none.
+// next), a prefetch that never waits (without it, decode and short spec steps ~20-27% longer).
+// 8 or 16 rows on are about as good, 4 less; one row every row against two every other row 0-5%
+// faster; the next 16 rows at once slower than none.
 // LC: the walk's token count when fixed at compile time (1: a decode step, whose k and q stay in
-// registers across the rows: decode B=8 0.91 -> 0.86 ms against loading them per row, 0.2.10),
+// registers across the rows: loading them per row made a decode ~6% longer),
 // else 0. With a decay per key channel (GDN_CHANNEL_GATE) the products' factors are d k and d q,
 // formed once per token before the rows (fkq), and each update reads the token's d and k.
 template <int LC, bool SO>
@@ -232,10 +230,10 @@ static inline void walk_rows_vk_by_row(const GdnDeltaParams &p, RecurrentSeq &rs
   state_t *const B = slot_state(p, rs.final_slot, hv, v0);
   const bool stream_b = streaming_to(rs, rs.final_slot);
   // The products' factors of token t: its k and q, GDN_CHANNEL_GATE: d k and d q (fkq[t][0], [1]).
-  float fkq[GDN_CHANNEL_GATE ? GDN_WALK_TOKENS : 1][2][KD];
+  float fkq[GDN_CHANNEL_GATE ? GDN_WALK_TOKENS : 1][2][kHeadK];
   if constexpr (GDN_CHANNEL_GATE)
     for (int32_t t = 0; t < L; ++t)
-      for (int c = 0; c < KD; ++c) {
+      for (int c = 0; c < kHeadK; ++c) {
         fkq[t][0][c] = pt.kn[t][c] * pt.decay[t][c];
         fkq[t][1][c] = SO ? 0.0f : pt.qn[t][c] * pt.decay[t][c];
       }
@@ -250,9 +248,9 @@ static inline void walk_rows_vk_by_row(const GdnDeltaParams &p, RecurrentSeq &rs
   constexpr int BY_ROW_SUMS = KC < 4 ? KC : 4;
   const int32_t ahead_end = rs.init ? slot_rows_from(p, hv, v0) - BY_ROW_AHEAD - (BY_ROW_ASK - 1) : 0;  // in the slot
   for (int32_t r = 0; r < nr; ++r) {
-    if (r % BY_ROW_ASK == 0 && r < ahead_end) prefetch_states(S + (r + BY_ROW_AHEAD) * KD, BY_ROW_ASK * KD);
+    if (r % BY_ROW_ASK == 0 && r < ahead_end) prefetch_states(S + (r + BY_ROW_AHEAD) * kHeadK, BY_ROW_ASK * kHeadK);
     vf16 s[KC];
-    for (int c = 0; c < KC; ++c) s[c] = rs.init ? vload_state(S + r * KD + 16 * c) : vf16(0.0f);
+    for (int c = 0; c < KC; ++c) s[c] = rs.init ? vload_state(S + r * kHeadK + 16 * c) : vf16(0.0f);
     for (int32_t t = 0; t < L; ++t) {
       const float d = GDN_CHANNEL_GATE ? 1.0f : pt.decay[t][0], b = pt.beta[t];  // (per channel: in the factors)
       // The row's two dot products as BY_ROW_SUMS partial sums each: chains of KC / BY_ROW_SUMS
@@ -271,9 +269,9 @@ static inline void walk_rows_vk_by_row(const GdnDeltaParams &p, RecurrentSeq &rs
       for (int c = 0; c < KC; ++c)
         s[c] = GDN_CHANNEL_GATE ? held_update(s[c], vload(pt.decay[t] + 16 * c), vload(pt.kn[t] + 16 * c) * u)
                                 : held_update(s[c], d, k_of(t, c) * u);
-      if (A[t]) vstore_states(A[t] + r * KD, s, KC, stream_a[t]);
+      if (A[t]) vstore_states(A[t] + r * kHeadK, s, KC, stream_a[t]);
     }
-    if (B) vstore_states(B + r * KD, s, KC, stream_b);
+    if (B) vstore_states(B + r * kHeadK, s, KC, stream_b);
   }
   if constexpr (!SO)
     for (int32_t t = 0; t < L; ++t) store_rows(p.out, orow[t], nr, vload(os[t]));

@@ -38,8 +38,8 @@ enum { GDN_REPLAY_OFF = 0, GDN_REPLAY_WALK = 1, GDN_REPLAY_APPLY = 2 };
 // The most ring entries a slot may hold: 1 + the largest batch->num_spec.
 enum { GDN_REPLAY_MAX_TOKENS = 65 };
 // Gate values per v-head and token: 1 (GDN_GATE_HEAD) or K (GDN_GATE_CHANNEL). The device code
-// of the delta rule knows it at compile time (delta.hpp, GK); the gate arrays are [rows, HV * gk].
-static inline int32_t gdn_gate_k(int32_t gate_mode, int32_t K) { return gate_mode == GDN_GATE_CHANNEL ? K : 1; }
+// of the delta rule knows it at compile time (delta.hpp, kGateK); the gate arrays are [rows, HV * gk].
+static inline constexpr int32_t gdn_gate_k(int32_t gate_mode, int32_t K) { return gate_mode == GDN_GATE_CHANNEL ? K : 1; }
 
 // A ring entry (f32): k [H, K] | v [HV, V] | g [HV, gk] | beta [HV]. Offsets of v, g, beta, and its size.
 static inline int64_t gdn_ring_v(int32_t H, int32_t K) { return (int64_t)H * K; }
@@ -178,7 +178,7 @@ struct GdnPrepParams {
 struct GdnDeltaParams {
   const void *qkv;          // conv output rows (v is read from here), act
   const float *qn, *kn, *g, *beta;  // from the prep kernel, by global row
-  void *ssm;                // state_t (common.hpp): the state dtype of the build
+  void *ssm;                // state_t (state.hpp): the state dtype of the build
   void *out;                // [rows, HV, V] act
   const int32_t *query_start_loc, *state_indices, *token_indx, *num_accepted;
   const uint8_t *has_initial_state;
@@ -200,7 +200,7 @@ struct GdnDeltaParams {
   // and their counts [num_slots]; null in the per-token mode.
   float *ring;
   int32_t *ring_count;
-  int64_t ring_floats;                      // gdn_ring_floats of the config (ring offsets: GK, delta.hpp)
+  int64_t ring_floats;                      // gdn_ring_floats of the config (ring offsets: kGateK, delta.hpp)
   int32_t ring_tokens, replay;              // entries per slot; GDN_REPLAY_*
 };
 

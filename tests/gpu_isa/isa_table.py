@@ -75,7 +75,7 @@ class FileResult:
     spv: str
     kernels: list[str]                         # the __sycl_kernel_* entry points the SPIR-V declares
     variants: list[str] = field(default_factory=list)
-    valid: str = ""                            # spirv-val's complaint, "" when valid
+    spirv_val_error: str = ""                  # spirv-val's complaint, "" when it accepts the file
     isa: dict = field(default_factory=dict)    # device -> {kernel name -> KernelIsa}
     errors: dict = field(default_factory=dict) # device -> ocloc's log when a build failed or lost kernels
 
@@ -240,7 +240,7 @@ def build(variants, devices=DEVICES, work=None, dump=True, jobs=2, python=sys.ex
 
     def one(fr: FileResult):
         val = subprocess.run(["spirv-val", fr.spv], capture_output=True, text=True)
-        fr.valid = "" if val.returncode == 0 else (val.stdout + val.stderr).strip() or f"exit {val.returncode}"
+        fr.spirv_val_error = "" if val.returncode == 0 else (val.stdout + val.stderr).strip() or f"exit {val.returncode}"
         for d in devices:
             kernels, log = ocloc(fr.spv, d, fr.spv[:-4] + "_ocl", dump)
             fr.isa[d] = kernels
@@ -313,8 +313,8 @@ def main(argv=None) -> int:
     print(table(results, devices))
     bad = 0
     for fr in results:
-        if fr.valid:
-            print(f"spirv-val rejects {fr.spv} ({','.join(fr.variants)}): {fr.valid}", file=sys.stderr)
+        if fr.spirv_val_error:
+            print(f"spirv-val rejects {fr.spv} ({','.join(fr.variants)}): {fr.spirv_val_error}", file=sys.stderr)
             bad += 1
         for d, log in fr.errors.items():
             print(f"ocloc {d} on {fr.spv} lost kernels or failed:\n{log}", file=sys.stderr)

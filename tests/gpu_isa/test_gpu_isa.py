@@ -30,7 +30,7 @@ def results(tmp_path_factory):
 
 def test_every_kernel_file_is_valid_spirv(results):
     assert results
-    assert {f.spv: f.valid for f in results if f.valid} == {}
+    assert {f.spv: f.spirv_val_error for f in results if f.spirv_val_error} == {}
 
 
 def test_every_expected_kernel_is_captured(results):

@@ -1,4 +1,4 @@
-// pointers.cpp — the checks of every array pointer of a call (validate.hpp check_pointers): USM of
+// pointers.cpp — the checks of every array pointer of a call (checks.hpp check_pointers): USM of
 // the queue's context (device USM: of the queue's device), aligned to its element size, and inside
 // its allocation for the bytes the call may touch.
 #include <algorithm>
@@ -7,9 +7,10 @@
 #include <string>
 
 #include "alloc_extent.hpp"
+#include "batch_arrays.hpp"
+#include "checks.hpp"
 #include "errors.hpp"
 #include "kernels/params.hpp"
-#include "validate.hpp"
 
 namespace gdn {
 namespace {
@@ -42,7 +43,7 @@ void check_usm(const sycl::queue &q, const sycl::context &ctx, bool several_devi
 
 // Every array is aligned to its element size: what element loads need on any device. Wider vector
 // accesses are the kernels' own business and never a reason to refuse a view: they check and fall
-// back (common.hpp vstore_states_stream), or load through memcpy (load_act16).
+// back (state.hpp vstore_states_stream), or load through memcpy (vec16.hpp load_act16).
 void check_aligned(const void *p, size_t align, const char *what, const char *field) {
   const size_t off = (size_t)((uintptr_t)p % align);
   if (off)
@@ -89,14 +90,10 @@ void check_pointers(const Checked &c, Op op) {
   const bool packed = cfg.packed_order != GDN_PACKED_NONE;
   const bool conv = op != Op::Delta, delta = op != Op::Conv, gates = delta && !t.g;
   const bool norm = op == Op::Attention && (packed ? t.norm_weight != nullptr : t.z != nullptr);
-  const int64_t T = b.num_actual_tokens, ns = c.num_non_spec_seqs, sp = b.num_spec_decodes;
+  const int64_t T = b.num_actual_tokens;
   const int64_t hv = cfg.num_v_heads, gk = gate_k_of(cfg), ov = (int64_t)cfg.num_v_heads * cfg.head_v_dim, C = c.conv_dim;
   const size_t act = c.act_bytes, state = dtype_bytes(cfg.state_dtype);
   const int64_t ws = (int64_t)std::min<size_t>(t.workspace_bytes, INT64_MAX);
-  // Metadata: the lengths the counts imply (read_metadata reads these); a group without sequences
-  // reads none of its arrays. (Counts are non-negative here: validate_batch_counts.)
-  auto ints = [](int64_t n, size_t elem, const char *unit) { return Need{n * (int64_t)elem, n, unit}; };
-  const Need ns_seqs = ints(ns, 4, "entries: num_prefills + num_decodes"), sp_seqs = ints(sp, 4, "entries: num_spec_decodes");
   // Row arrays: num_actual_tokens rows at their stride; weights: their shapes; caches: every slot.
   auto rows = [&](bool used, int64_t stride, int64_t width, size_t elem) {
     return Need{used ? rows_bytes(T, stride, width, elem) : 0, T, "rows: num_actual_tokens"};
@@ -108,25 +105,18 @@ void check_pointers(const Checked &c, Op op) {
   const bool replay = delta && cfg.replay_tokens > 0;
   const int64_t ring = (int64_t)cfg.replay_tokens * ring_floats_of(cfg);
   const char *act_t = cfg.act_dtype == GDN_DTYPE_F32 ? "f32 act_dtype" : cfg.act_dtype == GDN_DTYPE_F16 ? "f16 act_dtype" : "bf16 act_dtype";
+  // Metadata first, every BatchArray: the lengths the counts imply (batch_arrays.hpp; metadata.cpp
+  // reads these).
+  auto meta = [&](BatchArray a) {
+    const BatchSpan s = batch_span(b, a);
+    return Array{s.p, s.field, s.elem, s.type, Need{s.n * (int64_t)s.elem, s.n, s.length}};
+  };
+  using A = BatchArray;
   const Array arrays[] = {
-      {b.non_spec_query_start_loc, "batch->non_spec_query_start_loc", 4, "int32",
-       ints(ns ? ns + 1 : 0, 4, "entries: num_prefills + num_decodes + 1")},
-      {b.non_spec_state_indices, "batch->non_spec_state_indices", 4, "int32", ns_seqs},
-      {b.has_initial_state, "batch->has_initial_state", 1, "uint8", ints(ns, 1, ns_seqs.unit)},
-      {b.non_spec_token_indx, "batch->non_spec_token_indx", 4, "int32",
-       ints(ns ? b.non_spec_token_count : 0, 4, "entries: non_spec_token_count")},
-      {b.spec_query_start_loc, "batch->spec_query_start_loc", 4, "int32",
-       ints(sp ? sp + 1 : 0, 4, "entries: num_spec_decodes + 1")},
-      {b.spec_state_indices, "batch->spec_state_indices", 4, "int32",
-       ints(sp * (b.num_spec + 1), 4, "entries: num_spec_decodes * (1 + num_spec)")},
-      {b.num_accepted_tokens, "batch->num_accepted_tokens", 4, "int32", sp_seqs},
-      {b.spec_token_indx, "batch->spec_token_indx", 4, "int32",
-       ints(sp ? b.spec_token_count : 0, 4, "entries: spec_token_count")},
-      {b.non_spec_read_state_indices, "batch->non_spec_read_state_indices", 4, "int32", ns_seqs},
-      {b.spec_read_state_indices, "batch->spec_read_state_indices", 4, "int32", sp_seqs},
-      {b.non_spec_start_pos, "batch->non_spec_start_pos", 4, "int32", ns_seqs},
-      {checkpoints(c) ? b.checkpoint_state_indices : nullptr, "batch->checkpoint_state_indices", 4, "int32",
-       ints(ns * b.checkpoint_cols, 4, "entries: (num_prefills + num_decodes) * checkpoint_cols")},
+      meta(A::NonSpecQueryStartLoc), meta(A::NonSpecStateIndices), meta(A::HasInitialState), meta(A::NonSpecTokenIndx),
+      meta(A::SpecQueryStartLoc), meta(A::SpecStateIndices), meta(A::NumAcceptedTokens), meta(A::SpecTokenIndx),
+      meta(A::NonSpecReadStateIndices), meta(A::SpecReadStateIndices), meta(A::NonSpecStartPos),
+      meta(A::CheckpointStateIndices),
       {t.mixed_qkv, "tensors->mixed_qkv", act, act_t, rows(conv, t.mixed_qkv_stride, C, act)},
       {t.conv_weight, "tensors->conv_weight", act, act_t, fixed(conv, C * cfg.conv_width, act)},
       {t.conv_bias, "tensors->conv_bias", act, act_t, fixed(conv, C, act)},

@@ -1,14 +1,16 @@
-// metadata.cpp — the contents of the metadata arrays (validate.hpp): read to the host and checked
+// metadata.cpp — the contents of the metadata arrays (checks.hpp): read to the host and checked
 // under GDN_VALIDATE_FULL in O(rows + sequences + slots addressed), independent of num_slots.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "batch_arrays.hpp"
+#include "checks.hpp"
 #include "errors.hpp"
 #include "meta_reader.hpp"
-#include "validate.hpp"
 
 namespace gdn {
 namespace {
@@ -246,31 +248,31 @@ void check_contents(const Checked &c) {
   check_token_rows(c);
 }
 
-// Host copies of the metadata arrays (waits for the work already on the queue).
+// Host copies of the metadata arrays, as long as the counts make them (batch_arrays.hpp); an
+// array not given stays empty. Waits for the work already on the queue.
 void read_metadata(Checked &c) {
   const gdn_batch_t &b = c.batch;
   MetaReader r(c.q);
   HostMeta &m = c.meta;
-  const int32_t nns = c.num_non_spec_seqs;
-  if (nns > 0) {
-    r.read(m.ns_qsl, b.non_spec_query_start_loc, (int64_t)nns + 1, 0);
-    r.read(m.ns_slots, b.non_spec_state_indices, nns, 1);
-    if (b.non_spec_token_indx) r.read(m.ns_tok, b.non_spec_token_indx, b.non_spec_token_count, 2);
-    if (b.non_spec_read_state_indices) {  // has_initial_state == 0 means the read slot is not read
-      r.read(m.ns_read, b.non_spec_read_state_indices, nns, 7);
-      if (b.has_initial_state) r.read(m.has_init, b.has_initial_state, nns, 8);
-    }
-    if (b.non_spec_start_pos) r.read(m.start_pos, b.non_spec_start_pos, nns, 9);
-    if (checkpoints(c) && b.checkpoint_cols > 0)
-      r.read(m.ckpt, b.checkpoint_state_indices, (int64_t)nns * b.checkpoint_cols, 10);
+  auto read = [&](auto &dst, BatchArray a) {
+    using T = typename std::decay_t<decltype(dst)>::value_type;
+    const BatchSpan s = batch_span(b, a);
+    if (s.p) r.read(dst, static_cast<const T *>(s.p), s.n, static_cast<int>(a));
+  };
+  read(m.ns_qsl, BatchArray::NonSpecQueryStartLoc);
+  read(m.ns_slots, BatchArray::NonSpecStateIndices);
+  read(m.ns_tok, BatchArray::NonSpecTokenIndx);
+  if (b.non_spec_read_state_indices) {  // has_initial_state == 0 means the read slot is not read
+    read(m.ns_read, BatchArray::NonSpecReadStateIndices);
+    read(m.has_init, BatchArray::HasInitialState);
   }
-  if (b.num_spec_decodes > 0) {
-    r.read(m.s_qsl, b.spec_query_start_loc, (int64_t)b.num_spec_decodes + 1, 3);
-    r.read(m.s_slots, b.spec_state_indices, (int64_t)b.num_spec_decodes * (b.num_spec + 1), 4);
-    r.read(m.accepted, b.num_accepted_tokens, b.num_spec_decodes, 5);
-    if (b.spec_token_indx) r.read(m.s_tok, b.spec_token_indx, b.spec_token_count, 6);
-    if (b.spec_read_state_indices) r.read(m.s_read, b.spec_read_state_indices, b.num_spec_decodes, 11);
-  }
+  read(m.start_pos, BatchArray::NonSpecStartPos);
+  read(m.ckpt, BatchArray::CheckpointStateIndices);
+  read(m.s_qsl, BatchArray::SpecQueryStartLoc);
+  read(m.s_slots, BatchArray::SpecStateIndices);
+  read(m.accepted, BatchArray::NumAcceptedTokens);
+  read(m.s_tok, BatchArray::SpecTokenIndx);
+  read(m.s_read, BatchArray::SpecReadStateIndices);
   r.finish();
 }
 

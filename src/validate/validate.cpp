@@ -1,4 +1,5 @@
-// validate.cpp — see validate.hpp. Each check throws gdn::Failure with the field's name.
+// validate.cpp — see validate.hpp: the caller's structs, the config, the counts and the arrays
+// they require; then the other parts (checks.hpp). Each check throws gdn::Failure with the field's name.
 #include "validate.hpp"
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <cstring>
 #include <string>
 
+#include "checks.hpp"
 #include "errors.hpp"
 #include "kernels/params.hpp"
 
@@ -95,15 +97,6 @@ void check_packed(const Checked &c, Op op) {
 }
 
 }  // namespace
-
-size_t dtype_bytes(int32_t dtype) {
-  switch (dtype) {
-    case GDN_DTYPE_F32: return 4;
-    case GDN_DTYPE_F16: return 2;
-    case GDN_DTYPE_BF16: return 2;
-    default: return 0;
-  }
-}
 
 gdn_config_t validate_config(const gdn_config_t *in) {
   gdn_config_t cfg = copy_versioned(in, "cfg", gdn_config_init, kConfigVersions);
@@ -270,7 +263,7 @@ Checked validate_call(void *queue, const gdn_config_t *cfg_in, const gdn_batch_t
 
   // GDN_VALIDATE_FULL: read the metadata back and check its contents. GDN_VALIDATE_COUNTS trusts
   // the contents and reads nothing back: the kernels clamp start locations into their group's
-  // token count (seq_span, kernels/common.hpp), so no sequence walks outside the token rows.
+  // token count (seq_span, kernels/batch.hpp), so no sequence walks outside the token rows.
   if (b.validate != GDN_VALIDATE_FULL) return c;
   check_metadata(c);
   if (delta && cfg.replay_tokens > 0) check_replay_counts(c);

@@ -2,9 +2,9 @@
 
 meson.build runs this with the Python that builds us. Under `pip install .` (build isolation on)
 that Python's sys.prefix is the *target* environment, while the build requirement intel-sycl-rt
-was installed into pip's temporary build environment, which is only on sys.path
-(shared/TOOLCHAIN.md fact 13). So look where the installed distribution really put its files,
-then fall back to the prefixes of sys.path and to a oneAPI installation (CMPLR_ROOT).
+was installed into pip's temporary build environment, which is only on sys.path (docs/usage.md
+"Installing", Building). So look where the installed distribution really put its files, then fall
+back to the prefixes of sys.path and to a oneAPI installation (CMPLR_ROOT).
 """
 import importlib.metadata
 import os

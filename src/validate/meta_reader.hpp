@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 #include <sycl/sycl.hpp>
+#include "batch_arrays.hpp"
 
 namespace gdn {
 
@@ -42,7 +43,8 @@ class MetaReader {
     for (const Copy &c : staged_) std::memcpy(c.dst, c.src, c.bytes);
     for (const Copy &c : direct_) std::memcpy(c.dst, c.src, c.bytes);
   }
-  static constexpr int kKinds = 13;  // the metadata arrays read_metadata reads, and replay_count
+  // Kinds: a BatchArray's index (batch_arrays.hpp), and replay_count's.
+  static constexpr int kRingCountKind = kNumBatchArrays, kKinds = kNumBatchArrays + 1;
 
  private:
   struct Copy {
