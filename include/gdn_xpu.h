@@ -48,9 +48,12 @@
  *    any array, and gdn_last_error() returns a message naming the offending field and value
  *    (thread-local, valid until the next gdn_* call on the same thread).
  *  - The chunk plan of prefills is built on the device: no call reads metadata back to plan it.
- *    Under GDN_VALIDATE_COUNTS a batch without prefills reads nothing back and never waits; with
- *    prefills non_spec_query_start_loc is still read back and checked, in every op (it bounds the
- *    rows the kernels walk).
+ *    Under GDN_VALIDATE_COUNTS no call reads anything back or waits, whatever its batch (so any
+ *    batch can be recorded into a graph: "Graphs" below). The kernels clamp each sequence's start
+ *    locations into [0, its group's token count] (the end not before the start) and a spec
+ *    sequence's tokens to 1 + num_spec: whatever the start locations hold, no sequence walks
+ *    outside its group's token rows or a spec sequence outside its row of spec_state_indices.
+ *  - Batch invariance and graphs: see "Batch invariance" and "Graphs" below.
  *  - Structs are versioned by their first field `struct_size` = sizeof(struct) of the caller's
  *    header. Fill them with the gdn_*_init() functions, which set defaults and struct_size.
  *    The structs only grow, by fields appended at the end: a caller built against an older
@@ -210,8 +213,8 @@ typedef enum gdn_out_gate {
 /* gdn_batch_t.validate */
 enum {
   GDN_VALIDATE_FULL = 0,  /* default: also read metadata arrays to the host and check them  */
-  GDN_VALIDATE_COUNTS = 1 /* check counts, pointers and config; trust array contents, except   */
-                          /* non_spec_query_start_loc of a batch with prefills (see above)   */
+  GDN_VALIDATE_COUNTS = 1 /* check counts, pointers and config; trust array contents (start   */
+                          /* locations clamped, see above); read nothing back, never wait     */
 };
 
 /* State caches (ssm_state, conv_state) as engines keep them
@@ -285,6 +288,17 @@ enum {
  * it otherwise. A slot's exact state (for a prefix-cache checkpoint, a preemption, or to go back
  * to the per-token mode) is taken with gdn_flush_replay. Spec sequences store no block
  * checkpoints in either mode. */
+
+/* Batch invariance
+ * ----------------
+ * A sequence's outputs and the states it stores (SSM and conv slots, checkpoints, replay ring)
+ * depend on its own tokens, metadata and cache contents, the config and the entry point, and on
+ * nothing else in the call: not on the other sequences (how many, which kinds, their lengths and
+ * slots), the order of the sequences or of the token rows, graph padding, or the validation mode.
+ * Alone or inside any batch it gets the same bits, from the same kernels (the same device and
+ * GDN_XPU_GENERIC_KERNELS / GDN_XPU_SOFT_BF16 settings). The one condition: num_prefills counts
+ * every non-spec sequence longer than one token (as engines count prefills); a longer "decode"
+ * beyond that count takes the token recurrence, which agrees with the chunked form to rounding. */
 
 /* Model dimensions, dtypes and cache layouts: constant for a layer. */
 typedef struct gdn_config {
@@ -532,9 +546,69 @@ GDN_API gdn_status_t gdn_flush_replay(void *queue, const gdn_config_t *cfg, int3
                                       const int32_t *num_tokens, void *ssm_state, float *replay_ring,
                                       int32_t *replay_count);
 
+/* Graphs: a step recorded once, replayed
+ * --------------------------------------
+ * A step's calls can be recorded into a SYCL command graph (sycl_ext_oneapi_graph, queue
+ * recording; Level Zero GPUs report sycl::aspect::ext_oneapi_graph, the SYCL CPU device
+ * ext_oneapi_limited_graph) and the graph replayed: the recorded kernels run again, with no host
+ * work. Record with gdn_graph_begin / gdn_graph_end below, with the caller's own command_graph
+ * (begin_recording on the queue), or with torch-XPU's graph capture (pygdn's calls on torch's
+ * stream with DLPack tensors, docs/usage.md "Graphs").
+ * Recordable: gdn_attention, gdn_causal_conv1d and gdn_gated_delta_rule with batch->validate =
+ *   GDN_VALIDATE_COUNTS on an in-order queue, whatever the batch holds (prefills, decodes, spec
+ *   sequences, graph padding, read slots, checkpoints, replay mode): such a call reads nothing back
+ *   and waits for nothing. gdn_warmup and gdn_attention_workspace_size submit nothing.
+ * Fixed by the recording: the config; the batch's counts and settings (its int fields) and which
+ *   of its arrays are given; every array's address and stride (tensors, metadata arrays,
+ *   workspace); the kernels (built for the device and GDN_XPU_GENERIC_KERNELS / GDN_XPU_SOFT_BF16
+ *   as read while recording). The caller keeps every array allocated at its address as long as
+ *   the graph may be replayed.
+ * Free to change between replays: the contents of every array -- inputs, weights, caches, ring
+ *   counts, and the metadata arrays (start locations, slots, token rows, num_accepted_tokens,
+ *   has_initial_state, read and checkpoint slots, start positions) within the recorded counts. A
+ *   replay computes bit for bit what an eager call with that config, those counts and the arrays'
+ *   contents at the replay computes. Nothing checks the contents at a replay: they must be valid
+ *   as under GDN_VALIDATE_COUNTS (start locations are clamped as in any such call). Graph
+ *   padding: record at the padded counts and give padded sequences pad_slot_id.
+ * Workspace: a call given tensors->workspace records that buffer; keep it for the graph and out of
+ *   other work that may run at the same time. Without it the call records the library's workspace
+ *   of the queue, which then stays at its address: a later call that needs more gets another
+ *   buffer beside it, and gdn_release_caches() frees both (destroy such graphs before it). Replay
+ *   such a graph on its recording queue (or while no call runs on that queue): replays and calls
+ *   running at the same time would share that scratch.
+ * Kernels are built (or loaded from the disk cache) when a call is recorded, never at a replay;
+ *   gdn_warmup first keeps the recording short.
+ * Not recordable, refused with GDN_ERROR_UNSUPPORTED before anything is recorded: a call with
+ *   GDN_VALIDATE_FULL (it reads the metadata back at the call: recorded, it would have checked the
+ *   contents at recording only); a call on an out-of-order queue (it waits for its last kernel);
+ *   gdn_flush_replay (it reads its slots, num_tokens and replay_count back). gdn_queue_wait on a
+ *   recording queue is a SYCL error (GDN_ERROR_DEVICE); GDN_XPU_PROFILE's waits are skipped.
+ * Everything else submitted to a recording queue is recorded too: a copy from host memory, for
+ * one, copies from that memory again at every replay.
+ *
+ * The gdn_graph_* functions are for callers without SYCL objects of their own (C programs,
+ * Python with dpctl: pygdn.Graph); a SYCL program records with its own command_graph.
+ * gdn_graph_begin: a new graph recording the in-order queue: from now on every command submitted
+ *   to it -- the library's calls and anything else (copies of a step's inputs, ...) -- is recorded,
+ *   not run, until gdn_graph_end. GDN_ERROR_UNSUPPORTED when the device has neither
+ *   sycl::aspect::ext_oneapi_graph nor ext_oneapi_limited_graph, or the queue is out of order or
+ *   recording already.
+ * gdn_graph_end: ends the recording and makes the graph replayable (command_graph::finalize).
+ * gdn_graph_replay: runs the recorded commands on the in-order queue (the recording queue, or
+ *   another of its context and device) after the work already on it, and returns without waiting.
+ * gdn_graph_destroy: frees the graph (ending its recording if still open); after its replays.
+ * gdn_queue_recording: 1 when the queue records into a graph (any: gdn_graph_begin's, the caller's
+ *   own, torch's), else 0 (also for NULL). A binding that waits after a call asks it first. */
+typedef struct gdn_graph gdn_graph_t;
+GDN_API gdn_status_t gdn_graph_begin(void *queue, gdn_graph_t **graph);
+GDN_API gdn_status_t gdn_graph_end(gdn_graph_t *graph);
+GDN_API gdn_status_t gdn_graph_replay(void *queue, const gdn_graph_t *graph);
+GDN_API void gdn_graph_destroy(gdn_graph_t *graph);
+GDN_API int32_t gdn_queue_recording(void *queue);
+
 /* Drop cached kernels and workspaces (e.g. before unloading). Kernels on disk stay cached. The
  * library keeps one workspace per queue it was called on without tensors->workspace, grown to the
- * largest call, until this is called. Safe while calls run on other threads: a workspace in use
+ * largest call (and the smaller buffers a recorded call holds, "Graphs"), until this is called. Safe while calls run on other threads: a workspace in use
  * is freed when its call returns, after waiting for its kernels. */
 GDN_API void gdn_release_caches(void);
 

@@ -35,7 +35,8 @@ from ._lib import ffi, lib, version  # noqa: E402
 from ._usm import UsmArray, from_bf16_bits, to_bf16_bits  # noqa: E402
 from .ops import (Batch, Config, GdnError, PreparedCall, attention, causal_conv1d,  # noqa: E402
                   flush_replay, gated_delta_rule, prepare, warmup, workspace_size)
+from .graph import Graph  # noqa: E402
 
 __version__ = version()
-__all__ = ["Batch", "Config", "GdnError", "UsmArray", "attention", "causal_conv1d", "flush_replay", "gated_delta_rule",
+__all__ = ["Batch", "Config", "GdnError", "Graph", "UsmArray", "attention", "causal_conv1d", "flush_replay", "gated_delta_rule",
            "PreparedCall", "prepare", "warmup", "workspace_size", "to_bf16_bits", "from_bf16_bits", "ffi", "lib", "version"]

@@ -676,9 +676,11 @@ class PreparedCall:
 
     def run(self, wait: bool = True) -> None:
         _check(self._fn(self._q, self._c_cfg, self._c_batch, self._c_t))
-        if wait:
+        if wait and not _lib.gdn_queue_recording(self._q):
             # The kernels run asynchronously; arrays nobody else keeps alive (a plain call's
-            # temporaries) would be freed under them. wait=False relies on a living holder.
+            # temporaries) would be freed under them. wait=False relies on a living holder. (A
+            # queue recording a graph ran nothing, and waiting on it is an error: the graph's
+            # owner keeps the arrays alive, pygdn.Graph.)
             self._queue.wait()
 
     __call__ = run

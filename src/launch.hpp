@@ -51,8 +51,9 @@ struct Kernels {
 struct Chain {
   sycl::queue &q;
   const bool in_order;
-  sycl::event last;  // out-of-order queues (and GDN_XPU_PROFILE) only
-  explicit Chain(sycl::queue &queue) : q(queue), in_order(queue.is_in_order()) {}
+  const bool profile;  // GDN_XPU_PROFILE, unless the queue records a graph (nothing runs, nothing can be waited for)
+  sycl::event last;    // out-of-order queues (and GDN_XPU_PROFILE) only
+  Chain(sycl::queue &queue, bool recording) : q(queue), in_order(queue.is_in_order()), profile(profiling() && !recording) {}
 };
 
 // Submits the launch's kernel with params after the chain's previous kernel.
@@ -60,20 +61,20 @@ template <class P>
 void launch(Chain &ch, const Kernels &ks, const Launch &l, const P &params) {
   const sycl::kernel &k = ks.of(l);
   const auto t0 = std::chrono::steady_clock::now();
-  if (profiling()) ch.last.wait();
+  if (ch.profile) ch.last.wait();
   auto submit = [&](sycl::handler &h) {
     if (!ch.in_order) h.depends_on(ch.last);
     h.set_args(params);
     if (l.dims == 1) h.parallel_for(sycl::nd_range<1>{l.global[0], l.local[0]}, k);
     else h.parallel_for(sycl::nd_range<2>{{l.global[0], l.global[1]}, {l.local[0], l.local[1]}}, k);
   };
-  if (ch.in_order && !profiling()) {
+  if (ch.in_order && !ch.profile) {
     sycl::ext::oneapi::experimental::submit(ch.q, submit);
     return;
   }
   const double cpu0 = profiling() ? process_cpu_ms() : 0.0;
   ch.last = ch.q.submit(submit);
-  if (profiling()) {
+  if (ch.profile) {
     ch.last.wait();
     std::fprintf(stderr, "libgdn_xpu: %-22s %9.3f ms  cpu %9.3f ms\n", l.name,
                  std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),

@@ -21,6 +21,7 @@ void bind_group(P &p, const Checked &c, bool spec) {
   p.token_indx = spec ? b.spec_token_indx : b.non_spec_token_indx;
   p.num_accepted = spec ? b.num_accepted_tokens : nullptr;
   p.num_seqs = spec ? b.num_spec_decodes : c.num_non_spec_seqs;
+  p.num_tokens = spec ? b.spec_token_count : b.non_spec_token_count;  // (the kernels clamp start locations to it)
   p.slot_cols = spec ? b.num_spec + 1 : 1;
   // Read slots and block checkpoints (gdn_xpu.h "State caches"); checkpoints are non-spec only.
   const bool ckpt = !spec && b.checkpoint_interval > 0;
@@ -67,7 +68,6 @@ void enqueue_conv(Chain &ch, Checked &c, const Plan &plan, const Kernels &ks, vo
   if (plan.conv_non_spec.on) {
     bind_group(p, c, false);
     p.tile_len = plan.conv_tile;
-    p.num_tokens = c.batch.non_spec_token_count;
     launch(ch, ks, plan.conv_non_spec, p);
   }
   if (plan.conv_spec.on) {
@@ -140,7 +140,6 @@ void enqueue_delta(Chain &ch, Checked &c, const Plan &plan, const Kernels &ks, c
     GdnFusedParams f{conv_params(c, qkv, qkv_stride), p};
     bind_group(f.conv, c, spec);
     f.conv.tile_len = 1;  // (non-spec: a tile per token)
-    f.conv.num_tokens = spec ? c.batch.spec_token_count : c.batch.non_spec_token_count;
     bind_group(f.delta, c, spec);
     f.delta.group = spec ? GDN_GROUP_SPEC : GDN_GROUP_NON_SPEC;
     f.delta.chunked = nullptr;
@@ -183,11 +182,11 @@ void run(Op op, void *queue, const gdn_config_t *cfg, const gdn_batch_t *batch, 
   const Kernels ks(c.q, launches);
 
   const bool scratch = op != Op::Conv;  // the delta rule's prep outputs (and maybe the conv output)
-  Scratch ws = scratch ? acquire_workspace(c.q, c.t, plan.layout.total) : Scratch{};
+  Scratch ws = scratch ? acquire_workspace(c.q, c.t, plan.layout.total, c.recording) : Scratch{};
   void *conv_out = plan.conv_out_in_workspace ? ws.ptr + plan.layout.conv_out : c.t.conv_out;
   const int64_t conv_out_stride = plan.conv_out_in_workspace ? c.conv_dim : c.t.conv_out_stride;
 
-  Chain ch(c.q);
+  Chain ch(c.q, c.recording);
   if (op != Op::Delta) enqueue_conv(ch, c, plan, ks, conv_out, conv_out_stride);
   if (op != Op::Conv) enqueue_delta(ch, c, plan, ks, ws.ptr, conv_out, conv_out_stride);
   if (plan.norm.on) enqueue_norm(ch, c, plan, ks);

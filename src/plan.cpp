@@ -10,8 +10,6 @@
 namespace gdn {
 namespace {
 
-constexpr int64_t kWorkGroup = 16;
-
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 std::string act_option(const gdn_config_t &cfg) {
@@ -254,8 +252,13 @@ Plan make_plan(const gdn_config_t &cfg, const gdn_batch_t &b, const PlanInputs &
   if (conv) plan_conv(p, cfg, b, t, in.z_out_given);
   if (delta) plan_delta(p, cfg, b, t);
   if (in.op == Op::Attention && in.z_given) {
-    p.norm = kernel(Family::GatedNorm, act_option(cfg), "gdn_gated_rmsnorm");
-    shape1(p.norm, (int64_t)b.num_actual_tokens * cfg.num_v_heads, kWorkGroup);
+    if (t.cpu_variants && cfg.head_v_dim % GDN_CPU_LANES == 0) {
+      p.norm = kernel(Family::GatedNormCpu, act_option(cfg), "gdn_gated_rmsnorm_cpu");
+      shape1(p.norm, b.num_actual_tokens, 1);  // a row per work-item, alone in its group
+    } else {
+      p.norm = kernel(Family::GatedNorm, act_option(cfg), "gdn_gated_rmsnorm");  // a sub-group per (row, v-head)
+      shape1(p.norm, (int64_t)b.num_actual_tokens * cfg.num_v_heads * GDN_SUB_GROUP, (int64_t)GDN_SUB_GROUP * GDN_TILE_SUB_GROUPS);
+    }
   }
   // A token group's conv and recurrence fused (gdn_fused_cpu, a work-item per (sequence, k-head))
   // where the plan picked the CPU variants of both and no prep launch: the spec group of a step

@@ -43,7 +43,7 @@ GDN_API gdn_status_t gdn_flush_replay(void *queue, const gdn_config_t *cfg_in, i
     p.group = GDN_GROUP_SPEC, p.replay = GDN_REPLAY_APPLY;
     p.ring = replay_ring, p.ring_count = replay_count, p.ring_tokens = cfg.replay_tokens;
     p.ring_floats = ring_floats_of(cfg);
-    Chain ch(q);
+    Chain ch(q, false);
     launch(ch, ks, plan.replay_spec, p);
     p.group = GDN_GROUP_NON_SPEC;
     launch(ch, ks, plan.replay_count_non_spec, p);

@@ -18,10 +18,16 @@ struct Workspace {
   std::mutex m;
   void *ptr = nullptr;
   size_t bytes = 0;
+  // A graph recorded a call with ptr (gdn_xpu.h "Graphs"): its replays use that address, so a
+  // larger buffer does not free it but retires it, until gdn_release_caches().
+  bool recorded = false;
+  std::vector<void *> retired;
   ~Workspace() {
-    if (ptr) {
-      try { q.wait(); sycl::free(ptr, q); } catch (...) {}
-    }
+    try {
+      q.wait();
+      if (ptr) sycl::free(ptr, q);
+      for (void *p : retired) sycl::free(p, q);
+    } catch (...) {}
   }
 };
 // Never destroyed at exit (see kernel_cache.cpp); gdn_release_caches() drops them. A call holds
@@ -40,20 +46,28 @@ std::shared_ptr<Workspace> workspace_for(const sycl::queue &q) {
   return workspaces.back();
 }
 
-void grow(Workspace &w, size_t bytes) {
-  if (w.bytes >= bytes) return;
-  w.q.wait();  // kernels of earlier calls may still use the old buffer
-  if (w.ptr) sycl::free(w.ptr, w.q);
-  w.ptr = nullptr;
-  w.bytes = 0;
-  w.ptr = sycl::malloc_device(bytes, w.q);
-  if (!w.ptr) fail(GDN_ERROR_OUT_OF_MEMORY, "cannot allocate " + std::to_string(bytes) + " bytes of workspace");
-  w.bytes = bytes;
+// recording: the call is recorded into a graph (no wait possible, its replays keep the address).
+void grow(Workspace &w, size_t bytes, bool recording) {
+  if (w.bytes < bytes) {
+    if (w.ptr && (w.recorded || recording)) {
+      w.retired.push_back(w.ptr);
+    } else if (w.ptr) {
+      w.q.wait();  // kernels of earlier calls may still use the old buffer
+      sycl::free(w.ptr, w.q);
+    }
+    w.ptr = nullptr;
+    w.bytes = 0;
+    w.recorded = false;
+    w.ptr = sycl::malloc_device(bytes, w.q);
+    if (!w.ptr) fail(GDN_ERROR_OUT_OF_MEMORY, "cannot allocate " + std::to_string(bytes) + " bytes of workspace");
+    w.bytes = bytes;
+  }
+  if (recording) w.recorded = true;
 }
 
 }  // namespace
 
-Scratch acquire_workspace(const sycl::queue &q, const gdn_tensors_t &t, size_t bytes) {
+Scratch acquire_workspace(const sycl::queue &q, const gdn_tensors_t &t, size_t bytes, bool recording) {
   Scratch s;
   char *start;
   if (t.workspace) {
@@ -65,7 +79,7 @@ Scratch acquire_workspace(const sycl::queue &q, const gdn_tensors_t &t, size_t b
     std::shared_ptr<Workspace> w = workspace_for(q);
     s.owner = w;  // first: if grow() throws, s unlocks before the workspace can go
     s.lock = std::unique_lock<std::mutex>(w->m);
-    grow(*w, bytes);
+    grow(*w, bytes, recording);
     start = static_cast<char *>(w->ptr);
   }
   s.ptr = start + (-reinterpret_cast<uintptr_t>(start) & (GDN_SCRATCH_ALIGN - 1));  // within the slack

@@ -21,7 +21,9 @@ struct Scratch {
   std::shared_ptr<void> owner;
   std::unique_lock<std::mutex> lock;
 };
-Scratch acquire_workspace(const sycl::queue &q, const gdn_tensors_t &t, size_t bytes);
+// recording: the queue records the call into a graph (gdn_xpu.h "Graphs"): the buffer it gets is
+// then kept at its address until release_workspaces(), and growing it waits for nothing.
+Scratch acquire_workspace(const sycl::queue &q, const gdn_tensors_t &t, size_t bytes, bool recording);
 
 // Drops the library's buffers (gdn_release_caches); a buffer a call is using is freed when that
 // call ends.

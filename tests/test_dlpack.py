@@ -231,6 +231,27 @@ def test_prepared_call_with_dlpack_and_int_queue(queue):
     assert_each_capsule_freed_once(dev.values())
 
 
+def test_recorded_call_with_dlpack_tensors_and_an_int_queue(queue):
+    """Graph capture as torch-XPU's does it: the call on the stream's queue (an int) with DLPack
+    tensors and validate="counts", recorded (here by pygdn.Graph; torch: XPUGraph), then replayed
+    after every array's contents changed: it computes what an eager call on the new contents does.
+    Each capsule is released when the recorded call returns; the producer keeps the memory (as a
+    captured torch tensor does) for the replays."""
+    cfg, meta, arrays = make_call(6)
+    dev = {k: DLPackOnly(v, queue) for k, v in arrays.items()}
+    batch = to_device(meta, queue, validate="counts")  # (before: a copy to the queue would be recorded too)
+    with pygdn.Graph(queue) as graph:
+        pygdn.attention(queue.addressof_ref(), cfg, batch, **dev)
+    assert_each_capsule_freed_once(dev.values())
+    _, _, new = make_call(7)  # other contents, the same shapes
+    for k, p in dev.items():
+        p.base.copy_from(np.concatenate([np.zeros(p.offset, p.dtype), new[k].reshape(-1)]))
+    graph.replay()
+    want, _ = run(queue, queue, cfg, meta, new)
+    for k in want:
+        assert np.array_equal(dev[k].to_numpy(), want[k]), k
+
+
 @pytest.mark.parametrize("producer", ["dlpack", "dlpack_copy", "suai"])
 def test_unwritable_memory_is_refused_where_the_call_writes(queue, producer):
     """Memory its producer marks read-only (DLPack 1.x flags, SUAI data[1]) or a copy (DLPack

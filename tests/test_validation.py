@@ -810,26 +810,39 @@ def test_counts_mode_skips_content_checks(s):
     s.check_reference(written=range(1, 9))
 
 
-@pytest.mark.parametrize("op", ["attention", "force_recurrent", "causal_conv1d", "gated_delta_rule"])
-def test_counts_mode_still_checks_non_spec_start_loc(s, op):
-    # Every op walks whole prefills (the chunk kernels, the token recurrence, the conv's time
-    # tiles): with a prefill in the batch non_spec_query_start_loc is read back, and checked, in
-    # COUNTS mode too (validate.cpp says why).
-    bad = s.batch(validate="counts", non_spec_query_start_loc=[0, 5, 4])
-    conv_out = usm(s.q, np.full((s.host["mixed_qkv"].shape[0], C), CANARY, np.float32))
-    t = s.t
-    calls = {
-        "attention": lambda: s.attention(bad),
-        "force_recurrent": lambda: pygdn.attention(s.q, dataclasses.replace(s.cfg, force_recurrent=True), bad, **t),
-        "causal_conv1d": lambda: pygdn.causal_conv1d(s.q, s.cfg, bad, mixed_qkv=t["mixed_qkv"],
-                                                     conv_weight=t["conv_weight"], conv_bias=t["conv_bias"],
-                                                     conv_state=t["conv_state"], conv_out=conv_out),
-        "gated_delta_rule": lambda: pygdn.gated_delta_rule(s.q, s.cfg, bad, conv_out=conv_out,
-                                                           ssm_state=t["ssm_state"], core_attn_out=t["core_attn_out"],
-                                                           a=t["a"], b=t["b"], A_log=t["A_log"], dt_bias=t["dt_bias"]),
-    }
-    fails(s, "GDN_ERROR_BAD_START_LOC", ["non_spec_query_start_loc decreases at [2]: 5 -> 4"], calls[op])
-    assert np.all(conv_out.to_numpy() == CANARY)
+@pytest.mark.parametrize("op", ["attention", "force_recurrent", "causal_conv1d", "gated_delta_rule", "generic"])
+@pytest.mark.parametrize("field, bad, clamped", [
+    ("non_spec_query_start_loc", [0, 5, 4], [0, 4, 4]),   # past the 4 non-spec tokens, then decreasing
+    ("non_spec_query_start_loc", [-3, 3, 4], [0, 3, 4]),  # before the first token
+    ("spec_query_start_loc", [0, 3, 9], [0, 3, 5]),       # past the 5 spec tokens
+])
+def test_counts_mode_clamps_start_locations(queue, monkeypatch, op, field, bad, clamped):
+    # GDN_VALIDATE_COUNTS reads nothing back: the kernels clamp each start location into [0, the
+    # group's token count] (the end not before the start). Every op (the chunk kernels, the token
+    # recurrence, the conv's time tiles walk whole sequences) then computes exactly the call with
+    # the clamped start locations, and writes nothing outside the token rows. "generic": attention
+    # on the generic kernels.
+    if op == "generic":
+        monkeypatch.setenv("GDN_XPU_GENERIC_KERNELS", "1")
+    runs = []
+    for validate, qsl in (("counts", bad), ("full", clamped)):
+        s = Setup(queue)
+        batch = s.batch(validate=validate, **{field: qsl})
+        conv_out = usm(s.q, np.full((s.host["mixed_qkv"].shape[0], C), CANARY, np.float32))
+        t = s.t
+        {"attention": lambda: s.attention(batch), "generic": lambda: s.attention(batch),
+         "force_recurrent": lambda: pygdn.attention(s.q, dataclasses.replace(s.cfg, force_recurrent=True), batch, **t),
+         "causal_conv1d": lambda: pygdn.causal_conv1d(s.q, s.cfg, batch, mixed_qkv=t["mixed_qkv"],
+                                                      conv_weight=t["conv_weight"], conv_bias=t["conv_bias"],
+                                                      conv_state=t["conv_state"], conv_out=conv_out),
+         "gated_delta_rule": lambda: pygdn.gated_delta_rule(s.q, s.cfg, batch, conv_out=usm(s.q, s.host["mixed_qkv"]),
+                                                            ssm_state=t["ssm_state"], core_attn_out=t["core_attn_out"],
+                                                            a=t["a"], b=t["b"], A_log=t["A_log"], dt_bias=t["dt_bias"]),
+         }[op]()
+        runs.append(dict(s.state(), conv_out=conv_out.to_numpy()))
+    for k in runs[0]:
+        assert np.array_equal(runs[0][k], runs[1][k]), k
+    assert np.all(runs[0]["core_attn_out"][9] == CANARY) and np.all(runs[0]["conv_out"][9] == CANARY)
 
 
 def test_counts_mode_still_checks_counts(s):
@@ -872,7 +885,7 @@ def test_metadata_in_device_or_host_usm(s, usm_type):
     fails(s, "GDN_ERROR_BAD_STATE_INDEX", ["spec_state_indices[1][2] = 999"],
           lambda: s.attention(_batch_in(s, usm_type, spec_state_indices=[[3, 4, 5], [6, 7, 999]])))
     fails(s, "GDN_ERROR_BAD_START_LOC", ["non_spec_query_start_loc decreases at [2]: 5 -> 4"],
-          lambda: s.attention(_batch_in(s, usm_type, validate="counts", non_spec_query_start_loc=[0, 5, 4])))
+          lambda: s.attention(_batch_in(s, usm_type, non_spec_query_start_loc=[0, 5, 4])))
     s.attention(_batch_in(s, usm_type))
     s.check_reference(written=range(1, 9))
 

@@ -1,5 +1,5 @@
 // batch.hpp — what a kernel reads of a batch's token groups (device code, compiled at run time): a
-// token's global row, a sequence's block checkpoints.
+// token's global row, a sequence's tokens, its block checkpoints.
 #pragma once
 #include <stdint.h>
 #include "params.hpp"
@@ -7,6 +7,21 @@
 // Global row of the j-th token of a group (non-spec or spec): identity when no index array.
 static inline int64_t global_row(const int32_t *token_indx, int32_t j) {
   return token_indx ? (int64_t)token_indx[j] : (int64_t)j;
+}
+
+// The compact tokens [j0, j0 + len) of sequence seq of a token group of num_tokens tokens, from its
+// start locations clamped into [0, num_tokens] (the end not before the start), len at most
+// max_len (spec sequences: 1 + num_spec). Whatever start locations a call brings
+// (GDN_VALIDATE_COUNTS reads none back), a sequence's tokens are tokens of its group: no kernel
+// walks outside the group's rows, a spec sequence outside its row of slots.
+struct SeqSpan {
+  int32_t j0, len;
+};
+static inline SeqSpan seq_span(const int32_t *qsl, int32_t seq, int32_t num_tokens, int32_t max_len) {
+  const int32_t b = qsl[seq], e = qsl[seq + 1];
+  const int32_t j0 = b < 0 ? 0 : b > num_tokens ? num_tokens : b;
+  const int32_t j1 = e < j0 ? j0 : e > num_tokens ? num_tokens : e;
+  return {j0, j1 - j0 < max_len ? j1 - j0 : max_len};
 }
 
 // The block checkpoints of a non-spec sequence (gdn_xpu.h "State caches"), walked token by token

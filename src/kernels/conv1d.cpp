@@ -20,7 +20,7 @@ static inline void with_width(int32_t width, F f) {
 GDN_SUB_GROUP_KERNEL(2) void gdn_conv_spec(GdnConvParams p) {
   int32_t seq, c;
   if (!seq_and_channel(p, &seq, &c)) return;
-  if (c >= p.conv_dim) return copy_z<1>(p, p.query_start_loc[seq], p.query_start_loc[seq + 1], c - p.conv_dim);
+  if (c >= p.conv_dim) return copy_z_seq<1>(p, seq, true, c - p.conv_dim);
   with_width(p.width, [&](auto w) { conv_spec_channels<1, decltype(w)::value>(p, seq, c); });
 }
 

@@ -109,10 +109,15 @@ static inline bool seq_and_channel(const GdnConvParams &p, int32_t *seq, int32_t
   return *seq < p.num_seqs && *c < p.conv_dim + p.z_dim;
 }
 
+// The tokens of sequence seq of the bound group (seq_span; a spec sequence has 1 + num_spec at most).
+static inline SeqSpan conv_span(const GdnConvParams &p, int32_t seq, bool spec) {
+  return seq_span(p.query_start_loc, seq, p.num_tokens, spec ? p.slot_cols : p.num_tokens);
+}
+
 // z_out (packed x): the z elements [e, e+N) of the rows of the bound group's compact tokens
-// [j0, j1), copied bit for bit. The conv kernels run them as their channels conv_dim ..
-// conv_dim+z_dim-1, each row by the work-item whose tile or sequence holds its token, in the
-// pass that reads the row's q|k|v already.
+// [j0, j1) (copy_z_seq: sequence seq's tokens), copied bit for bit. The conv kernels run them as
+// their channels conv_dim .. conv_dim+z_dim-1, each row by the work-item whose tile or sequence
+// holds its token, in the pass that reads the row's q|k|v already.
 template <int N>
 static inline void copy_z(const GdnConvParams &p, int32_t j0, int32_t j1, int32_t e) {
   const int64_t zc = gdn_z_col(p.pack, e);
@@ -122,6 +127,11 @@ static inline void copy_z(const GdnConvParams &p, int32_t j0, int32_t j1, int32_
     __builtin_memcpy(v, (const act_t *)p.x + row * p.x_stride + zc, sizeof v);
     __builtin_memcpy((act_t *)p.z_out + row * p.z_out_stride + e, v, sizeof v);
   }
+}
+template <int N>
+static inline void copy_z_seq(const GdnConvParams &p, int32_t seq, bool spec, int32_t e) {
+  const SeqSpan span = conv_span(p, seq, spec);
+  copy_z<N>(p, span.j0, span.j0 + span.len, e);
 }
 // ... for the compact tokens of the non-spec conv's time tile `tile`.
 template <int N>
@@ -153,7 +163,8 @@ static inline void conv_spec_channels(const GdnConvParams &p, int32_t seq, int32
   typedef Lanes<N> L;
   typedef typename L::T T;
   const int32_t width = WIDTH ? WIDTH : p.width, w1 = width - 1;
-  const int32_t j0 = p.query_start_loc[seq], len = p.query_start_loc[seq + 1] - j0;
+  const SeqSpan span = conv_span(p, seq, true);
+  const int32_t j0 = span.j0, len = span.len;
   if (len == 0) return;  // graph padding: no rows, no state change (ROLLED would otherwise shift the line)
   const int32_t *cols = p.state_indices + (int64_t)seq * p.slot_cols;
   const int64_t cs = p.state.chan_stride;
@@ -235,7 +246,8 @@ static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int3
     if (qsl[mid] <= t0) lo = mid; else hi = mid;
   }
   for (int32_t seq = lo; seq < p.num_seqs && qsl[seq] < t1; ++seq) {
-    const int32_t j0 = qsl[seq], j1 = qsl[seq + 1];
+    const SeqSpan span = conv_span(p, seq, false);
+    const int32_t j0 = span.j0, j1 = span.j0 + span.len;
     if (j0 == j1) continue;  // a zero-length sequence touches nothing, its state included
     const bool owner = j0 >= t0;
     const int32_t first = owner ? j0 : sycl::max(t0, j0 + w1);
@@ -301,15 +313,15 @@ static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int3
   }
 }
 
-// A plain decode sequence (exactly one token) in the 16-channel blocks [c, c_end), width 4: what
-// conv_non_spec_tile does for it (owner of its only token: pad slot, read slot, initial state,
+// A plain decode sequence (exactly one token, conv_span) in the 16-channel blocks [c, c_end), width
+// 4: what conv_non_spec_tile does for it (owner of its only token: pad slot, read slot, initial state,
 // the checkpoint after the token, the new state), in pairs of blocks, each block's weights and
 // window loaded just before its token. gdn_fused_cpu's decode conv: through the tile with its
 // eight blocks' weights loaded up front, cache-resident bf16 decode steps took ~10% longer.
 static inline void conv_decode_blocks(const GdnConvParams &p, int32_t seq, int32_t c, int32_t c_end) {
   typedef Lanes<16> L;
   typedef L::T T;
-  const int64_t row = global_row(p.token_indx, p.query_start_loc[seq]);
+  const int64_t row = global_row(p.token_indx, conv_span(p, seq, false).j0);
   const int32_t slot = p.state_indices[seq];
   if (slot == p.pad_slot_id) {  // graph padding: zero outputs, no state access
     for (int32_t cb = c; cb < c_end; cb += 16) L::store_act(p.out, row * p.out_stride + cb, T(0.0f));
@@ -345,7 +357,8 @@ static inline void conv_decode_blocks(const GdnConvParams &p, int32_t seq, int32
 // runs of a few lines each, conv_dim values apart, and the conv's first load of each run waited
 // for DRAM (seen in a profile).
 static inline void conv_prefetch(const GdnConvParams &p, int32_t seq, int32_t c, int32_t c_end, bool spec) {
-  const int32_t j0 = p.query_start_loc[seq], len = p.query_start_loc[seq + 1] - j0, w1 = p.width - 1;
+  const SeqSpan span = conv_span(p, seq, spec);
+  const int32_t j0 = span.j0, len = span.len, w1 = p.width - 1;
   if (len == 0 || (!spec && len != 1)) return;
   int32_t slot = p.pad_slot_id, col0 = 0;
   if (spec) {

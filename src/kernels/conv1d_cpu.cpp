@@ -15,7 +15,7 @@ GDN_KERNEL(2) void gdn_conv_spec_cpu(GdnConvParams p) {
   for (int32_t blk = 0; blk < GDN_CONV_BLOCKS && seq < p.num_seqs; ++blk) {
     const int32_t c = ((int32_t)it.get_group(1) * GDN_CONV_BLOCKS + blk) * 16;
     if (c >= p.conv_dim + p.z_dim) break;
-    if (c >= p.conv_dim) copy_z<16>(p, p.query_start_loc[seq], p.query_start_loc[seq + 1], c - p.conv_dim);
+    if (c >= p.conv_dim) copy_z_seq<16>(p, seq, true, c - p.conv_dim);
     else if (p.width == 4) conv_spec_channels<16, 4>(p, seq, c);
     else conv_spec_channels<16, 0>(p, seq, c);
   }

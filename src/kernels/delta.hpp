@@ -59,6 +59,11 @@ static inline void zero_outputs(const GdnDeltaParams &p, int32_t j0, int32_t len
     store_act(p.out, global_row(p.token_indx, j0 + t) * p.out_stride + (int64_t)hv * p.V + v, 0.0f);
 }
 
+// The tokens of sequence seq of the bound group (seq_span; a spec sequence has 1 + num_spec at most).
+static inline SeqSpan delta_span(const GdnDeltaParams &p, int32_t seq, bool spec) {
+  return seq_span(p.query_start_loc, seq, p.num_tokens, spec ? p.slot_cols : p.num_tokens);
+}
+
 // The slots of one sequence of the bound group (gdn_xpu.h "State caches").
 struct SeqSlots {
   const int32_t *cols;    // write slots: spec [n][t], non-spec the one slot [0]
@@ -113,7 +118,7 @@ static inline float *ring_entry(const GdnDeltaParams &p, int32_t slot) {
 // when there is nothing to do (padding, no tokens, nothing to replay with the state already in
 // place). len 0: copy the read slot's state (zeros: pad) to the committed slot.
 static inline bool replay_seq(const GdnDeltaParams &p, int32_t seq, RecurrentSeq *r) {
-  if (p.query_start_loc && p.query_start_loc[seq + 1] == p.query_start_loc[seq]) return false;
+  if (p.query_start_loc && delta_span(p, seq, true).len == 0) return false;
   r->cols = p.state_indices + (int64_t)seq * p.slot_cols;
   const int32_t c = r->cols[0];
   if (c == p.pad_slot_id) return false;
@@ -139,8 +144,8 @@ static inline bool replay_seq(const GdnDeltaParams &p, int32_t seq, RecurrentSeq
 static inline bool recurrent_seq(const GdnDeltaParams &p, int32_t seq, RecurrentSeq *r) {
   const bool spec = p.group == GDN_GROUP_SPEC;
   if (GDN_WITH_REPLAY && spec && p.replay == GDN_REPLAY_APPLY) return replay_seq(p, seq, r);
-  r->j0 = p.query_start_loc[seq];
-  r->len = p.query_start_loc[seq + 1] - r->j0;
+  const SeqSpan span = delta_span(p, seq, spec);
+  r->j0 = span.j0, r->len = span.len;
   r->spec = spec;
   if (r->len == 0 || (!r->spec && p.chunked && p.chunked[seq])) return false;
   *static_cast<SeqSlots *>(r) = seq_slots(p, seq, r->spec);

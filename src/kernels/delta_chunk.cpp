@@ -190,9 +190,10 @@ GDN_SUB_GROUP_KERNEL(2) void gdn_chunk_scan(GdnDeltaParams p) {
   const int32_t seq = st[0], c0 = st[1], nc = st[2];
   if (nc == 0) return;  // an unused row of the table
   const SeqSlots ss = seq_slots(p, seq, false);
-  const int32_t j0 = p.query_start_loc[seq];
+  const SeqSpan span = delta_span(p, seq, false);
+  const int32_t j0 = span.j0;
   if (ss.skip) {
-    if (lane < TILE_COLS && v0 + lane < p.V) zero_outputs(p, j0, p.query_start_loc[seq + 1] - j0, hv, v0 + lane);
+    if (lane < TILE_COLS && v0 + lane < p.V) zero_outputs(p, j0, span.len, hv, v0 + lane);
     return;
   }
   const int32_t h = hv / (p.HV / p.H);

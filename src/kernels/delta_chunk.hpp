@@ -185,10 +185,10 @@ static inline void chunk_scan_body(const GdnDeltaParams &p, int32_t e, int32_t h
   if (nc == 0) return;  // an unused row of the table
   const int32_t nb = sycl::min(NB, (p.V - v0) / NL);  // the last group may hold fewer blocks
   const SeqSlots ss = seq_slots(p, seq, false);
-  const int32_t j0 = p.query_start_loc[seq];
+  const SeqSpan span = delta_span(p, seq, false);
+  const int32_t j0 = span.j0;
   if (ss.skip) {
-    const int32_t len = p.query_start_loc[seq + 1] - j0;
-    for (int32_t l = 0; l < nb * NL; ++l) zero_outputs(p, j0, len, hv, v0 + l);
+    for (int32_t l = 0; l < nb * NL; ++l) zero_outputs(p, j0, span.len, hv, v0 + l);
     return;
   }
   const int32_t h = hv / (p.HV / p.H);

@@ -61,7 +61,8 @@ GDN_SUB_GROUP_KERNEL(1) void gdn_chunk_plan(GdnDeltaParams p) {
   const bool align = p.slots.ckpt_interval > 0 && p.slots.start_pos;
   int32_t chunks = 0, seqs = 0;
   for (int32_t i = 0; i < p.num_seqs; ++i) {
-    const int32_t j0 = p.query_start_loc[i], len = p.query_start_loc[i + 1] - j0;
+    const SeqSpan span = delta_span(p, i, false);
+    const int32_t j0 = span.j0, len = span.len;
     // (start_pos >= 0 under GDN_VALIDATE_FULL; the modulo stays in [0, 64) for any value)
     const int32_t off = align ? (p.slots.start_pos[i] % GDN_CHUNK_SIZE + GDN_CHUNK_SIZE) % GDN_CHUNK_SIZE : 0;
     const int32_t nc = (off + len + GDN_CHUNK_SIZE - 1) / GDN_CHUNK_SIZE;
@@ -93,7 +94,7 @@ GDN_SUB_GROUP_KERNEL(1) void gdn_chunk_plan(GdnDeltaParams p) {
 GDN_SUB_GROUP_KERNEL(1) void gdn_replay_count(GdnDeltaParams p) {
   const int32_t i = (int32_t)item1().get_global_id(0);
   if (i >= p.num_seqs) return;
-  const int64_t len = p.query_start_loc ? p.query_start_loc[i + 1] - p.query_start_loc[i] : 1;
+  const int64_t len = p.query_start_loc ? delta_span(p, i, p.group == GDN_GROUP_SPEC).len : 1;
   const int32_t slot = p.state_indices[(int64_t)i * p.slot_cols];
   if (len == 0 || slot == p.pad_slot_id) return;  // nothing written (padding stores no checkpoints)
   if (p.group == GDN_GROUP_SPEC) {

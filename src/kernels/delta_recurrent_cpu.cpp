@@ -48,11 +48,12 @@ static inline void fused_conv(const GdnConvParams &c, const GdnDeltaParams &p, i
       for (int32_t ch = r[0]; ch < r[1]; ch += 16) conv_spec_channels<16, 4>(c, seq, ch);
     return;
   }
-  if (c.query_start_loc[seq + 1] - c.query_start_loc[seq] == 1) {  // plain decode
+  const SeqSpan span = conv_span(c, seq, false);
+  if (span.len == 1) {  // plain decode
     for (const auto &r : ranges) conv_decode_blocks(c, seq, r[0], r[1]);
     return;
   }
-  for (int32_t tile = c.query_start_loc[seq]; tile < c.query_start_loc[seq + 1]; ++tile)
+  for (int32_t tile = span.j0; tile < span.j0 + span.len; ++tile)
     for (const auto &r : ranges)
       for (int32_t ch = r[0]; ch < r[1]; ch += 16 * GDN_CONV_BLOCKS)
         conv_non_spec_tile<16, 4, GDN_CONV_BLOCKS, 1>(c, tile, ch, r[1]);
@@ -85,7 +86,7 @@ GDN_KERNEL(2) void gdn_fused_cpu(GdnFusedParams fp) {  // (see fused_conv)
   fused_conv(fp.conv, p, seq, h);
   if (fp.conv.z_dim)  // z_out: the z elements of k-head h's v-heads, this sequence's rows
     for (int32_t e = h * (p.HV / p.H) * p.V; e < (h + 1) * (p.HV / p.H) * p.V; e += 16)
-      copy_z<16>(fp.conv, fp.conv.query_start_loc[seq], fp.conv.query_start_loc[seq + 1], e);
+      copy_z_seq<16>(fp.conv, seq, p.group == GDN_GROUP_SPEC, e);
   // While this work-item walks its states, the lines the next one's conv reads first come in
   // (conv_prefetch; the next group id: the work-item this core most likely runs next). Without it
   // the conv's first loads of each window column waited for DRAM (time-major conv state, bf16:

@@ -6,7 +6,7 @@
 
 namespace gdn {
 
-enum class Family { Conv1d, Conv1dCpu, DeltaPrep, DeltaPrepCpu, DeltaRecurrent, DeltaRecurrentCpu, DeltaChunk, DeltaChunkCpu, GatedNorm };
+enum class Family { Conv1d, Conv1dCpu, DeltaPrep, DeltaPrepCpu, DeltaRecurrent, DeltaRecurrentCpu, DeltaChunk, DeltaChunkCpu, GatedNorm, GatedNormCpu };
 
 struct FamilyFile {
   Family family;
@@ -14,7 +14,7 @@ struct FamilyFile {
   bool cpu;          // a CPU-device variant (docs/design.md "Generic kernels and CPU variants")
 };
 
-constexpr int kNumFamilies = static_cast<int>(Family::GatedNorm) + 1;
+constexpr int kNumFamilies = static_cast<int>(Family::GatedNormCpu) + 1;
 
 // One row per Family, in the enum's order (checked below).
 inline constexpr FamilyFile kFamilies[kNumFamilies] = {
@@ -27,6 +27,7 @@ inline constexpr FamilyFile kFamilies[kNumFamilies] = {
     {Family::DeltaChunk, "delta_chunk.cpp", false},
     {Family::DeltaChunkCpu, "delta_chunk_cpu.cpp", true},
     {Family::GatedNorm, "gated_norm.cpp", false},
+    {Family::GatedNormCpu, "gated_norm_cpu.cpp", true},
 };
 
 constexpr const FamilyFile &family_file(Family f) { return kFamilies[static_cast<int>(f)]; }

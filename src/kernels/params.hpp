@@ -153,7 +153,7 @@ struct GdnConvParams {
   int64_t x_stride, out_stride;
   int32_t num_seqs, conv_dim, width, slot_cols;
   int32_t pad_slot_id, silu, rolled, tile_len;  // tile_len: non-spec tokens per work-item (time tiling)
-  int32_t num_tokens, pad1;                     // num_tokens: compact tokens of the bound group
+  int32_t num_tokens, pad1;                     // num_tokens: compact tokens of the bound group (seq_span)
   GdnSlotUse slots;
   GdnPackedCols pack;       // where channel c of x is (gdn_qkv_col); the identity for mixed_qkv
   void *z_out;              // [rows, z_dim] act or null: the rows' z columns of x copied (packed x only)
@@ -203,6 +203,7 @@ struct GdnDeltaParams {
   int32_t chunk_capacity, seq_capacity;     // rows of the chunk and seq tables
   int32_t prep_inline;                      // 1: no gdn_prep ran; the recurrent CPU kernels prepare
                                             // each token's q, k and gates themselves, from prep
+  int32_t num_tokens;                       // compact tokens of the bound group (seq_span, common.hpp)
   GdnSlotUse slots;
   GdnPrepParams prep;                       // (prep_inline only; its outputs qn, kn, g, beta unused)
   // Replay mode (GDN_REPLAY_*): the spec group's rings, [num_slots][ring_tokens][ring_floats] f32,

@@ -47,10 +47,8 @@ int64_t rows_bytes(int64_t count, int64_t stride, int64_t width, size_t elem);
 // check_pointers' checks of a list of arrays (flags: cfg->flags, for GDN_FLAG_HOST_MEMORY).
 void check_arrays(const sycl::queue &q, int32_t flags, const Array *arrays, size_t n);
 
-// metadata.cpp: the metadata arrays' contents, read to the host and checked (GDN_VALIDATE_FULL);
-// under GDN_VALIDATE_COUNTS only the start locations of a batch with prefills.
+// metadata.cpp: the metadata arrays' contents, read to the host and checked (GDN_VALIDATE_FULL).
 void check_metadata(Checked &c);
-void check_prefill_start_loc(Checked &c);
 
 // replay.cpp: replay mode's checks of a call's ring counts (GDN_VALIDATE_FULL, after check_metadata).
 void check_replay_counts(Checked &c);

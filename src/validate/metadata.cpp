@@ -283,12 +283,4 @@ void check_metadata(Checked &c) {
   check_contents(c);
 }
 
-void check_prefill_start_loc(Checked &c) {
-  MetaReader r(c.q);
-  const BatchSpan s = batch_span(c.batch, BatchArray::NonSpecQueryStartLoc);
-  r.read(c.meta.ns_qsl, static_cast<const int32_t *>(s.p), s.n, static_cast<int>(BatchArray::NonSpecQueryStartLoc));
-  r.finish();
-  check_start_loc(c.meta.ns_qsl, c.batch.non_spec_token_count, "non_spec_query_start_loc", "non_spec_token_count");
-}
-
 }  // namespace gdn

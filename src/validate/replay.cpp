@@ -99,6 +99,9 @@ gdn_config_t validate_flush(void *queue, const gdn_config_t *cfg_in, int32_t num
   if (!replay_ring) fail(GDN_ERROR_NULL_POINTER, std::string("replay_ring is NULL but ") + why);
   if (!replay_count) fail(GDN_ERROR_NULL_POINTER, std::string("replay_count is NULL but ") + why);
   sycl::queue &q = *static_cast<sycl::queue *>(queue);
+  GDN_REQUIRE(!recording(q), GDN_ERROR_UNSUPPORTED,
+              "the queue records a graph, and gdn_flush_replay reads slots, num_tokens and replay_count back: call it "
+              "outside the recording");
   const int64_t HV = cfg.num_v_heads, K = cfg.head_k_dim, V = cfg.head_v_dim, S = cfg.num_slots;
   const int64_t ring = cfg.replay_tokens * ring_floats_of(cfg);
   const size_t state = dtype_bytes(cfg.state_dtype);

@@ -254,15 +254,21 @@ Checked validate_call(void *queue, const gdn_config_t *cfg_in, const gdn_batch_t
 
   check_pointers(c, op);
 
-  // GDN_VALIDATE_FULL: read the metadata back and check its contents. GDN_VALIDATE_COUNTS trusts
-  // the contents, except the start locations of a batch with prefills, in every op: the chunk
-  // kernels, the conv's time tiles and the token recurrence walk whole prefills, and a decreasing
-  // or overlong start location would send them outside the token rows (a crash, not a wrong
-  // result). Decode-only batches read nothing back.
-  if (b.validate != GDN_VALIDATE_FULL) {
-    if (b.num_prefills > 0) check_prefill_start_loc(c);
-    return c;
+  // A queue recording a graph (gdn_xpu.h "Graphs"): nothing may be read back or waited for.
+  c.recording = recording(c.q);
+  if (c.recording) {
+    GDN_REQUIRE(c.q.is_in_order(), GDN_ERROR_UNSUPPORTED,
+                "the queue records a graph but is out of order (a call on it waits for its last kernel): record on an "
+                "in-order queue");
+    GDN_REQUIRE(b.validate != GDN_VALIDATE_FULL, GDN_ERROR_UNSUPPORTED,
+                "batch->validate = GDN_VALIDATE_FULL reads the metadata back, which a queue recording a graph cannot "
+                "do: record with GDN_VALIDATE_COUNTS");
   }
+
+  // GDN_VALIDATE_FULL: read the metadata back and check its contents. GDN_VALIDATE_COUNTS trusts
+  // the contents and reads nothing back: the kernels clamp start locations into their group's
+  // token count (seq_span, kernels/batch.hpp), so no sequence walks outside the token rows.
+  if (b.validate != GDN_VALIDATE_FULL) return c;
   check_metadata(c);
   if (delta && cfg.replay_tokens > 0) check_replay_counts(c);
   return c;

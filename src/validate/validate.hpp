@@ -32,8 +32,15 @@ struct Checked {
   int32_t conv_dim = 0;
   int32_t num_non_spec_seqs = 0;
   size_t act_bytes = 0;
+  bool recording = false;  // the queue records into a command graph (gdn_xpu.h "Graphs")
   HostMeta meta;      // read back under GDN_VALIDATE_FULL only
 };
+
+// The queue records what is submitted to it into a command graph (sycl_ext_oneapi_graph; gdn_xpu.h
+// "Graphs"): nothing submitted runs now, and nothing may wait for it.
+inline bool recording(const sycl::queue &q) {
+  return q.ext_oneapi_get_state() == sycl::ext::oneapi::experimental::queue_state::recording;
+}
 
 // Validates one call of `op`. Throws Failure naming the field and value on the first violation.
 Checked validate_call(void *queue, const gdn_config_t *cfg, const gdn_batch_t *batch, const gdn_tensors_t *t, Op op);

@@ -1,7 +1,7 @@
 /* test_c_api.c — the ABI from plain C: version, error API, struct sizes, one real
  * causal_conv1d decode call checked against values computed here, the same call made by a
- * caller built against the previous header (version-1 structs), and arrays that run past their
- * allocations refused. Exit 0 = pass. */
+ * caller built against the previous header (version-1 structs), the call recorded into a graph and
+ * replayed on new contents, and arrays that run past their allocations refused. Exit 0 = pass. */
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -165,6 +165,47 @@ int main(void) {
   CHECK(strstr(gdn_last_error(), "non_spec_state_indices[0] = 7") != NULL, "message: %s", gdn_last_error());
   CHECK(memcmp(before, state, sizeof before) == 0, "failed call changed conv_state");
   slots[0] = 1;
+
+  /* A graph (gdn_xpu.h "Graphs"): the call recorded once with GDN_VALIDATE_COUNTS (recording runs
+   * nothing), then new inputs and another slot written into the same arrays and the graph replayed:
+   * it computes the call on the new contents. */
+  {
+    batch.validate = GDN_VALIDATE_COUNTS;
+    gdn_graph_t *g = NULL;
+    st = gdn_graph_begin(q, &g);
+    CHECK(st == GDN_SUCCESS, "gdn_graph_begin: %s", gdn_last_error());
+    CHECK(gdn_queue_recording(q) == 1, "the queue does not report its recording");
+    memcpy(before, state, sizeof before);
+    st = gdn_causal_conv1d(q, &cfg, &batch, &t);
+    CHECK(st == GDN_SUCCESS, "recorded conv: %s", gdn_last_error());
+    st = gdn_graph_end(g);
+    CHECK(st == GDN_SUCCESS, "gdn_graph_end: %s", gdn_last_error());
+    CHECK(gdn_queue_recording(q) == 0, "still recording after gdn_graph_end");
+    CHECK(memcmp(before, state, sizeof before) == 0, "the recording ran the call");
+    slots[0] = 0;
+    for (int c = 0; c < C; ++c) {
+      x[c] = -0.07f * (float)(c + 2);
+      const float *h = state + (0 * C + c) * L;
+      float y = w[c * W + 0] * h[0] + w[c * W + 1] * h[1] + w[c * W + 2] * x[c];
+      expect[c] = y / (1.0f + expf(-y));
+    }
+    for (int rep = 0; rep < 2; ++rep) { /* the second replay convolves the window the first stored */
+      st = gdn_graph_replay(q, g);
+      CHECK(st == GDN_SUCCESS, "gdn_graph_replay: %s", gdn_last_error());
+      gdn_queue_wait(q);
+      for (int c = 0; c < C; ++c)
+        CHECK(fabsf(out[c] - expect[c]) < 1e-5f, "replay %d: out[%d] = %g, want %g", rep, c, out[c], expect[c]);
+      CHECK(state[(0 * C + 5) * L + 1] == x[5], "replay %d: newest input not stored in slot 0", rep);
+      for (int c = 0; c < C; ++c) {
+        const float *h = state + (0 * C + c) * L;
+        float y = w[c * W + 0] * h[0] + w[c * W + 1] * h[1] + w[c * W + 2] * x[c];
+        expect[c] = y / (1.0f + expf(-y));
+      }
+    }
+    gdn_graph_destroy(g);
+    slots[0] = 1;
+    batch.validate = GDN_VALIDATE_FULL;
+  }
 
   /* Arrays running past their allocations: conv_out one element short of the row the call writes,
    * conv_state one element short of its num_slots slots (the slot addressed, 1, is the last one).
