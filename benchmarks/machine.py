@@ -235,10 +235,10 @@ def host_overhead(queue, act, calls):
             res[f"{prefix}nowait_{validate}_us"] = us_per_call(lambda: run(wait=False), calls, queue.wait)
     # The same call's pure Python marshalling cost (no C call): cffi structs + SUAI views. A
     # repeated call with the same pygdn.UsmArray objects reuses the structs checked by the one
-    # before (pygdn.ops._arrays_cached, Batch._to_c); "uncached" drops them before every call, so
+    # before (pygdn._marshal.arrays_cached, Batch._to_c); "uncached" drops them before every call, so
     # every array is checked again (what other array kinds -- dpnp, DLPack -- always cost).
     batch = to_device(meta, queue, validate="counts")
-    marshal = lambda: pygdn.ops._marshal(pygdn.lib.gdn_attention, queue, cfg, batch, arrays)  # noqa: E731
+    marshal = lambda: pygdn._marshal.marshal(pygdn.lib.gdn_attention, queue, cfg, batch, arrays)  # noqa: E731
     res["python_marshal_us"] = us_per_call(marshal, calls)
 
     # pygdn's private names for the kept structs, checked once: a renamed one would silently time

@@ -147,6 +147,7 @@ def profile_pieces():
     if not os.environ.get(PROFILE_ENV):
         return pieces
     import pygdn.ops as ops
+    from pygdn._c import check
     import pygdn.vllm as pv
 
     def timing(name, fn):
@@ -159,7 +160,7 @@ def profile_pieces():
 
     def run(self, wait=True):  # PreparedCall.run, the C call and the wait timed apart
         t0 = time.perf_counter()
-        ops._check(self._fn(self._q, self._c_cfg, self._c_batch, self._c_t))
+        check(self._fn(self._q, self._c_cfg, self._c_batch, self._c_t))
         t1 = time.perf_counter()
         if wait:
             self._queue.wait()

@@ -31,12 +31,16 @@ def _point_opencl_at_wheel_runtime() -> None:
 
 _point_opencl_at_wheel_runtime()
 
-from ._lib import ffi, lib, version  # noqa: E402
+# ffi and lib: the raw cffi objects, importable (pygdn.ffi, pygdn.lib) but not part of the API.
+from ._lib import ffi, lib, version  # noqa: E402,F401
 from ._usm import UsmArray, from_bf16_bits, to_bf16_bits  # noqa: E402
-from .ops import (Batch, Config, GdnError, PreparedCall, attention, causal_conv1d,  # noqa: E402
-                  flush_replay, gated_delta_rule, prepare, warmup, workspace_size)
+from ._c import GdnError  # noqa: E402
+from .batch import Batch  # noqa: E402
+from .config import Config  # noqa: E402
+from .ops import (PreparedCall, attention, causal_conv1d, flush_replay, gated_delta_rule, prepare,  # noqa: E402
+                  warmup, workspace_size)
 from .graph import Graph  # noqa: E402
 
 __version__ = version()
 __all__ = ["Batch", "Config", "GdnError", "Graph", "UsmArray", "attention", "causal_conv1d", "flush_replay", "gated_delta_rule",
-           "PreparedCall", "prepare", "warmup", "workspace_size", "to_bf16_bits", "from_bf16_bits", "ffi", "lib", "version"]
+           "PreparedCall", "prepare", "warmup", "workspace_size", "to_bf16_bits", "from_bf16_bits", "version"]

@@ -238,7 +238,7 @@ def torch_host_view(obj, queue):
 def torch_layout(obj):
     """What the checks of a torch tensor argument depend on besides its address -- device, dtype,
     shape, strides (True: contiguous), autograd and negative bits -- as a hashable tuple, or None for
-    anything but a strided torch tensor (ops._marshal_arrays keeps the layouts that passed; the
+    anything but a strided torch tensor (_marshal.marshal_arrays keeps the layouts that passed; the
     conjugate bit is left out: only complex tensors have it, and no check passes those). Torch is
     not imported here: only a tensor of an imported torch is one."""
     torch = _sys.modules.get("torch")

@@ -1,15 +1,199 @@
-"""Building mixed-batch metadata the way a serving engine's scheduler does (for the demo,
-the benchmark and the tests): prefills, decodes and speculative sequences, their token rows
-interleaved, graph padding, distinct state slots.
-
+"""Batch: one step's mixed batch (gdn_batch_t), with the one Python table of its fields
+(BATCH_COUNTS, BATCH_ARRAYS); and make_batch() / to_device(), which build such metadata the way a
+serving engine's scheduler does (for the demo, the benchmark and the tests): prefills, decodes and
+speculative sequences, their token rows interleaved, graph padding, distinct state slots.
 make_batch() returns host (numpy) metadata keyed like gdn_batch_t; to_device() uploads it.
 """
 from __future__ import annotations
 
+import dataclasses as _dc
+import math as _math
+import typing as _t
+
 import numpy as _np
 
-from ._usm import UsmArray as _UsmArray
-from .ops import BATCH_ARRAYS as _BATCH_ARRAYS, BATCH_COUNTS as _BATCH_COUNTS, Batch as _Batch
+from ._lib import ffi as _ffi, lib as _lib
+from ._c import (VOIDP as _VOIDP, BATCH_P as _BATCH_P, new as _new, choice as _choice, int32 as _int32)
+from ._marshal import view as _view
+from ._usm import UsmArray as _UsmArray, as_queue as _as_queue
+
+
+# ---- gdn_batch_t's fields: the one table of them in Python (marshalling, batch.py, the tests) ----
+# Read from the header through cffi: its int32 fields are the counts (and the two settings
+# below), its pointer fields the metadata arrays, with their element type. What the header does
+# not say in a machine-readable way is how many elements the counts require of each array.
+_BATCH_SETTINGS = ("pad_slot_id", "validate")  # int32 fields of gdn_batch_t that are not counts
+_BATCH_ARRAY_LENGTHS = {  # field: elements the counts require (counts: any mapping of count names)
+    "non_spec_query_start_loc": lambda c: c["num_prefills"] + c["num_decodes"] + 1,
+    "non_spec_state_indices": lambda c: c["num_prefills"] + c["num_decodes"],
+    "has_initial_state": lambda c: c["num_prefills"] + c["num_decodes"],
+    "non_spec_token_indx": lambda c: c["non_spec_token_count"],
+    "spec_query_start_loc": lambda c: c["num_spec_decodes"] + 1,
+    "spec_state_indices": lambda c: c["num_spec_decodes"] * (c["num_spec"] + 1),
+    "num_accepted_tokens": lambda c: c["num_spec_decodes"],
+    "spec_token_indx": lambda c: c["spec_token_count"],
+    "non_spec_read_state_indices": lambda c: c["num_prefills"] + c["num_decodes"],
+    "spec_read_state_indices": lambda c: c["num_spec_decodes"],
+    "non_spec_start_pos": lambda c: c["num_prefills"] + c["num_decodes"],
+    "checkpoint_state_indices": lambda c: (c["num_prefills"] + c["num_decodes"]) * c["checkpoint_cols"]
+    if c["checkpoint_interval"] else 0,
+}
+_C_ELEMENT_TYPES = {"int32_t": "i32", "uint8_t": "u8"}
+
+
+class BatchArray(_t.NamedTuple):
+    """One metadata array of gdn_batch_t: its element type (a pygdn dtype name) and the number
+    of elements the counts require, length(counts) with counts a mapping of count names."""
+
+    dtype: str
+    length: _t.Callable[[_t.Mapping[str, int]], int]
+
+
+def _batch_table():
+    counts, arrays = [], {}
+    for name, field in _ffi.typeof("gdn_batch_t").fields:
+        t = field.type
+        if t.kind == "pointer":
+            arrays[name] = BatchArray(_C_ELEMENT_TYPES[t.item.cname], _BATCH_ARRAY_LENGTHS.get(name))
+        elif t.cname == "int32_t" and name not in _BATCH_SETTINGS and not name.startswith("reserved"):
+            counts.append(name)
+    unknown = sorted(set(arrays) ^ set(_BATCH_ARRAY_LENGTHS))
+    if unknown:
+        raise ImportError(f"gdn_batch_t arrays and pygdn's length table differ: {unknown}")
+    return tuple(counts), arrays
+
+
+BATCH_COUNTS, BATCH_ARRAYS = _batch_table()  # in struct order
+
+
+_COUNTS_CACHE = {}  # (counts, pad_slot_id, validate) -> Batch._counts_c() of them (read-only once made)
+
+
+@_dc.dataclass
+class Batch:
+    """One step's mixed batch (gdn_batch_t). Arrays are SUAI objects or DLPack producers (int32;
+    has_initial_state uint8/bool) or None. Arrays may be longer than needed (graph padding); only the prefix is read."""
+
+    num_actual_tokens: int
+    num_prefills: int = 0
+    num_decodes: int = 0
+    num_spec_decodes: int = 0
+    num_spec: int = 0
+    non_spec_token_count: int = 0
+    spec_token_count: int = 0
+    pad_slot_id: int = -1
+    validate: str = "full"  # "full" | "counts"
+    non_spec_query_start_loc: object = None
+    non_spec_state_indices: object = None
+    has_initial_state: object = None
+    non_spec_token_indx: object = None
+    spec_query_start_loc: object = None
+    spec_state_indices: object = None
+    num_accepted_tokens: object = None
+    spec_token_indx: object = None
+    # State caches as engines keep them (read slots, block checkpoints): see gdn_xpu.h "State caches".
+    checkpoint_interval: int = 0
+    checkpoint_cols: int = 0
+    non_spec_read_state_indices: object = None
+    spec_read_state_indices: object = None
+    non_spec_start_pos: object = None
+    checkpoint_state_indices: object = None
+
+    @property
+    def num_non_spec_seqs(self) -> int:
+        return self.num_prefills + self.num_decodes
+
+    def __setattr__(self, name, value):
+        object.__setattr__(self, name, value)
+        object.__setattr__(self, "_views_cache", None)  # any field: the arrays' checks again
+        if name not in BATCH_ARRAYS:  # a count or setting changed
+            object.__setattr__(self, "_counts_cache", None)
+
+    def _counts_c(self):
+        """(gdn_batch_t with the counts and settings, arrays NULL; ((field, message name, dtype,
+        elements the counts need), ...)), built once per set of count values like Config._to_c:
+        the ints only change through setattr. The arrays are read on every call (_to_c)."""
+        cached = getattr(self, "_counts_cache", None)
+        if cached is None:
+            # Batches of the same counts (an engine's steps) share one: a key of plain ints and the
+            # validate string only (3.0 == 3 must still be refused by _int32).
+            key = (*(getattr(self, f) for f in BATCH_COUNTS), self.pad_slot_id, self.validate)
+            plain = all(type(v) is int for v in key[:-1])
+            cached = _COUNTS_CACHE.get(key) if plain else None
+        if cached is None:
+            c = _ffi.new(_BATCH_P)
+            _lib.gdn_batch_init(c)
+            for f in BATCH_COUNTS:
+                setattr(c, f, _int32(getattr(self, f), f"batch.{f}"))
+            c.pad_slot_id = _int32(self.pad_slot_id, "batch.pad_slot_id")
+            c.validate = _choice({"full": _lib.GDN_VALIDATE_FULL, "counts": _lib.GDN_VALIDATE_COUNTS}, self.validate,
+                                 "validate")
+            counts = vars(self)
+            needs = tuple((field, f"batch.{field}", dtype, length(counts)) for field, (dtype, length) in BATCH_ARRAYS.items())
+            cached = (c, needs)
+            if plain:
+                if len(_COUNTS_CACHE) >= 256:
+                    _COUNTS_CACHE.clear()
+                _COUNTS_CACHE[key] = cached
+        object.__setattr__(self, "_counts_cache", cached)
+        return cached
+
+    def bind(self, queue) -> "Batch":
+        """Check the metadata arrays now and keep their checked addresses for the following calls
+        on this queue object, whatever kind of arrays they are (a batch of pygdn.UsmArrays keeps
+        them anyway), until a field of the batch is set. For a step's metadata passed to several
+        calls (an engine's layers): the arrays must go on describing the same memory (torch and
+        NumPy arrays do unless resized in place). Returns the batch."""
+        object.__setattr__(self, "_bound", True)
+        self._to_c(_as_queue(queue), [])
+        return self
+
+    def _to_c(self, queue, keep):
+        """gdn_batch_t with the arrays' addresses, after their checks (appends what must stay
+        alive to keep). When every array is a pygdn.UsmArray, whose address, shape and dtype never
+        change, or the batch is bound (bind()), the checked struct is kept for the next call on the
+        same queue object: setting any field of the batch drops it (a serving loop's plain call
+        saves ~1 us per array)."""
+        views = self.__dict__.get("_views_cache")
+        if views is not None and views[0] is queue:
+            keep.extend(views[2])
+            return _new(_BATCH_P, views[1][0])
+        template, needs = self._counts_c()
+        c = _ffi.new(_BATCH_P, template[0])  # a copy: the caller owns it (a PreparedCall keeps it)
+        holds, fixed = [], True
+        for field, name, dtype, need in needs:
+            obj = getattr(self, field)
+            if obj is None:
+                continue
+            address, shape, got, hold, _ = _view(obj, name, queue)
+            if got != dtype:
+                raise TypeError(f"{name}: dtype {got}, expected {dtype}" + (
+                    " (int64 index arrays are not accepted: convert them to int32 once per step)" if got == "i64" else ""))
+            n = _math.prod(shape)
+            if n < need:
+                raise ValueError(f"{name}: {n} elements, the counts need {need}")
+            holds.append(hold)
+            fixed = fixed and type(obj) is _UsmArray
+            setattr(c, field, _ffi.cast(_VOIDP, address))
+        keep.extend(holds)
+        if fixed or self.__dict__.get("_bound"):
+            object.__setattr__(self, "_views_cache", (queue, _ffi.new(_BATCH_P, c[0]), tuple(holds)))
+        return c
+
+
+_missing = {f.name for f in _dc.fields(Batch)} ^ {*BATCH_COUNTS, *_BATCH_SETTINGS, *BATCH_ARRAYS}
+if _missing:  # the dataclass is written out for its readers; the header decides what it must hold
+    raise ImportError(f"pygdn.Batch and gdn_batch_t differ in {sorted(_missing)}")
+
+
+
+def counts_only(batch: Batch):
+    """gdn_batch_t with batch's counts only (for gdn_attention_workspace_size)."""
+    c = _ffi.new("gdn_batch_t *")
+    _lib.gdn_batch_init(c)
+    for f in BATCH_COUNTS:
+        setattr(c, f, _int32(getattr(batch, f), f"batch.{f}"))
+    return c
 
 
 def make_batch(rng, *, num_slots, prefill_lens=(), num_decodes=0, spec_lens=(), num_spec=0, accepted=None,
@@ -91,13 +275,13 @@ def make_batch(rng, *, num_slots, prefill_lens=(), num_decodes=0, spec_lens=(), 
 def to_device(meta, queue, validate="full"):
     """Upload make_batch() metadata to USM arrays; returns a pygdn.Batch."""
     arrays = {}
-    for k in _BATCH_ARRAYS:
+    for k in BATCH_ARRAYS:
         v = meta.get(k)
         if v is None:
             arrays[k] = None
             continue
         v = _np.ascontiguousarray(v)
         arrays[k] = _UsmArray.from_numpy(v if v.size else _np.zeros(1, v.dtype), queue)
-    counts = {k: int(meta.get(k, 0) or 0) for k in _BATCH_COUNTS}
+    counts = {k: int(meta.get(k, 0) or 0) for k in BATCH_COUNTS}
     counts["pad_slot_id"] = int(meta.get("pad_slot_id", -1))
-    return _Batch(validate=validate, **counts, **arrays)
+    return Batch(validate=validate, **counts, **arrays)

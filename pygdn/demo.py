@@ -23,7 +23,8 @@ import dpctl
 from . import reference as ref
 from ._usm import UsmArray, from_bf16_bits, to_bf16_bits
 from .batch import make_batch, to_device
-from .ops import Config, attention, causal_conv1d, flush_replay, gated_delta_rule, warmup
+from .config import Config
+from .ops import attention, causal_conv1d, flush_replay, gated_delta_rule, warmup
 from ._lib import version
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ._lib import ffi as _ffi, lib as _lib
 from ._usm import as_queue as _as_queue
-from .ops import _check
+from ._c import check as _check
 
 _VOIDP = _ffi.typeof("void *")
 

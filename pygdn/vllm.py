@@ -38,7 +38,7 @@ L2NORM_EPS = 1e-5     # vLLM's CPU kernels' q/k l2norm eps
 
 _log = logging.getLogger("vllm.pygdn")
 STEP_GROUPS = 8       # metadata objects whose batches are kept: more than a step's KV-cache groups of GDN layers
-_state = {"layers": [], "dtypes": ("?", "?"), "announced": False, "steps": []}
+_state = {"layers": [], "dtypes": ("?", "?"), "announced": False, "steps": {}}
 
 
 def register() -> None:
@@ -104,7 +104,7 @@ def _version():
 
 
 def _queue():
-    from pygdn.vllm_xpu import cpu_queue  # (importing pygdn first finds the OpenCL CPU runtime)
+    from pygdn._vllm_shared import cpu_queue  # (importing pygdn first finds the OpenCL CPU runtime)
     return cpu_queue()
 
 
@@ -112,7 +112,7 @@ def _dtypes(layer):
     """(act_dtype, state_dtype) of a layer, as pygdn names: its weights' dtype for the activations and
     the conv state (which the library keeps in act_dtype), vLLM's SSM cache dtype for the state
     (get_state_dtype: the model's dtype, or mamba_ssm_cache_dtype, as the platform settled it)."""
-    from pygdn.vllm_xpu import dtype_name
+    from pygdn._vllm_shared import dtype_name
     act = layer.conv1d.weight.dtype
     conv, ssm = layer.get_state_dtype()[:2]
     if dtype_name(act) is None or dtype_name(ssm) is None:
@@ -155,22 +155,17 @@ class _Served:
     (nothing of a step is held); each step rebinds the step's arrays and batch."""
 
     def __init__(self, layer, step_arrays):
-        import pygdn
         import torch
+        from pygdn._vllm_shared import prepare_layer
         from vllm.model_executor.layers.mamba.ops.cpu.gdn_attention import _unpacked_conv_weight
         self.caches = layer.kv_cache
         conv, ssm = self.caches[0], self.caches[1]
-        cfg = _config(layer, conv.shape[0], conv, ssm)
-        # (detach: parameters export through DLPack only without autograd; the same memory)
-        bias = layer.conv1d.bias
-        empty = {name: t.new_empty((0, *t.shape[1:])) for name, t in step_arrays.items()}
-        self.call = pygdn.prepare(
-            pygdn.attention, _queue(), cfg, pygdn.Batch(num_actual_tokens=0, validate="counts"),
-            conv_weight=_unpacked_conv_weight(layer).detach(),
-            conv_bias=None if bias is None else bias.detach(), conv_state=conv, ssm_state=ssm,
+        self.call = prepare_layer(
+            _queue(), _config(layer, conv.shape[0], conv, ssm), step_arrays,
+            conv_weight=_unpacked_conv_weight(layer), conv_bias=layer.conv1d.bias, conv_state=conv, ssm_state=ssm,
             # the ABI's gate parameters are f32: converted once (no copy when they are)
             A_log=layer.A_log.detach().to(torch.float32).contiguous(),
-            dt_bias=layer.dt_bias.detach().to(torch.float32).contiguous(), **empty)
+            dt_bias=layer.dt_bias.detach().to(torch.float32).contiguous())
 
 
 def _step_batch(md):
@@ -178,10 +173,11 @@ def _step_batch(md):
     vLLM builds one metadata object per group, for the group's layers, and a model's layers alternate
     between groups (Qwen3-Next: 3 groups, layer i in group i % 3). The batches of the last few objects are
     kept, holding the objects, so an identity is never that of a freed one."""
-    for seen, batch in _state["steps"]:
-        if seen is md:
-            return batch
+    kept = _state["steps"].get(id(md))
+    if kept is not None:
+        return kept[1]
     import pygdn
+    from pygdn._vllm_shared import remember
     import torch
 
     def i32(t):  # int32, contiguous: a no-op for what already is (asked first: .to() costs µs even then)
@@ -201,13 +197,7 @@ def _step_batch(md):
                       num_accepted_tokens=i32(md.num_accepted_tokens))
         if md.num_prefills or md.num_decodes:  # interleaved rows; spec only: rows in order
             fields.update(non_spec_token_indx=i32(md.non_spec_token_indx), spec_token_indx=i32(md.spec_token_indx))
-    batch = pygdn.Batch(**fields)
-    batch.bind(_queue())
-    steps = _state["steps"]
-    steps.append((md, batch))
-    if len(steps) > STEP_GROUPS:
-        del steps[0]
-    return batch
+    return remember(_state["steps"], id(md), (md, pygdn.Batch(**fields).bind(_queue())), STEP_GROUPS)[1]
 
 
 def layer_step(layer_name):

@@ -44,7 +44,8 @@ find an XPU tensor's stream.
 """
 from __future__ import annotations
 
-_ACT = {"torch.float32": "f32", "torch.float16": "f16", "torch.bfloat16": "bf16"}
+from ._vllm_shared import _cpu_queue, cpu_queue, dtype_name, prepare_layer, remember
+
 LAYERS = 256  # prepared layers kept (a rank's GDN layers: Qwen3-Next 36, plus the MTP layers)
 STEPS = 8     # batches kept: more than a step's KV-cache groups of GDN layers
 _layers: dict = {}
@@ -52,20 +53,6 @@ _steps: dict = {}
 # sycl::queue* (an XPU stream's, or queue= as an int) -> its dpctl.SyclQueue, made once: torch's XPU
 # streams live as long as the process, so an address names one queue
 _queues: dict = {}
-_cpu_queue = []
-
-
-def dtype_name(dtype):
-    """pygdn's name of a torch dtype ("f32", "f16", "bf16"), None for the others (pygdn.vllm too)."""
-    return _ACT.get(str(dtype))
-
-
-def cpu_queue():
-    """The process's one in-order queue on the SYCL CPU device for torch CPU tensors (pygdn.vllm too)."""
-    if not _cpu_queue:
-        import dpctl
-        _cpu_queue.append(dpctl.SyclQueue("cpu", property="in_order"))
-    return _cpu_queue[0]
 
 
 def release() -> None:
@@ -93,7 +80,7 @@ def _queue(t, queue):
     if hasattr(queue, "__index__") and not isinstance(queue, bool):
         q = _queues.get(int(queue))
         if q is None:
-            from .ops import _as_queue
+            from ._usm import as_queue as _as_queue
             q = _queues[int(queue)] = _as_queue(queue)
         return q
     return queue
@@ -114,13 +101,9 @@ def _prepare(q, qkvz, ba, z, core_attn_out, conv_state, ssm_state, conv_weights,
                        conv_spec_layout="snapshot", conv_state_len=conv_state.shape[1],
                        conv_slot_stride=conv_state.stride(0), ssm_slot_stride=ssm_state.stride(0),
                        packed_order="contiguous" if reorder_input else "grouped")
-    empty = lambda t: t.detach().new_empty((0, *t.shape[1:]))  # noqa: E731  (no rows yet: nothing held)
-    detached = lambda t: None if t is None else t.detach()  # noqa: E731  (parameters: their memory)
-    return pygdn.prepare(pygdn.attention, q, cfg, pygdn.Batch(num_actual_tokens=0, validate="counts"),
-                         qkvz=empty(qkvz), ba=empty(ba), z_out=empty(z), core_attn_out=empty(core_attn_out),
-                         conv_weight=detached(conv_weights), conv_bias=detached(conv_bias),
-                         A_log=detached(A_log), dt_bias=detached(dt_bias), conv_state=conv_state.detach(),
-                         ssm_state=ssm_state.detach())
+    return prepare_layer(q, cfg, dict(qkvz=qkvz, ba=ba, z_out=z, core_attn_out=core_attn_out),
+                         conv_weight=conv_weights, conv_bias=conv_bias, A_log=A_log, dt_bias=dt_bias,
+                         conv_state=conv_state, ssm_state=ssm_state)
 
 
 def _batch(q, num_prefills, num_decodes, num_spec_decodes, T, has_initial_state, ns_qsl, ns_tok, ns_slots, s_qsl,
@@ -165,23 +148,19 @@ def gdn_attention(core_attn_out, z, projected_states_qkvz, projected_states_ba, 
         call = _prepare(q, projected_states_qkvz, projected_states_ba, z, core_attn_out, conv_state, ssm_state,
                         conv_weights, conv_bias, activation, A_log, dt_bias, num_k_heads, num_v_heads, head_k_dim,
                         head_v_dim, tp_size, reorder_input)
-        if len(_layers) >= LAYERS:
-            del _layers[next(iter(_layers))]
         # (the call's wait: XPU tensors are ordered on torch's stream, host tensors are read by host
         # code right after the call, as after vLLM's own CPU kernels)
         wait = conv_state.device.type != "xpu"
-        layer = _layers[key] = (call, wait, q, conv_state, ssm_state, conv_bias, A_log, dt_bias)
+        layer = remember(_layers, key, (call, wait, q, conv_state, ssm_state, conv_bias, A_log, dt_bias), LAYERS)
     # The step: its metadata tensors by identity (held by the batch).
     meta = (id(q), num_prefills, num_decodes, num_spec_decodes, num_actual_tokens, id(has_initial_state),
             id(non_spec_query_start_loc), id(non_spec_token_indx), id(non_spec_state_indices_tensor),
             id(spec_query_start_loc), id(spec_token_indx), id(spec_state_indices_tensor), id(num_accepted_tokens))
     batch = _steps.get(meta)
     if batch is None:
-        batch = _batch(q, num_prefills, num_decodes, num_spec_decodes, num_actual_tokens, has_initial_state,
-                       non_spec_query_start_loc, non_spec_token_indx, non_spec_state_indices_tensor,
-                       spec_query_start_loc, spec_token_indx, spec_state_indices_tensor, num_accepted_tokens)
-        if len(_steps) >= STEPS:
-            del _steps[next(iter(_steps))]
-        _steps[meta] = batch
+        batch = remember(_steps, meta, _batch(q, num_prefills, num_decodes, num_spec_decodes, num_actual_tokens,
+                                              has_initial_state, non_spec_query_start_loc, non_spec_token_indx,
+                                              non_spec_state_indices_tensor, spec_query_start_loc, spec_token_indx,
+                                              spec_state_indices_tensor, num_accepted_tokens), STEPS)
     layer[0].rebind(batch, qkvz=projected_states_qkvz, ba=projected_states_ba, z_out=z,
                     core_attn_out=core_attn_out).run(wait=layer[1])

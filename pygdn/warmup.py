@@ -19,7 +19,8 @@ import time
 import dpctl
 
 from .demo import MODELS
-from .ops import Config, warmup
+from .config import Config
+from .ops import warmup
 
 # Model shapes per tensor-parallel rank (H k-heads, HV v-heads, K, V, conv width, gate mode) of
 # the demo's models: qwen3-next-tp1 .. tp8 (Qwen3-Next-80B-A3B), kimi-linear-tp1 .. tp8

@@ -160,12 +160,12 @@ def run(queue_arg, queue, cfg, meta, arrays, wrap=None):
     wrap = wrap or (lambda host: usm(queue, host))
     dev = {k: wrap(v) for k, v in arrays.items()}
     batch = to_device(meta, queue)
-    for field in pygdn.ops.BATCH_ARRAYS:
+    for field in pygdn.batch.BATCH_ARRAYS:
         if meta.get(field) is not None:
             setattr(batch, field, wrap(np.asarray(meta[field])))
     pygdn.attention(queue_arg, cfg, batch, **dev)
     out = {k: dev[k].to_numpy() for k in ("core_attn_out", "conv_state", "ssm_state")}
-    producers = [p for p in list(dev.values()) + [getattr(batch, f) for f in pygdn.ops.BATCH_ARRAYS]
+    producers = [p for p in list(dev.values()) + [getattr(batch, f) for f in pygdn.batch.BATCH_ARRAYS]
                  if isinstance(p, DLPackOnly)]
     return out, producers
 
@@ -180,7 +180,7 @@ def test_dlpack_only_arrays_equal_the_suai_path(queue, versioned):
     got, producers = run(queue, queue, cfg, meta, arrays, wrap)
     for k in want:
         assert np.array_equal(got[k], want[k]), k
-    assert len(producers) == len(arrays) + sum(meta.get(f) is not None for f in pygdn.ops.BATCH_ARRAYS)
+    assert len(producers) == len(arrays) + sum(meta.get(f) is not None for f in pygdn.batch.BATCH_ARRAYS)
     assert_each_capsule_freed_once(producers)
 
 

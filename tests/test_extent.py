@@ -16,7 +16,7 @@ import dpctl.memory as dpmem
 import pygdn
 from pygdn import ffi, lib
 from pygdn import reference as ref
-from pygdn.ops import BATCH_ARRAYS
+from pygdn.batch import BATCH_ARRAYS
 from helpers import EditedSUAI, assert_close
 
 H, HV, K, V, W = 1, 2, 4, 4, 4

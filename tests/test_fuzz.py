@@ -44,7 +44,7 @@ from hypothesis import strategies as st
 
 import pygdn
 from pygdn import reference as ref
-from pygdn.ops import BATCH_ARRAYS, BATCH_COUNTS
+from pygdn.batch import BATCH_ARRAYS, BATCH_COUNTS
 from helpers import (EditedSUAI, assert_close, conv_from_canonical, conv_to_canonical, ssm_from_canonical,
                      ssm_to_canonical, usm)
 

@@ -92,12 +92,12 @@ class Meta:
     SPEC = ("spec_query_start_loc", "spec_state_indices", "num_accepted_tokens", "spec_token_indx")
 
     def __init__(self, q, **counts):
-        self.counts = dict({k: 0 for k in pygdn.ops.BATCH_COUNTS}, **counts)
+        self.counts = dict({k: 0 for k in pygdn.batch.BATCH_COUNTS}, **counts)
         self.arrays = {}
         c = self.counts
         for names, seqs in ((self.NON_SPEC, c["num_prefills"] + c["num_decodes"]), (self.SPEC, c["num_spec_decodes"])):
             for name in names if seqs else ():
-                dtype, length = pygdn.ops.BATCH_ARRAYS[name]
+                dtype, length = pygdn.batch.BATCH_ARRAYS[name]
                 self.arrays[name] = pygdn.UsmArray((length(self.counts),), np.uint8 if dtype == "u8" else np.int32, q)
         self.batch = pygdn.Batch(validate="counts", **counts, **self.arrays)
 

@@ -7,7 +7,7 @@ import pytest
 import pygdn
 from pygdn import reference as ref
 from pygdn.batch import make_batch, to_device
-from pygdn.ops import BATCH_ARRAYS
+from pygdn.batch import BATCH_ARRAYS
 from helpers import assert_close, conv_from_canonical, conv_to_canonical, ssm_from_canonical, ssm_to_canonical, usm
 
 H, HV, K, V, W, S, SLOTS = 1, 2, 16, 16, 4, 2, 32

@@ -39,11 +39,6 @@ STATE_DTYPES = ["f32", "bf16", "f16"]
 PAD = -1
 
 
-def test_reference_self_test():
-    """The reference itself: resuming from each checkpoint equals the unbroken run, shared reads, rounding."""
-    ref._selftest()
-
-
 def ulp(x, dtype):
     bits, emin, _ = ref._FORMATS[dtype]
     _, e = np.frexp(np.asarray(x, np.float64))

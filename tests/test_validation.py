@@ -1,6 +1,6 @@
 """Every validation rule of gdn_attention (src/validate/, src/ops.cpp) and of the Python layer
-(pygdn/ops.py, pygdn/_usm.py): an otherwise valid call with exactly one thing broken must fail
-with the documented status, a message naming the field and the offending value, and NOTHING
+(pygdn/config.py, batch.py, _marshal.py, _usm.py): an otherwise valid call with exactly one thing
+broken must fail with the documented status, a message naming the field and the offending value, and NOTHING
 written (conv_state, ssm_state and core_attn_out -- pre-filled with a canary -- bit-identical).
 Also what must be ACCEPTED: graph padding (long arrays, PAD_SLOT_ID rows, zero-length sequences),
 validate="counts", a newer caller's struct with a zero tail, a caller workspace of the right size.
@@ -20,7 +20,7 @@ import pygdn
 from pygdn import ffi, lib
 from pygdn import reference as ref
 from pygdn._usm import NUMPY_DTYPES
-from pygdn.ops import BATCH_ARRAYS, BATCH_COUNTS
+from pygdn.batch import BATCH_ARRAYS, BATCH_COUNTS
 from helpers import (EditedSUAI, assert_close, conv_from_canonical, conv_to_canonical, ssm_from_canonical,
                      ssm_to_canonical, usm)
 
@@ -214,8 +214,8 @@ def test_conv_out_null_for_gated_delta_rule(s):
 
 
 def test_workspace_size_null_output(s):
-    status = lib.gdn_attention_workspace_size(s.cfg._to_c(), pygdn.ops._counts_only(s.batch()), ffi.NULL)
-    assert pygdn.ops._status_name(status) == "GDN_ERROR_NULL_POINTER"
+    status = lib.gdn_attention_workspace_size(s.cfg._to_c(), pygdn.batch.counts_only(s.batch()), ffi.NULL)
+    assert pygdn._lib.status_name(status) == "GDN_ERROR_NULL_POINTER"
     assert "bytes is NULL" in ffi.string(lib.gdn_last_error()).decode()
 
 
@@ -690,7 +690,7 @@ class _Described:
 
 def test_python_checks_after_cached_calls(s):
     """A plain call keeps its checked structs for the next call with the same pygdn.UsmArray
-    objects, queue object and row count (Batch._to_c, pygdn.ops._arrays_cached): whatever changed
+    objects, queue object and row count (Batch._to_c, pygdn._marshal.arrays_cached): whatever changed
     since is checked again, and the config keeps no array alive."""
     batch = s.batch()
 

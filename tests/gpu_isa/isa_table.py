@@ -48,7 +48,7 @@ ALL_VARIANTS = tuple(f"{a}/{s}/{k}/{l}" for a in ("f32", "f16", "bf16") for s in
 # adds its launches: gdn_recurrent's replay and ring paths, gdn_replay_count.
 _WARMUP = """
 import dpctl, sys
-from pygdn.ops import Config, warmup
+from pygdn import Config, warmup
 act, state, k, layout, *gate = sys.argv[1].split("/")
 k, kda = int(k), gate == ["kda"]
 q = dpctl.SyclQueue("cpu", property="in_order")

@@ -143,7 +143,7 @@ def test_a_steps_batches_are_made_once_per_kv_cache_group(monkeypatch, queue):
     groups in turn (layer i in group i % groups): each object's batch is made once a step."""
     monkeypatch.setattr(plugin, "_state", dict(plugin._state, steps=[]))
     made = []
-    monkeypatch.setattr(pygdn, "Batch", lambda **kw: made.append(pygdn.ops.Batch(**kw)) or made[-1])
+    monkeypatch.setattr(pygdn, "Batch", lambda **kw: made.append(pygdn.batch.Batch(**kw)) or made[-1])
     groups = [decode_metadata(4, 10 * g) for g in range(3)]
     for layer in range(12):
         batch = plugin._step_batch(groups[layer % 3])

@@ -1,0 +1,41 @@
+"""What pygdn's two vLLM bindings share: torch dtypes by pygdn name, the process's SYCL CPU queue
+for torch CPU tensors, a layer's prepared call (weights and caches bound once, the step's arrays
+rebound at every call) and the bounded stores of prepared layers and step batches. Imports torch
+nowhere: it works on the tensors it is given."""
+from __future__ import annotations
+
+_TORCH_DTYPES = {"torch.float32": "f32", "torch.float16": "f16", "torch.bfloat16": "bf16"}
+_cpu_queue = []
+
+
+def dtype_name(dtype):
+    """pygdn's name of a torch dtype ("f32", "f16", "bf16"), None for the others."""
+    return _TORCH_DTYPES.get(str(dtype))
+
+
+def cpu_queue():
+    """The process's one in-order queue on the SYCL CPU device for torch CPU tensors."""
+    if not _cpu_queue:
+        import dpctl
+        _cpu_queue.append(dpctl.SyclQueue("cpu", property="in_order"))
+    return _cpu_queue[0]
+
+
+def prepare_layer(queue, cfg, step_arrays, **bound):
+    """A layer's pygdn.attention call, prepared: bound's arrays (weights, caches; None for an absent
+    one) by their memory (detached: parameters export through DLPack only without autograd), and
+    step_arrays (the step's activations and outputs, each call rebinds them) as empty placeholders of
+    their dtypes and widths, so nothing of a step is held. The batch is each call's too."""
+    import pygdn
+    empty = {name: t.detach().new_empty((0, *t.shape[1:])) for name, t in step_arrays.items()}
+    held = {name: None if t is None else t.detach() for name, t in bound.items()}
+    return pygdn.prepare(pygdn.attention, queue, cfg, pygdn.Batch(num_actual_tokens=0, validate="counts"),
+                         **empty, **held)
+
+
+def remember(store: dict, key, value, limit: int):
+    """store[key] = value, the oldest entry dropped first when store holds limit of them. Returns value."""
+    if len(store) >= limit:
+        del store[next(iter(store))]
+    store[key] = value
+    return value
