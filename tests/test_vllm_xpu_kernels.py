@@ -1026,235 +1026,41 @@ def test_gdn_attention_mixed_spec_non_spec(num_spec_decodes, num_spec_tokens, no
                                        rtol=rtol)
 
 
-# GQA ratio num_v_heads/num_k_heads == 3 regression. The SLM-tiled prefill
-# conv1d (chunk_causal_conv1d_tiled_xe2) reorders the z gate one feat_chunk at a
-# time: its 64 work-items cover feats_per_wg = wg_size * elems_per_item = 256 z
-# features in a single pass. For ratio <= 2 with head_v_dim 128 the gate width
-# z_dim = head_v_dim * num_v_heads / num_k_heads is <= 256 and fits, but ratio 3
-# gives z_dim = 384, so the tail features 256..383 -- the 3rd v-head of every
-# k-group -- were never written, corrupting z (and thus core_attn_out) for any
-# prefill of >= conv1d_tile_size (8) tokens. Reproduces with a single short
-# prefill; the existing tests only cover ratio 2 (num_v_heads = 32).
-RATIO3_DTYPES = [torch.float16, torch.bfloat16]
-RATIO3_REORDER = [True, False]
+# Three single-prefill cases of theirs with one body (their three tests differ in the shapes only):
+# - test_gdn_attention_gqa_ratio3_prefill: GQA ratio num_v_heads/num_k_heads == 3 (H 2, HV 6), a
+#   prefill of 16 tokens (>= their conv1d_tile_size, 8); ratio 3 gives a z gate of 384 features,
+#   more than their tiled conv's 256-feature pass (the 3rd v-head of every k-group was not written);
+#   both reorder_input values;
+# - test_chunk_prepare_vhead_oob_guard: HV 48 over H 16 (Qwen3.6-27B), 64 tokens (several chunks):
+#   their chunk_prepare's sub-group range is not a multiple of 48 on their GPUs;
+# - test_causal_conv1d_conv_elems_oob_guard: the same model at tp_size 4 (local H 4, HV 12), 64
+#   tokens: conv_elems 2560 is not a multiple of their work-group's 1024 elements.
+SINGLE_PREFILLS = {  # name: (num_k_heads, num_v_heads, tp_size, tokens, reorder_input values)
+    "gqa_ratio3_prefill": (2, 6, 1, 16, (True, False)),
+    "chunk_prepare_vhead_oob_guard": (16, 48, 1, 64, (False,)),
+    "causal_conv1d_conv_elems_oob_guard": (16, 48, 4, 64, (False,)),
+}
 
 
-@pytest.mark.parametrize("dtype", RATIO3_DTYPES, ids=_tc)
-@pytest.mark.parametrize("reorder_input", RATIO3_REORDER)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=_tc)
+@pytest.mark.parametrize("case,reorder_input", [(case, r) for case, v in SINGLE_PREFILLS.items() for r in v[4]])
 @torch.inference_mode()
-def test_gdn_attention_gqa_ratio3_prefill(dtype, reorder_input):
+def test_gdn_attention_single_prefill(case, reorder_input, dtype):
     device = "cpu"
     random.seed(0)
     torch.manual_seed(0)
 
-    num_k_heads, head_k_dim = 2, 128
-    num_v_heads, head_v_dim = 6, 128  # ratio 3 -> z_dim = head_v_dim * 3 = 384
-    width, tp_size = 4, 1
-    activation = "silu"
-    num_actual_tokens = 16  # single prefill, >= conv1d_tile_size (8)
-    num_prefills, num_decodes = 1, 0
-    cache_batch_size = 4
-
-    mixed_qkvz_size = num_k_heads * (
-        2 * head_k_dim + 2 * head_v_dim * num_v_heads // num_k_heads)
-    mixed_ba_size = num_k_heads * (2 * num_v_heads // num_k_heads)
-    mixed_qkv_size = num_k_heads * (
-        2 * head_k_dim + head_v_dim * num_v_heads // num_k_heads)
-
-    projected_states_qkvz = torch.randn((num_actual_tokens, mixed_qkvz_size),
-                                        dtype=dtype, device=device)
-    projected_states_ba = torch.randn((num_actual_tokens, mixed_ba_size),
-                                      dtype=dtype, device=device)
-    conv_state = torch.randn((cache_batch_size, width - 1, mixed_qkv_size),
-                             dtype=dtype, device=device)
-    ref_conv_state = conv_state.clone()
-    ssm_state = torch.randn(
-        (cache_batch_size, num_v_heads, head_v_dim, head_k_dim),
-        dtype=dtype, device=device)
-    ref_ssm_state = ssm_state.clone()
-    conv_weights = torch.randn((mixed_qkv_size, width), dtype=dtype,
-                               device=device)
-    conv_bias = torch.randn((mixed_qkv_size), dtype=dtype, device=device)
-    A_log = torch.randn((num_v_heads), dtype=torch.float32, device=device)
-    dt_bias = torch.randn((num_v_heads), dtype=dtype, device=device)
-
-    non_spec_query_start_loc = torch.tensor([0, num_actual_tokens],
-                                            dtype=torch.int32, device=device)
-    has_initial_state = torch.tensor([True], dtype=torch.bool, device=device)
-    non_spec_state_indices_tensor = torch.tensor([0], dtype=torch.int32,
-                                                 device=device)
-
-    core_attn_out = torch.zeros((num_actual_tokens, num_v_heads, head_v_dim),
-                                dtype=dtype, device=device)
-    z = torch.empty_like(core_attn_out)
-
-    vllm_xpu.gdn_attention(
-        core_attn_out, z, projected_states_qkvz, projected_states_ba,
-        num_k_heads, num_v_heads, head_k_dim, head_v_dim,
-        conv_state=conv_state, ssm_state=ssm_state, conv_weights=conv_weights,
-        conv_bias=conv_bias, activation=activation, A_log=A_log,
-        dt_bias=dt_bias, num_prefills=num_prefills, num_decodes=num_decodes,
-        num_spec_decodes=0, has_initial_state=has_initial_state,
-        non_spec_query_start_loc=non_spec_query_start_loc,
-        non_spec_token_indx=None,
-        non_spec_state_indices_tensor=non_spec_state_indices_tensor,
-        spec_query_start_loc=None, spec_token_indx=None,
-        spec_state_indices_tensor=None, num_accepted_tokens=None,
-        num_actual_tokens=num_actual_tokens, tp_size=tp_size,
-        reorder_input=reorder_input)
-
-    ref_core_attn_out = torch.zeros_like(core_attn_out)
-    ref_z = torch.empty_like(core_attn_out)
-    ref_gdn_attention(
-        ref_core_attn_out, ref_z, projected_states_qkvz, projected_states_ba,
-        num_k_heads, num_v_heads, head_k_dim, head_v_dim,
-        conv_state=ref_conv_state, ssm_state=ref_ssm_state,
-        conv_weights=conv_weights, conv_bias=conv_bias, activation=activation,
-        A_log=A_log, dt_bias=dt_bias, num_prefills=num_prefills,
-        num_decodes=num_decodes, has_initial_state=has_initial_state,
-        non_spec_query_start_loc=non_spec_query_start_loc,
-        non_spec_state_indices_tensor=non_spec_state_indices_tensor,
-        num_actual_tokens=num_actual_tokens, tp_size=tp_size,
-        reorder_input=reorder_input)
-
-    atol = rtol = 5e-2
-    # z (the output gate) is reordered straight from projected_states_qkvz; with
-    # ratio 3 the tiled kernel dropped the 3rd v-head of each k-group.
-    torch.testing.assert_close(z, ref_z, atol=atol, rtol=rtol)
-    torch.testing.assert_close(core_attn_out, ref_core_attn_out, atol=atol,
-                               rtol=rtol)
-
-
-# chunk_prepare_kernel v_head_id guard coverage (this PR). chunk_prepare
-# derives v_head_id = total_sg_id / (total_sg_range // num_v_heads); when
-# total_sg_range is not a multiple of num_v_heads the top sub-group(s) reach
-# v_head_id == num_v_heads, which the guard must bound. num_v_heads = 48
-# (Qwen3.6-27B, GQA ratio 3 over num_k_heads = 16) exercises that path: on
-# Battlemage sm_count = 32 sub-slices and sg_range = 32, so total_sg_range =
-# 1024 is not a multiple of 48. The existing tests only cover ratio 2
-# (num_v_heads = 32), which always divides total_sg_range.
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16],
-                         ids=_tc)
-@torch.inference_mode()
-def test_chunk_prepare_vhead_oob_guard(dtype):
-    device = "cpu"
-    random.seed(0)
-    torch.manual_seed(0)
-
-    num_k_heads, head_k_dim = 16, 128
-    num_v_heads, head_v_dim = 48, 128  # GQA ratio 3, Qwen3.6-27B
-    width, tp_size = 4, 1
-    activation = "silu"
-    num_actual_tokens = 64  # single prefill, spans multiple chunks
-    num_prefills, num_decodes = 1, 0
-    cache_batch_size = 4
-
-    mixed_qkvz_size = num_k_heads * (
-        2 * head_k_dim + 2 * head_v_dim * num_v_heads // num_k_heads)
-    mixed_ba_size = num_k_heads * (2 * num_v_heads // num_k_heads)
-    mixed_qkv_size = num_k_heads * (
-        2 * head_k_dim + head_v_dim * num_v_heads // num_k_heads)
-
-    projected_states_qkvz = torch.randn((num_actual_tokens, mixed_qkvz_size),
-                                        dtype=dtype, device=device)
-    projected_states_ba = torch.randn((num_actual_tokens, mixed_ba_size),
-                                      dtype=dtype, device=device)
-    conv_state = torch.randn((cache_batch_size, width - 1, mixed_qkv_size),
-                             dtype=dtype, device=device)
-    ref_conv_state = conv_state.clone()
-    ssm_state = torch.randn(
-        (cache_batch_size, num_v_heads, head_v_dim, head_k_dim),
-        dtype=dtype, device=device)
-    ref_ssm_state = ssm_state.clone()
-    conv_weights = torch.randn((mixed_qkv_size, width), dtype=dtype,
-                               device=device)
-    conv_bias = torch.randn((mixed_qkv_size), dtype=dtype, device=device)
-    A_log = torch.randn((num_v_heads), dtype=torch.float32, device=device)
-    dt_bias = torch.randn((num_v_heads), dtype=dtype, device=device)
-
-    non_spec_query_start_loc = torch.tensor([0, num_actual_tokens],
-                                            dtype=torch.int32, device=device)
-    has_initial_state = torch.tensor([True], dtype=torch.bool, device=device)
-    non_spec_state_indices_tensor = torch.tensor([0], dtype=torch.int32,
-                                                 device=device)
-
-    core_attn_out = torch.zeros((num_actual_tokens, num_v_heads, head_v_dim),
-                                dtype=dtype, device=device)
-    z = torch.empty_like(core_attn_out)
-
-    vllm_xpu.gdn_attention(
-        core_attn_out, z, projected_states_qkvz, projected_states_ba,
-        num_k_heads, num_v_heads, head_k_dim, head_v_dim,
-        conv_state=conv_state, ssm_state=ssm_state, conv_weights=conv_weights,
-        conv_bias=conv_bias, activation=activation, A_log=A_log,
-        dt_bias=dt_bias, num_prefills=num_prefills, num_decodes=num_decodes,
-        num_spec_decodes=0, has_initial_state=has_initial_state,
-        non_spec_query_start_loc=non_spec_query_start_loc,
-        non_spec_token_indx=None,
-        non_spec_state_indices_tensor=non_spec_state_indices_tensor,
-        spec_query_start_loc=None, spec_token_indx=None,
-        spec_state_indices_tensor=None, num_accepted_tokens=None,
-        num_actual_tokens=num_actual_tokens, tp_size=tp_size,
-        reorder_input=False)
-
-    ref_core_attn_out = torch.zeros_like(core_attn_out)
-    ref_z = torch.empty_like(core_attn_out)
-    ref_gdn_attention(
-        ref_core_attn_out, ref_z, projected_states_qkvz, projected_states_ba,
-        num_k_heads, num_v_heads, head_k_dim, head_v_dim,
-        conv_state=ref_conv_state, ssm_state=ref_ssm_state,
-        conv_weights=conv_weights, conv_bias=conv_bias, activation=activation,
-        A_log=A_log, dt_bias=dt_bias, num_prefills=num_prefills,
-        num_decodes=num_decodes, has_initial_state=has_initial_state,
-        non_spec_query_start_loc=non_spec_query_start_loc,
-        non_spec_state_indices_tensor=non_spec_state_indices_tensor,
-        num_actual_tokens=num_actual_tokens, tp_size=tp_size,
-        reorder_input=False)
-
-    atol = rtol = 5e-2
-    torch.testing.assert_close(z, ref_z, atol=atol, rtol=rtol)
-    torch.testing.assert_close(core_attn_out, ref_core_attn_out, atol=atol,
-                               rtol=rtol)
-
-
-# chunk_update_states_kernel conv_elems guard coverage. When total conv_elems
-# is not a multiple of elems_per_group (1024), the last work-group is 
-# over-provisioned and requires an upper bound check to prevent out-of-bounds
-# memory writes. Qwen3.6-27B at TP=4 (local num_k_heads=4, num_v_heads=12) 
-# forces conv_elems = 2560. 2560 % 1024 != 0, exercising this guard.
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16],
-                         ids=_tc)
-@torch.inference_mode()
-def test_causal_conv1d_conv_elems_oob_guard(dtype):
-    device = "cpu"
-    random.seed(0)
-    torch.manual_seed(0)
-
-    # Qwen-27B global heads: K=16, V=48. 
-    # At TP=4, local heads are K=4 and V=12. 
-    tp_size = 4
-    num_k_heads = 16
-    num_v_heads = 48
-    # local heads will be K=4, V=12 internally
-    head_k_dim = 128
-    head_v_dim = 128 
-    
+    num_k_heads, num_v_heads, tp_size, num_actual_tokens, _ = SINGLE_PREFILLS[case]
+    head_k_dim = head_v_dim = 128
+    local_num_k_heads, local_num_v_heads = num_k_heads // tp_size, num_v_heads // tp_size
     width = 4
     activation = "silu"
-    num_actual_tokens = 64  # single prefill
     num_prefills, num_decodes = 1, 0
     cache_batch_size = 4
 
-    local_num_k_heads = num_k_heads // tp_size
-    local_num_v_heads = num_v_heads // tp_size
-    
     mixed_qkvz_size = local_num_k_heads * (
-        2 * head_k_dim + 2 * head_v_dim * \
-        local_num_v_heads // local_num_k_heads)
-    mixed_ba_size = local_num_k_heads * (
-        2 * local_num_v_heads // local_num_k_heads)
-    
-    # conv_elems will equal mixed_qkv_size (2560 here)
+        2 * head_k_dim + 2 * head_v_dim * local_num_v_heads // local_num_k_heads)
+    mixed_ba_size = local_num_k_heads * (2 * local_num_v_heads // local_num_k_heads)
     mixed_qkv_size = local_num_k_heads * (
         2 * head_k_dim + head_v_dim * local_num_v_heads // local_num_k_heads)
 
@@ -1262,7 +1068,6 @@ def test_causal_conv1d_conv_elems_oob_guard(dtype):
                                         dtype=dtype, device=device)
     projected_states_ba = torch.randn((num_actual_tokens, mixed_ba_size),
                                       dtype=dtype, device=device)
-                                      
     conv_state = torch.randn((cache_batch_size, width - 1, mixed_qkv_size),
                              dtype=dtype, device=device)
     ref_conv_state = conv_state.clone()
@@ -1270,9 +1075,8 @@ def test_causal_conv1d_conv_elems_oob_guard(dtype):
         (cache_batch_size, local_num_v_heads, head_v_dim, head_k_dim),
         dtype=dtype, device=device)
     ref_ssm_state = ssm_state.clone()
-        
-    conv_weights = torch.randn(
-        (mixed_qkv_size, width), dtype=dtype, device=device)
+    conv_weights = torch.randn((mixed_qkv_size, width), dtype=dtype,
+                               device=device)
     conv_bias = torch.randn((mixed_qkv_size), dtype=dtype, device=device)
     A_log = torch.randn((local_num_v_heads), dtype=torch.float32, device=device)
     dt_bias = torch.randn((local_num_v_heads), dtype=dtype, device=device)
@@ -1280,11 +1084,10 @@ def test_causal_conv1d_conv_elems_oob_guard(dtype):
     non_spec_query_start_loc = torch.tensor([0, num_actual_tokens],
                                             dtype=torch.int32, device=device)
     has_initial_state = torch.tensor([True], dtype=torch.bool, device=device)
-    non_spec_state_indices_tensor = torch.tensor(
-        [0], dtype=torch.int32, device=device)
+    non_spec_state_indices_tensor = torch.tensor([0], dtype=torch.int32,
+                                                 device=device)
 
-    core_attn_out = torch.zeros(
-        (num_actual_tokens, local_num_v_heads, head_v_dim),
+    core_attn_out = torch.zeros((num_actual_tokens, local_num_v_heads, head_v_dim),
                                 dtype=dtype, device=device)
     z = torch.empty_like(core_attn_out)
 
@@ -1301,7 +1104,7 @@ def test_causal_conv1d_conv_elems_oob_guard(dtype):
         spec_query_start_loc=None, spec_token_indx=None,
         spec_state_indices_tensor=None, num_accepted_tokens=None,
         num_actual_tokens=num_actual_tokens, tp_size=tp_size,
-        reorder_input=False)
+        reorder_input=reorder_input)
 
     ref_core_attn_out = torch.zeros_like(core_attn_out)
     ref_z = torch.empty_like(core_attn_out)
@@ -1315,7 +1118,7 @@ def test_causal_conv1d_conv_elems_oob_guard(dtype):
         non_spec_query_start_loc=non_spec_query_start_loc,
         non_spec_state_indices_tensor=non_spec_state_indices_tensor,
         num_actual_tokens=num_actual_tokens, tp_size=tp_size,
-        reorder_input=False)
+        reorder_input=reorder_input)
 
     atol = rtol = 5e-2
     torch.testing.assert_close(z, ref_z, atol=atol, rtol=rtol)
