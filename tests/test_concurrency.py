@@ -158,7 +158,7 @@ def run_isolated(mode, count):
 # wrong results, then a segfault in gdn_conv_non_spec, when every call fetched a new sycl::kernel from
 # the cached bundle) showed up within ~100 rounds of 25 ms: 300 rounds make a regression reliable.
 OWN_QUEUE_ROUNDS, SHARED_QUEUE_ROUNDS = 300, 50
-# Before 0.2.23 a release freed the workspace a call was using: the child process died of heap
+# A release must not free the workspace a call is using: when it did, the child process died of heap
 # corruption within its first round (0.3 s) in every try; 10 rounds take ~6 s.
 RELEASE_ROUNDS = 10
 

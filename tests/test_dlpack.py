@@ -210,8 +210,8 @@ print("warmed up")
 
 
 def test_warmup_with_foreign_queue_forms():
-    """pygdn.warmup() with the queue as an int or a capsule (up to 0.2.22 the dpctl copy made of it
-    was freed before the C call: a segmentation fault). In a child process, so a crash fails here."""
+    """pygdn.warmup() with the queue as an int or a capsule: the dpctl copy made of it must live
+    through the C call (freed before it, the call faults). In a child process, so a crash fails here."""
     run = subprocess.run([sys.executable, "-c", WARMUP_WITH_QUEUE_FORMS], capture_output=True, text=True,
                          timeout=900, cwd=os.path.dirname(os.path.abspath(__file__)), env=dict(os.environ))
     assert run.returncode == 0 and "warmed up" in run.stdout, (run.returncode, run.stdout + run.stderr[-3000:])

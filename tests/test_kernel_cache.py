@@ -188,8 +188,8 @@ DAMAGE = {
     "wrong_version": lambda b: b[:8] + bytes([b[8] + 1]) + b[9:],  # the format field after the magic
     "flipped_byte": lambda b: b[:-100] + bytes([b[-100] ^ 0xFF]) + b[-99:],
     "empty": lambda b: b"",
-    # well-formed entries whose kernels cannot be made (up to 0.2.22 every call then failed with
-    # GDN_ERROR_INTERNAL, in every process, and the entry was never replaced)
+    # well-formed entries whose kernels cannot be made: a warning and a rebuild that replaces the
+    # entry, not GDN_ERROR_INTERNAL in every call of every process
     "kernel_not_in_binary": lambda b: with_kernel_list(b, lambda ks: [(n, native + b"_gone") for n, native in ks]),
     "no_kernels_listed": lambda b: with_kernel_list(b, lambda ks: []),
 }
@@ -214,8 +214,8 @@ def test_damaged_entries_are_replaced(filled, tmp_path, damage):
 
 def test_runtime_build_options_from_the_environment_get_their_own_entry(filled, tmp_path):
     # The SYCL runtime applies SYCL_PROGRAM_COMPILE_OPTIONS (and its APPEND / LINK twins) to the
-    # library's builds too: a binary built under them is another binary (up to 0.2.22 it was stored
-    # under, and loaded from, the same entry as the plain one).
+    # library's builds too: a binary built under them is another binary, stored under an entry of
+    # its own, not the plain one's.
     cache = copy_cache(filled, tmp_path)
     err = run(tmp_path, child_env(cache, SYCL_PROGRAM_COMPILE_OPTIONS="-cl-opt-disable"))
     assert COMPILED.findall(err) and not LOADED.findall(err), err
@@ -238,8 +238,8 @@ def test_unreadable_entry(filled, tmp_path):
 
 
 def test_fifo_in_place_of_an_entry(filled, tmp_path):
-    # Up to 0.2.22 opening it blocked the call for good; now a warning, a recompile, and the FIFO
-    # replaced by a good entry.
+    # Opening it must not block the call: a warning, a recompile, and the FIFO replaced by a good
+    # entry.
     cache = copy_cache(filled, tmp_path)
     names = []
     for f in entries(cache):
