@@ -8,8 +8,8 @@ same op on the same arrays, whose run() pays the C call, the kernels and the wai
 
 Decode steps of B = 1 and 8 sequences, H = 2, HV = 4, K = V = 128 (a small rank of Qwen3-Next: the
 host work does not depend on the head counts). Each round times `calls` calls of the glue, then of the
-prepared call, then of the glue with the prepared call's run() left out (pygdn.PreparedCall.run made
-a no-op for that loop): the host work the glue adds, alone. Reported are medians over rounds of wall
+prepared call, then of the glue with the prepared call's launch left out (the C call and the wait:
+pygdn.PreparedCall._launch made a no-op for that loop): the host work the glue adds, alone. Reported are medians over rounds of wall
 time and of the calling thread's CPU time per call; the CPU time is not charged for waiting or for
 being preempted, so it reads about the same on a busy host, where wall times do not. Glue minus
 prepared call, both with the kernels, is more than the host work alone: the SYCL CPU device runs
@@ -50,17 +50,17 @@ def _loop(fn, calls):
 def _rounds(glue, prepared, calls, rounds):
     """{"wall"|"cpu": {glue_us, prepared_us, added_us (median of the rounds' differences), host_us}}."""
     res = {"wall": ([], [], []), "cpu": ([], [], [])}
-    run = pygdn.PreparedCall.run
+    launch = pygdn.PreparedCall._launch
     for _ in range(rounds):
         for i, fn in enumerate((glue, prepared)):
             wall, cpu = _loop(fn, calls)
             res["wall"][i].append(wall)
             res["cpu"][i].append(cpu)
-        pygdn.PreparedCall.run = lambda self, wait=True: None
+        pygdn.PreparedCall._launch = lambda self, c_batch, c_t, wait: None
         try:
             wall, cpu = _loop(glue, calls)
         finally:
-            pygdn.PreparedCall.run = run
+            pygdn.PreparedCall._launch = launch
         res["wall"][2].append(wall)
         res["cpu"][2].append(cpu)
     out = {}
@@ -110,7 +110,8 @@ def dropin_case(torch, B, calls, rounds):
 
 
 def plugin_case(torch, B, calls, rounds):
-    """pygdn.vllm's per-layer path (step batch + rebind + run) against pygdn.prepare of the step."""
+    """pygdn.vllm's per-layer path (step batch, the step's arrays rebound and run) against pygdn.prepare of the
+    step."""
     bf = torch.bfloat16
     md = types.SimpleNamespace(num_actual_tokens=B, num_prefills=0, num_decodes=B, num_prefill_tokens=0,
                                num_decode_tokens=B, non_spec_query_start_loc=torch.arange(B + 1, dtype=torch.int32),
@@ -132,7 +133,7 @@ def plugin_case(torch, B, calls, rounds):
 
     def glue():
         batch = vllm._step_batch(md)
-        served.rebind(batch, mixed_qkv=mixed_qkv, a=a, b=b, core_attn_out=out).run()
+        served._run_step(batch, True, dict(mixed_qkv=mixed_qkv, a=a, b=b, core_attn_out=out))
 
     prepared = pygdn.prepare(pygdn.attention, q, cfg, vllm._step_batch(md), **weights, mixed_qkv=mixed_qkv, a=a, b=b,
                              core_attn_out=out)

@@ -158,16 +158,16 @@ def profile_pieces():
             return r
         return timed
 
-    def run(self, wait=True):  # PreparedCall.run, the C call and the wait timed apart
+    def launch(self, c_batch, c_t, wait):  # PreparedCall._launch, the C call and the wait timed apart
         t0 = time.perf_counter()
-        check(self._fn(self._q, self._c_cfg, self._c_batch, self._c_t))
+        check(self._fn(self._q, self._c_cfg, c_batch, c_t))
         t1 = time.perf_counter()
         if wait:
             self._queue.wait()
         pieces["C call"], pieces["wait"] = t1 - t0, time.perf_counter() - t1
     pv._step_batch = timing("step batch", pv._step_batch)
-    ops.PreparedCall.rebind = timing("rebind", ops.PreparedCall.rebind)
-    ops.PreparedCall.run = run
+    ops.PreparedCall._bind_step = timing("rebind", ops.PreparedCall._bind_step)  # (a step's arrays and batch)
+    ops.PreparedCall._launch = launch
     return pieces
 
 

@@ -241,10 +241,18 @@ def torch_layout(obj):
     anything but a strided torch tensor (_marshal.marshal_arrays keeps the layouts that passed; the
     conjugate bit is left out: only complex tensors have it, and no check passes those). Torch is
     not imported here: only a tensor of an imported torch is one."""
-    torch = _sys.modules.get("torch")
-    if torch is None or not isinstance(obj, torch.Tensor) or obj.layout is not torch.strided:
+    if not _TORCH:
+        torch = _sys.modules.get("torch")
+        if torch is None:
+            return None
+        _TORCH[:] = torch.Tensor, torch.strided
+    tensor, strided = _TORCH
+    if not isinstance(obj, tensor) or obj.layout is not strided:
         return None
     return obj.device, obj.dtype, obj.shape, obj.is_contiguous() or obj.stride(), obj.requires_grad, obj.is_neg()
+
+
+_TORCH = []  # torch.Tensor and torch.strided, once torch is imported (torch_layout)
 
 
 def queue_from_pointer(address):

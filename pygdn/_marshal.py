@@ -98,21 +98,23 @@ def marshal_arrays(fn, queue, cfg: Config, rows: int, arrays: dict, c_t, bound: 
     stride)), which may hold arrays checked before (a rebind, whose c_t keeps their stride fields):
     the stride fields of c_t are set from the arrays given. Returns whether every array given is a
     pygdn.UsmArray."""
-    reads_conv_out = fn is _lib.gdn_gated_delta_rule
     specs = cfg._tensor_specs(rows)
     fixed, given, checked = True, [], []
+    # (the per-step path of torch token arrays reads its names once: a serving loop's layers run it)
+    torch_layout, seen_before, row_strides, qid = _dlpack.torch_layout, TORCH_CHECKED.get, ROW_STRIDES, id(queue)
     for field, obj in arrays.items():
         if obj is None:
             continue
-        layout = _dlpack.torch_layout(obj) if field in ROW_STRIDES else None
+        layout = torch_layout(obj) if field in row_strides else None
         if layout is not None:
-            key = (id(queue), field, specs[field], layout)
-            seen = TORCH_CHECKED.get(key)
+            spec = specs[field]
+            key = (qid, field, spec, layout)
+            seen = seen_before(key)
             if seen is not None and seen[2] is queue:  # (held as it is: the tensor keeps its memory alive)
-                bound[field] = (obj, seen[0], seen[1], specs[field][2])
+                bound[field] = (obj, seen[0], seen[1], spec[2])
                 fixed = False
                 setattr(c_t, field, _cast(_VOIDP, obj.data_ptr()))
-                setattr(c_t, ROW_STRIDES[field], seen[3])
+                setattr(c_t, row_strides[field], seen[3])
                 continue
             checked.append((key, field))
         given.append(field)
@@ -121,7 +123,7 @@ def marshal_arrays(fn, queue, cfg: Config, rows: int, arrays: dict, c_t, bound: 
         if field.startswith("replay_") and not cfg.replay_tokens:
             raise ValueError(f"{field}: given, but cfg.replay_tokens = 0 (the per-token mode has no rings)")
         dtype, lead, inner = specs[field]
-        written = field in WRITTEN and not (reads_conv_out and field == "conv_out")
+        written = field in WRITTEN and not (field == "conv_out" and fn is _lib.gdn_gated_delta_rule)
         address, shape, got, hold, stride = view(obj, field, queue, written,
                                                   field in ROW_STRIDES or field in SLOT_STRIDES)
         if field == "workspace":
@@ -145,11 +147,12 @@ def marshal_arrays(fn, queue, cfg: Config, rows: int, arrays: dict, c_t, bound: 
         bound[field] = (hold, shape[0] if shape else 0, stride, inner)
         fixed = fixed and type(obj) is _UsmArray
         setattr(c_t, field, _ffi.cast(_VOIDP, address))
-    apply_strides(cfg, c_t, bound, given)
-    if checked and len(TORCH_CHECKED) >= 1024:
-        TORCH_CHECKED.clear()
-    for key, field in checked:
-        TORCH_CHECKED[key] = (*bound[field][1:3], queue, getattr(c_t, ROW_STRIDES[field]))
+    if given:  # (a rebind of torch token arrays whose layouts passed before gives none)
+        apply_strides(cfg, c_t, bound, given)
+        if checked and len(TORCH_CHECKED) >= 1024:
+            TORCH_CHECKED.clear()
+        for key, field in checked:
+            TORCH_CHECKED[key] = (*bound[field][1:3], queue, getattr(c_t, ROW_STRIDES[field]))
     return fixed
 
 

@@ -13,7 +13,7 @@ import typing as _t
 import numpy as _np
 
 from ._lib import ffi as _ffi, lib as _lib
-from ._c import (VOIDP as _VOIDP, BATCH_P as _BATCH_P, new as _new, choice as _choice, int32 as _int32)
+from ._c import (VOIDP as _VOIDP, BATCH_P as _BATCH_P, choice as _choice, int32 as _int32)
 from ._marshal import view as _view
 from ._usm import UsmArray as _UsmArray, as_queue as _as_queue
 
@@ -155,9 +155,9 @@ class Batch:
         same queue object: setting any field of the batch drops it (a serving loop's plain call
         saves ~1 us per array)."""
         views = self.__dict__.get("_views_cache")
-        if views is not None and views[0] is queue:
+        if views is not None and views[0] is queue:  # (the struct is read only: shared by the calls)
             keep.extend(views[2])
-            return _new(_BATCH_P, views[1][0])
+            return views[1]
         template, needs = self._counts_c()
         c = _ffi.new(_BATCH_P, template[0])  # a copy: the caller owns it (a PreparedCall keeps it)
         holds, fixed = [], True

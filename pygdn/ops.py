@@ -26,7 +26,7 @@ from ._marshal import (TENSORS_INIT as _TENSORS_INIT, marshal as _marshal, marsh
                        view as _view)
 from ._usm import as_queue as _as_queue
 from .batch import Batch, counts_only as _counts_only
-from .config import Config
+from .config import Config, _tensor_specs
 
 
 def _call(fn, queue, cfg: Config, batch: Batch, arrays: dict, wait: bool = True):
@@ -116,16 +116,22 @@ class PreparedCall:
     activations and metadata rebound).
     """
 
-    __slots__ = ("_fn", "_q", "_queue", "_cfg", "_c_cfg", "_c_batch", "_c_t", "_keep", "_bound", "_rows", "op_name")
+    __slots__ = ("_fn", "_q", "_queue", "_cfg", "_c_cfg", "_c_batch", "_c_t", "_keep", "_bound", "_rows",
+                 "_row_fields", "_scratch", "op_name")
 
     def __init__(self, fn, queue, cfg, structs, op_name=""):
         self._fn, self._queue, self._cfg, self.op_name = fn, queue, cfg, op_name
         self._c_cfg, self._c_batch, self._c_t, self._keep, self._bound = structs
         self._rows = int(self._c_batch.num_actual_tokens)
         self._q = _ffi.cast(_VOIDP, queue.addressof_ref())
+        self._row_fields = ()  # the bound arrays with a row per token (prepare() sets them)
+        self._scratch = None   # _run_step's gdn_tensors_t
 
     def run(self, wait: bool = True) -> None:
-        _check(self._fn(self._q, self._c_cfg, self._c_batch, self._c_t))
+        self._launch(self._c_batch, self._c_t, wait)
+
+    def _launch(self, c_batch, c_t, wait):
+        _check(self._fn(self._q, self._c_cfg, c_batch, c_t))
         if wait and not _lib.gdn_queue_recording(self._q):
             # The kernels run asynchronously; arrays nobody else keeps alive (a plain call's
             # temporaries) would be freed under them. wait=False relies on a living holder. (A
@@ -141,6 +147,33 @@ class PreparedCall:
         same address). Only arrays bound at prepare() can be rebound. The new batch and arrays get
         prepare()'s checks; a token array that stays bound must have rows for the new batch's
         num_actual_tokens. This object is unchanged (a call of it may still be running)."""
+        keep, bound, c_t = [], dict(self._bound), _new(_TENSORS_P, self._c_t[0])
+        c_batch, rows = self._bind_step(batch, arrays, keep, bound, c_t)
+        out = PreparedCall.__new__(PreparedCall)
+        out._fn, out._q, out._queue, out._cfg, out.op_name = self._fn, self._q, self._queue, self._cfg, self.op_name
+        # (keep: the batch's arrays; bound holds every array's, prepare() made sure of it)
+        out._c_cfg, out._c_batch, out._c_t, out._keep, out._bound, out._rows, out._row_fields = (
+            self._c_cfg, c_batch, c_t, keep, bound, rows, self._row_fields)
+        out._scratch = None
+        return out
+
+    def _run_step(self, batch, wait, arrays):
+        """rebind(batch, **arrays).run(wait) without making the new call: the step's tensors are written
+        into this call's scratch copy of its gdn_tensors_t. For pygdn's vLLM bindings, which run a
+        layer's steps one at a time on one thread, as the engine calls them (not thread-safe); the
+        step's arrays are the caller's to keep alive, as with a rebound call dropped after its run."""
+        c_t = self._scratch
+        if c_t is None:
+            c_t = self._scratch = _new(_TENSORS_P, self._c_t[0])
+        else:
+            c_t[0] = self._c_t[0]
+        keep = []  # (the batch's arrays: the batch holds them too)
+        c_batch, _ = self._bind_step(batch, arrays, keep, {}, c_t)
+        self._launch(c_batch, c_t, wait)
+
+    def _bind_step(self, batch, arrays, keep, bound, c_t):
+        """rebind's checks of batch and arrays, their addresses written into c_t and their entries into
+        bound (and the batch's arrays appended to keep): (the gdn_batch_t, the batch's rows)."""
         if not arrays.keys() <= self._bound.keys():
             unknown = sorted(arrays.keys() - self._bound.keys())
             raise TypeError(f"rebind: {', '.join(unknown)} not bound by this call (prepare() again to add arrays)")
@@ -148,26 +181,18 @@ class PreparedCall:
             if obj is None:
                 given = [f for f, obj in arrays.items() if obj is None]
                 raise TypeError(f"rebind: {', '.join(given)}=None (prepare() again to drop arrays)")
-        keep, rows, c_batch = [], self._rows, self._c_batch
+        rows, c_batch = self._rows, self._c_batch
         if batch is not None:
             c_batch = batch._to_c(self._queue, keep)
             rows = batch.num_actual_tokens
-        bound = dict(self._bound)
         if rows != self._rows:
-            specs = self._cfg._tensor_specs(rows)
-            for field in bound.keys() - arrays.keys():
-                entries = bound[field][1]
-                if entries < rows and specs[field][1] == rows:
+            for field in self._row_fields:
+                entries = self._bound[field][1]
+                if entries < rows and field not in arrays:
                     raise ValueError(f"{field}: bound with {entries} rows, the batch has num_actual_tokens={rows}: "
                                      "rebind it too")
-        c_t = _new(_TENSORS_P, self._c_t[0])
         _marshal_arrays(self._fn, self._queue, self._cfg, rows, arrays, c_t, bound)
-        keep.extend([entry[0] for entry in bound.values()])
-        out = PreparedCall.__new__(PreparedCall)
-        out._fn, out._q, out._queue, out._cfg, out.op_name = self._fn, self._q, self._queue, self._cfg, self.op_name
-        out._c_cfg, out._c_batch, out._c_t, out._keep, out._bound, out._rows = (self._c_cfg, c_batch, c_t, keep,
-                                                                               bound, rows)
-        return out
+        return c_batch, rows
 
     def __repr__(self):
         return f"<pygdn.PreparedCall {self.op_name}: {len(self._bound)} arrays bound>"
@@ -191,8 +216,19 @@ def prepare(op, queue, cfg: Config, batch: Batch, **arrays) -> PreparedCall:
     given = {k: v for k, v in bound.arguments.items() if k not in ("queue", "cfg", "batch")}
     queue = _as_queue(queue)
     fn = getattr(_lib, _C_FUNCTIONS[op])
+    c_cfg, c_batch, c_t, keep, bound = _marshal(fn, queue, cfg, batch, given)
+    # Every array's hold in bound, which a rebind keeps (arrays that the config's cache of a plain
+    # call's arrays vouched for come without one: given them here, in a copy of that cache's dict).
+    bound = {f: (given[f] if hold is None else hold, *rest) for f, (hold, *rest) in bound.items()}
     # (a copy of the config: rebind() checks against the values bound here)
-    return PreparedCall(fn, queue, _dc.replace(cfg), _marshal(fn, queue, cfg, batch, given), name)
+    call = PreparedCall(fn, queue, _dc.replace(cfg), (c_cfg, c_batch, c_t, keep, bound), name)
+    call._row_fields = tuple(f for f in bound if f in _row_arrays(cfg))
+    return call
+
+
+def _row_arrays(cfg: Config):
+    """The array arguments with a row per token: their leading dimension is the batch's rows."""
+    return {f for f, (_, lead, _) in _tensor_specs(cfg, -1).items() if lead == -1}
 
 
 def warmup(queue, cfg: Config) -> None:

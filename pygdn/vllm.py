@@ -10,7 +10,7 @@ of the SYCL CPU device:
   CPU device addresses: gdn_xpu.h "Host memory"): vLLM's one page per slot, conv state at byte 0 and
   SSM state after it, as two strided views of the same allocation;
 - each layer binds its weights, caches and config once, at its first step (pygdn.prepare); a step
-  rebinds only its activations, output and metadata (PreparedCall.rebind);
+  rebinds only its activations, output and metadata (rebind's checks, into the call's own structs);
 - activation and SSM state dtypes are the layer's: its weights' dtype, vLLM's SSM cache dtype;
 - the SSM memory is used as [HV, K, V] ("kv"), as vLLM's CPU kernels use it; l2norm eps 1e-5;
 - int64 or strided metadata (token indices, accepted counts, a block-table column) becomes int32
@@ -222,7 +222,7 @@ def gdn_attention_core(mixed_qkv, b, a, core_attn_out, layer_name) -> None:
         served = layer.__dict__["_pygdn"] = _Served(layer, dict(mixed_qkv=mixed_qkv, a=a, b=b,
                                                                 core_attn_out=core_attn_out))
         _announce()
-    served.call.rebind(batch, mixed_qkv=mixed_qkv, a=a, b=b, core_attn_out=core_attn_out).run()
+    served.call._run_step(batch, True, dict(mixed_qkv=mixed_qkv, a=a, b=b, core_attn_out=core_attn_out))
 
 
 def _announce() -> None:

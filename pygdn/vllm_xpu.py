@@ -139,10 +139,11 @@ def gdn_attention(core_attn_out, z, projected_states_qkvz, projected_states_ba, 
         q = _cpu_queue[0]
     else:
         q = _queue(projected_states_qkvz, queue)
-    # The layer: its tensors by identity (held by the entry, so never another's id) and address.
-    key = (id(q), id(conv_state), conv_state.data_ptr(), id(ssm_state), ssm_state.data_ptr(), conv_weights.data_ptr(),
-           conv_weights.shape, id(conv_bias), id(A_log), id(dt_bias), projected_states_qkvz.dtype, num_k_heads,
-           num_v_heads, head_k_dim, head_v_dim, activation, tp_size, reorder_input)
+    # The layer: its tensors by identity (held by the entry, so never another's id); the conv weights,
+    # which vLLM views anew at every call, by address and shape.
+    key = (id(q), id(conv_state), id(ssm_state), conv_weights.data_ptr(), conv_weights.shape, id(conv_bias), id(A_log),
+           id(dt_bias), projected_states_qkvz.dtype, num_k_heads, num_v_heads, head_k_dim, head_v_dim, activation,
+           tp_size, reorder_input)
     layer = _layers.get(key)
     if layer is None:
         call = _prepare(q, projected_states_qkvz, projected_states_ba, z, core_attn_out, conv_state, ssm_state,
@@ -162,5 +163,5 @@ def gdn_attention(core_attn_out, z, projected_states_qkvz, projected_states_ba, 
                                               has_initial_state, non_spec_query_start_loc, non_spec_token_indx,
                                               non_spec_state_indices_tensor, spec_query_start_loc, spec_token_indx,
                                               spec_state_indices_tensor, num_accepted_tokens), STEPS)
-    layer[0].rebind(batch, qkvz=projected_states_qkvz, ba=projected_states_ba, z_out=z,
-                    core_attn_out=core_attn_out).run(wait=layer[1])
+    layer[0]._run_step(batch, layer[1], dict(qkvz=projected_states_qkvz, ba=projected_states_ba, z_out=z,
+                                             core_attn_out=core_attn_out))

@@ -207,3 +207,29 @@ def test_rebind_errors(queue):
         first.rebind(b=usm(queue, np.zeros((2, HV), np.float32)))
     fewer = to_device(make_batch(rng, num_slots=SLOTS, num_decodes=2), queue)
     first.rebind(fewer).run()  # the bound token arrays have rows enough
+
+
+def test_a_rebound_call_holds_every_array_it_was_prepared_with(queue):
+    """A rebound call keeps every array it did not replace alive: with the caller's references and
+    the call it was rebound from gone, its arrays are still there and it still computes."""
+    import gc
+    import weakref
+    rng = np.random.default_rng(11)
+    loop = Loop(queue, rng)
+    x, a, b = loop.write_step(rng, loop.meta)
+    conv0, ssm0 = loop.states()
+    step = pygdn.prepare(pygdn.attention, queue, loop.cfg, loop.batch, **loop.d)
+    out = usm(queue, np.zeros((loop.T, HV, V), np.float32))
+    again = step.rebind(core_attn_out=out)
+    refs = {k: weakref.ref(v) for k, v in loop.d.items() if k != "core_attn_out"}  # (not rebound)
+    conv, ssm = loop.d["conv_state"], loop.d["ssm_state"]
+    del step
+    loop.d.clear()
+    gc.collect()
+    alive = {k for k, r in refs.items() if r() is not None}
+    assert alive == set(refs), f"arrays freed under the rebound call: {sorted(set(refs) - alive)}"
+    again.run()
+    want_o, _, _ = ref.gdn_attention(x, a, b, loop.w.astype(np.float64), loop.bias.astype(np.float64), loop.A_log,
+                                     loop.dt_bias, conv0, ssm0, loop.meta, H, HV, K, V, spec_layout="rolled")
+    assert_close(out.to_numpy().astype(np.float64), want_o, 2e-4, "core_attn_out of the rebound call")
+    del conv, ssm
