@@ -4,7 +4,6 @@ argument; the library checks every pointer again (USM of the queue's context, ex
 from __future__ import annotations
 
 import math as _math
-import typing as _t
 import weakref as _weakref
 
 from ._lib import ffi as _ffi, lib as _lib
@@ -12,10 +11,7 @@ from . import _dlpack
 from ._c import (VOIDP as _VOIDP, TENSORS_P as _TENSORS_P, cast as _cast, DTYPES as _DTYPES)
 from ._usm import (NUMPY_DTYPES as _NUMPY_DTYPES, UsmArray as _UsmArray, c_contiguous as _c_contiguous,
                    leading_stride as _leading_stride, usm_view as _usm_view)
-
-if _t.TYPE_CHECKING:  # (annotations only: config and batch import this module)
-    from .batch import Batch
-    from .config import Config
+from .config import Config
 
 
 def arrays_cached(cfg: Config, queue, rows: int, arrays: dict, keep: list):
@@ -69,10 +65,11 @@ ROW_STRIDES = {"mixed_qkv": "mixed_qkv_stride", "conv_out": "conv_out_stride", "
 SLOT_STRIDES = {"conv_state": "conv_slot_stride", "ssm_state": "ssm_slot_stride"}
 
 
-def marshal(fn, queue, cfg: Config, batch: Batch, arrays: dict):
-    """Check every argument of a call of C function fn and build the three C structs. Returns
-    (c_cfg, c_batch, c_tensors, keep, bound): keep holds every array object (and consumed DLPack
-    tensor), so their memory outlives the call; a DLPack tensor's deleter runs when keep is dropped.
+def marshal(fn, queue, cfg: Config, batch, arrays: dict):
+    """Check every argument of a call of C function fn (batch: a pygdn.Batch) and build the three C
+    structs. Returns (c_cfg, c_batch, c_tensors, keep, bound): keep holds every array object (and
+    consumed DLPack tensor), so their memory outlives the call; a DLPack tensor's deleter runs when
+    keep is dropped.
     bound: field -> (hold, entries, leading stride, dense stride) of each array (what rebinding needs)."""
     keep = []
     c_cfg = cfg._to_c(_dlpack.host_memory_ok(queue))

@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses as _dc
 
 from ._lib import ffi as _ffi, lib as _lib
-from ._c import (DTYPES as _DTYPES, SSM_LAYOUTS as _SSM_LAYOUTS, CONV_LAYOUTS as _CONV_LAYOUTS, CONV_SPEC as _CONV_SPEC, PACKED as _PACKED, GATE_MODES as _GATE_MODES, OUT_GATES as _OUT_GATES, choice as _choice, int32 as _int32, int64 as _int64, float_field as _float)
+from ._c import (DTYPES as _DTYPES, SSM_LAYOUTS as _SSM_LAYOUTS, CONV_LAYOUTS as _CONV_LAYOUTS,
+                 CONV_SPEC as _CONV_SPEC, PACKED as _PACKED, GATE_MODES as _GATE_MODES, OUT_GATES as _OUT_GATES,
+                 choice as _choice, int32 as _int32, int64 as _int64, float_field as _float)
 
 
 # What a Config derives from its fields and keeps until one of them changes (Config.__setattr__).
