@@ -16,11 +16,14 @@ What differs from theirs: device "cpu" for "xpu"; the op called is pygdn.vllm_xp
 the arguments of their torch.ops._xpu_C.gdn_attention call as they write them (the first eight by
 position, the rest by keyword, as vLLM calls it); where theirs calls the split ops
 (causal_conv1d_spec + gated_delta_rule_spec, the *_non_spec pair), this calls the fused op with the
-same arguments (the others None, as vLLM passes them); the parameter grids are cut to cases that
-cover both reorder_input values, f16 and bf16, an SSM state in f32 and in the activation dtype,
-non-spec / MTP / mixed batches, GQA 3, HV = 48, tp_size 2 and 4 and padded leading dims (their
-NUM_TOKENS' 8192 is left out: the float64-free torch reference walks it token by token). Needs torch
-(tests/setup_and_run.sh integration runs this file; the suite skips it without torch).
+same arguments (the others None, as vLLM passes them); the tensors their tests draw alike, the calls
+they write alike and the checks their MTP and mixed tests share are written once here
+(_layer_tensors, _dropin, _reference, _spec_reference, _check_outputs_and_spec_slots), with the same
+values and arguments, and their three single-prefill tests are one; the parameter grids are cut to
+cases that cover both reorder_input values, f16 and bf16, an SSM state in f32 and in the activation
+dtype, non-spec / MTP / mixed batches, GQA 3, HV = 48, tp_size 2 and 4 and padded leading dims
+(their NUM_TOKENS' 8192 is left out: the float64-free torch reference walks it token by token).
+Needs torch (tests/setup_and_run.sh integration runs this file; the suite skips it without torch).
 """
 
 import math
@@ -403,6 +406,63 @@ def ref_gdn_attention_spec(
 
 
 # ----------------------------------------------------------------------------- their tests, ported
+def _layer_tensors(tokens, num_k_heads, num_v_heads, head_k_dim, head_v_dim, width, tp_size, cache_batch_size,
+                   dtype, ssm_state_dtype, has_bias, device):
+    """Their tests' projections, caches (with the reference's copies) and layer parameters, drawn in
+    their order: (projected_states_qkvz, projected_states_ba, conv_state, ref_conv_state, ssm_state,
+    ref_ssm_state, conv_weights, conv_bias, A_log, dt_bias)."""
+    mixed_qkvz_size = num_k_heads // tp_size * (
+        2 * head_k_dim + 2 * head_v_dim * num_v_heads // num_k_heads)
+    mixed_ba_size = num_k_heads // tp_size * (2 * num_v_heads // num_k_heads)
+    mixed_qkv_size = num_k_heads // tp_size * (
+        2 * head_k_dim + head_v_dim * num_v_heads // num_k_heads)
+    projected_states_qkvz = torch.randn((tokens, mixed_qkvz_size), dtype=dtype, device=device)
+    projected_states_ba = torch.randn((tokens, mixed_ba_size), dtype=dtype, device=device)
+    conv_state = torch.randn((cache_batch_size, width - 1, mixed_qkv_size), dtype=dtype, device=device)
+    ssm_state = torch.randn((cache_batch_size, num_v_heads // tp_size, head_v_dim, head_k_dim),
+                            dtype=ssm_state_dtype, device=device)
+    conv_weights = torch.randn((mixed_qkv_size, width), dtype=dtype, device=device)
+    conv_bias = torch.randn((mixed_qkv_size), dtype=dtype, device=device) if has_bias else None
+    A_log = torch.randn((num_v_heads // tp_size), dtype=torch.float32, device=device)
+    dt_bias = torch.randn((num_v_heads // tp_size), dtype=dtype, device=device)
+    return (projected_states_qkvz, projected_states_ba, conv_state, conv_state.clone(), ssm_state, ssm_state.clone(),
+            conv_weights, conv_bias, A_log, dt_bias)
+
+
+# Their torch.ops._xpu_C.gdn_attention calls pass these by keyword, in this order (the first
+# eight by position); and their ref_gdn_attention calls these.
+_DROPIN_KWARGS = ("conv_state", "ssm_state", "conv_weights", "conv_bias", "activation", "A_log", "dt_bias",
+                  "num_prefills", "num_decodes", "num_spec_decodes", "has_initial_state",
+                  "non_spec_query_start_loc", "non_spec_token_indx", "non_spec_state_indices_tensor",
+                  "spec_query_start_loc", "spec_token_indx", "spec_state_indices_tensor", "num_accepted_tokens",
+                  "num_actual_tokens", "tp_size", "reorder_input")
+_REFERENCE_KWARGS = ("conv_weights", "conv_bias", "activation", "A_log", "dt_bias", "num_prefills", "num_decodes",
+                     "has_initial_state", "non_spec_query_start_loc", "non_spec_state_indices_tensor",
+                     "num_actual_tokens", "tp_size", "reorder_input")
+# What their calls of a batch without spec sequences, or of spec sequences only, pass for the other group
+_NON_SPEC_ONLY = dict(num_spec_decodes=0, non_spec_token_indx=None, spec_query_start_loc=None, spec_token_indx=None,
+                      spec_state_indices_tensor=None, num_accepted_tokens=None)
+_SPEC_ONLY = dict(num_prefills=0, num_decodes=0, has_initial_state=None, non_spec_query_start_loc=None,
+                  non_spec_token_indx=None, non_spec_state_indices_tensor=None)
+
+
+def _dropin(core_attn_out, z, projected_states_qkvz, projected_states_ba, v, **given):
+    """pygdn.vllm_xpu.gdn_attention called as their tests call torch.ops._xpu_C.gdn_attention: the
+    first eight arguments by position, the rest by keyword, each the test's variable of that name
+    (v: its locals, or its argument dict) unless given."""
+    vllm_xpu.gdn_attention(core_attn_out, z, projected_states_qkvz, projected_states_ba, v["num_k_heads"],
+                           v["num_v_heads"], v["head_k_dim"], v["head_v_dim"],
+                           **{k: given[k] if k in given else v[k] for k in _DROPIN_KWARGS})
+
+
+def _reference(ref_core_attn_out, ref_z, projected_states_qkvz, projected_states_ba, v, **given):
+    """ref_gdn_attention as their tests call it: on the reference's copies of the caches
+    (ref_conv_state, ref_ssm_state), the other arguments the test's variables unless given."""
+    ref_gdn_attention(ref_core_attn_out, ref_z, projected_states_qkvz, projected_states_ba, v["num_k_heads"],
+                      v["num_v_heads"], v["head_k_dim"], v["head_v_dim"], conv_state=v["ref_conv_state"],
+                      ssm_state=v["ref_ssm_state"], **{k: given[k] if k in given else v[k] for k in _REFERENCE_KWARGS})
+
+
 def _tc(val):
     return repr(val).split(".")[1] if isinstance(val, torch.dtype) else str(val)
 
@@ -445,40 +505,9 @@ def test_gdn_attention_legacy(num_actual_tokens, tp_size, has_bias, mode, reorde
     num_decodes = batch_size - num_prefills
     cache_batch_size = 200
 
-    mixed_qkvz_size = num_k_heads // tp_size * (
-        2 * head_k_dim + 2 * head_v_dim * num_v_heads // num_k_heads)
-    mixed_ba_size = num_k_heads // tp_size * (2 * num_v_heads // num_k_heads)
-
-    projected_states_qkvz = torch.randn((num_actual_tokens, mixed_qkvz_size),
-                                        dtype=dtype,
-                                        device=device)
-    projected_states_ba = torch.randn((num_actual_tokens, mixed_ba_size),
-                                      dtype=dtype,
-                                      device=device)
-
-    mixed_qkv_size = num_k_heads // tp_size * (
-        2 * head_k_dim + head_v_dim * num_v_heads // num_k_heads)
-    conv_state = torch.randn((cache_batch_size, width - 1, mixed_qkv_size),
-                             dtype=dtype,
-                             device=device)
-    ref_conv_state = conv_state.clone()
-    ssm_state = torch.randn(
-        (cache_batch_size, num_v_heads // tp_size, head_v_dim, head_k_dim),
-        dtype=ssm_state_dtype,
-        device=device)
-    ref_ssm_state = ssm_state.clone()
-
-    conv_weights = torch.randn((mixed_qkv_size, width),
-                               dtype=dtype,
-                               device=device)
-    conv_bias = None
-    if has_bias:
-        conv_bias = torch.randn((mixed_qkv_size), dtype=dtype, device=device)
-
-    A_log = torch.randn((num_v_heads // tp_size),
-                        dtype=torch.float32,
-                        device=device)
-    dt_bias = torch.randn((num_v_heads // tp_size), dtype=dtype, device=device)
+    (projected_states_qkvz, projected_states_ba, conv_state, ref_conv_state, ssm_state, ref_ssm_state, conv_weights,
+     conv_bias, A_log, dt_bias) = _layer_tensors(num_actual_tokens, num_k_heads, num_v_heads, head_k_dim, head_v_dim, width, tp_size,
+                                                 cache_batch_size, dtype, ssm_state_dtype, has_bias, device)
 
     prefill_batches = simple_random_distribute(num_actual_tokens - num_decodes,
                                                batch_size - num_decodes)
@@ -503,65 +532,12 @@ def test_gdn_attention_legacy(num_actual_tokens, tp_size, has_bias, mode, reorde
     )
     z = torch.empty_like(core_attn_out)
 
-    vllm_xpu.gdn_attention(
-        core_attn_out,
-        z,
-        projected_states_qkvz,
-        projected_states_ba,
-        num_k_heads,
-        num_v_heads,
-        head_k_dim,
-        head_v_dim,
-        conv_state=conv_state,
-        ssm_state=ssm_state,
-        conv_weights=conv_weights,
-        conv_bias=conv_bias,
-        activation=activation,
-        A_log=A_log,
-        dt_bias=dt_bias,
-        num_prefills=num_prefills,
-        num_decodes=num_decodes,
-        num_spec_decodes=0,
-        has_initial_state=has_initial_state,
-        non_spec_query_start_loc=non_spec_query_start_loc,
-        non_spec_token_indx=None,
-        non_spec_state_indices_tensor=non_spec_state_indices_tensor,
-        spec_query_start_loc=None,
-        spec_token_indx=None,
-        spec_state_indices_tensor=None,
-        num_accepted_tokens=None,
-        num_actual_tokens=num_actual_tokens,
-        tp_size=tp_size,
-        reorder_input=reorder_input)
+    _dropin(core_attn_out, z, projected_states_qkvz, projected_states_ba, locals(), **_NON_SPEC_ONLY)
 
     ref_core_attn_out = torch.zeros_like(core_attn_out)
     ref_z = torch.empty_like(core_attn_out)
 
-    ref_gdn_attention(
-        ref_core_attn_out,
-        ref_z,
-        projected_states_qkvz,
-        projected_states_ba,
-        num_k_heads,
-        num_v_heads,
-        head_k_dim,
-        head_v_dim,
-        conv_state=ref_conv_state,
-        ssm_state=ref_ssm_state,
-        conv_weights=conv_weights,
-        conv_bias=conv_bias,
-        activation=activation,
-        A_log=A_log,
-        dt_bias=dt_bias,
-        num_prefills=num_prefills,
-        num_decodes=num_decodes,
-        has_initial_state=has_initial_state,
-        non_spec_query_start_loc=non_spec_query_start_loc,
-        non_spec_state_indices_tensor=non_spec_state_indices_tensor,
-        num_actual_tokens=num_actual_tokens,
-        tp_size=tp_size,
-        reorder_input=reorder_input,
-    )
+    _reference(ref_core_attn_out, ref_z, projected_states_qkvz, projected_states_ba, locals())
 
     atol = 5e-2
     rtol = 5e-2
@@ -592,6 +568,65 @@ MTP_CASES = [
 ]
 
 
+def _spec_reference(ref_core_attn_out, ref_z, v):
+    """Their spec reference as the MTP and mixed tests call it, on the test's tensors (v: its locals)."""
+    ref_gdn_attention_spec(
+        ref_core_attn_out,
+        ref_z,
+        v["projected_states_qkvz"],
+        v["projected_states_ba"],
+        v["num_k_heads"],
+        v["num_v_heads"],
+        v["head_k_dim"],
+        v["head_v_dim"],
+        conv_state=v["ref_conv_state"],
+        ssm_state=v["ref_ssm_state"],
+        conv_weights=v["conv_weights"],
+        conv_bias=v["conv_bias"],
+        activation=v["activation"],
+        A_log=v["A_log"],
+        dt_bias=v["dt_bias"],
+        num_spec_decodes=v["num_spec_decodes"],
+        spec_query_start_loc=v["spec_query_start_loc"],
+        spec_token_indx=v["spec_token_indx"],
+        spec_state_indices_tensor=v["spec_state_indices_tensor"],
+        num_accepted_tokens=v["num_accepted_tokens"],
+        num_actual_tokens=v["num_actual_tokens"],
+        tp_size=v["tp_size"],
+        reorder_input=v["reorder_input"],
+    )
+
+
+def _check_outputs_and_spec_slots(core_attn_out, z, ref_core_attn_out, ref_z, v):
+    """Their checks of the MTP and mixed tests: outputs, then each spec sequence's final conv slot
+    (column K-1) and all K per-step SSM slots (v: the test's locals)."""
+    atol = 5e-2
+    rtol = 5e-2
+
+    torch.testing.assert_close(z, ref_z, atol=atol, rtol=rtol)
+    torch.testing.assert_close(core_attn_out,
+                               ref_core_attn_out,
+                               atol=atol,
+                               rtol=rtol,
+                               equal_nan=True)
+
+    conv_state, ref_conv_state, ssm_state, ref_ssm_state = (v["conv_state"], v["ref_conv_state"], v["ssm_state"],
+                                                            v["ref_ssm_state"])
+    spec_state_indices_tensor, K = v["spec_state_indices_tensor"], v["K"]
+    for n in range(v["num_spec_decodes"]):
+        final_slot = int(spec_state_indices_tensor[n, K - 1].item())
+        torch.testing.assert_close(conv_state[final_slot],
+                                   ref_conv_state[final_slot],
+                                   atol=atol,
+                                   rtol=rtol)
+        for t in range(K):
+            slot = int(spec_state_indices_tensor[n, t].item())
+            torch.testing.assert_close(ssm_state[slot],
+                                       ref_ssm_state[slot],
+                                       atol=atol,
+                                       rtol=rtol)
+
+
 @pytest.mark.parametrize("num_spec_decodes,num_spec_tokens,has_bias,reorder_input,dtype,ssm_state_is_fp32",
                          MTP_CASES, ids=["-".join(map(_tc, c)) for c in MTP_CASES])
 @torch.inference_mode()
@@ -611,43 +646,9 @@ def test_gdn_attention_mtp(num_spec_decodes, num_spec_tokens, has_bias, reorder_
     num_actual_tokens = num_spec_decodes * K
     cache_batch_size = 200
 
-    mixed_qkvz_size = num_k_heads // tp_size * (
-        2 * head_k_dim + 2 * head_v_dim * num_v_heads // num_k_heads)
-    mixed_ba_size = num_k_heads // tp_size * (2 * num_v_heads // num_k_heads)
-    mixed_qkv_size = num_k_heads // tp_size * (
-        2 * head_k_dim + head_v_dim * num_v_heads // num_k_heads)
-
-    projected_states_qkvz = torch.randn(num_actual_tokens,
-                                        mixed_qkvz_size,
-                                        dtype=dtype,
-                                        device=device)
-    projected_states_ba = torch.randn(num_actual_tokens,
-                                      mixed_ba_size,
-                                      dtype=dtype,
-                                      device=device)
-    conv_state = torch.randn(cache_batch_size,
-                             width - 1,
-                             mixed_qkv_size,
-                             dtype=dtype,
-                             device=device)
-    ref_conv_state = conv_state.clone()
-    ssm_state = torch.randn(cache_batch_size,
-                            num_v_heads // tp_size,
-                            head_v_dim,
-                            head_k_dim,
-                            dtype=ssm_state_dtype,
-                            device=device)
-    ref_ssm_state = ssm_state.clone()
-    conv_weights = torch.randn(mixed_qkv_size,
-                               width,
-                               dtype=dtype,
-                               device=device)
-    conv_bias = (torch.randn(mixed_qkv_size, dtype=dtype, device=device)
-                 if has_bias else None)
-    A_log = torch.randn(num_v_heads // tp_size,
-                        dtype=torch.float32,
-                        device=device)
-    dt_bias = torch.randn(num_v_heads // tp_size, dtype=dtype, device=device)
+    (projected_states_qkvz, projected_states_ba, conv_state, ref_conv_state, ssm_state, ref_ssm_state, conv_weights,
+     conv_bias, A_log, dt_bias) = _layer_tensors(num_actual_tokens, num_k_heads, num_v_heads, head_k_dim, head_v_dim, width, tp_size,
+                                                 cache_batch_size, dtype, ssm_state_dtype, has_bias, device)
 
     # Each spec seq owns K consecutive cache slots (cols 0..K-1).
     state_slots = random.sample(range(cache_batch_size), num_spec_decodes * K)
@@ -675,89 +676,12 @@ def test_gdn_attention_mtp(num_spec_decodes, num_spec_tokens, has_bias, reorder_
     z = torch.zeros_like(core_attn_out)
 
     # (theirs: causal_conv1d_spec then gated_delta_rule_spec with these arguments)
-    vllm_xpu.gdn_attention(
-        core_attn_out,
-        z,
-        projected_states_qkvz,
-        projected_states_ba,
-        num_k_heads,
-        num_v_heads,
-        head_k_dim,
-        head_v_dim,
-        conv_state=conv_state,
-        ssm_state=ssm_state,
-        conv_weights=conv_weights,
-        conv_bias=conv_bias,
-        activation=activation,
-        A_log=A_log,
-        dt_bias=dt_bias,
-        num_prefills=0,
-        num_decodes=0,
-        num_spec_decodes=num_spec_decodes,
-        has_initial_state=None,
-        non_spec_query_start_loc=None,
-        non_spec_token_indx=None,
-        non_spec_state_indices_tensor=None,
-        spec_query_start_loc=spec_query_start_loc,
-        spec_token_indx=spec_token_indx,
-        spec_state_indices_tensor=spec_state_indices_tensor,
-        num_accepted_tokens=num_accepted_tokens,
-        num_actual_tokens=num_actual_tokens,
-        tp_size=tp_size,
-        reorder_input=reorder_input)
+    _dropin(core_attn_out, z, projected_states_qkvz, projected_states_ba, locals(), **_SPEC_ONLY)
 
     ref_core_attn_out = torch.zeros_like(core_attn_out)
     ref_z = torch.zeros_like(core_attn_out)
-    ref_gdn_attention_spec(
-        ref_core_attn_out,
-        ref_z,
-        projected_states_qkvz,
-        projected_states_ba,
-        num_k_heads,
-        num_v_heads,
-        head_k_dim,
-        head_v_dim,
-        conv_state=ref_conv_state,
-        ssm_state=ref_ssm_state,
-        conv_weights=conv_weights,
-        conv_bias=conv_bias,
-        activation=activation,
-        A_log=A_log,
-        dt_bias=dt_bias,
-        num_spec_decodes=num_spec_decodes,
-        spec_query_start_loc=spec_query_start_loc,
-        spec_token_indx=spec_token_indx,
-        spec_state_indices_tensor=spec_state_indices_tensor,
-        num_accepted_tokens=num_accepted_tokens,
-        num_actual_tokens=num_actual_tokens,
-        tp_size=tp_size,
-        reorder_input=reorder_input,
-    )
-
-    atol = 5e-2
-    rtol = 5e-2
-
-    torch.testing.assert_close(z, ref_z, atol=atol, rtol=rtol)
-    torch.testing.assert_close(core_attn_out,
-                               ref_core_attn_out,
-                               atol=atol,
-                               rtol=rtol,
-                               equal_nan=True)
-
-    # Final conv-state slot per seq (col K-1) must match the reference.
-    for n in range(num_spec_decodes):
-        final_slot = int(spec_state_indices_tensor[n, K - 1].item())
-        torch.testing.assert_close(conv_state[final_slot],
-                                   ref_conv_state[final_slot],
-                                   atol=atol,
-                                   rtol=rtol)
-        # All K ssm-state slots are written per-step.
-        for t in range(K):
-            slot = int(spec_state_indices_tensor[n, t].item())
-            torch.testing.assert_close(ssm_state[slot],
-                                       ref_ssm_state[slot],
-                                       atol=atol,
-                                       rtol=rtol)
+    _spec_reference(ref_core_attn_out, ref_z, locals())
+    _check_outputs_and_spec_slots(core_attn_out, z, ref_core_attn_out, ref_z, locals())
 
 
 # (num_spec_decodes, num_spec_tokens, non_spec_num_tokens, has_bias, mode, reorder_input, dtype, ssm_state_is_fp32)
@@ -814,40 +738,9 @@ def test_gdn_attention_mixed_spec_non_spec(num_spec_decodes, num_spec_tokens, no
     num_actual_tokens = non_spec_token + spec_token
     cache_batch_size = 400
 
-    mixed_qkvz_size = num_k_heads // tp_size * (
-        2 * head_k_dim + 2 * head_v_dim * num_v_heads // num_k_heads)
-    mixed_ba_size = num_k_heads // tp_size * (2 * num_v_heads // num_k_heads)
-    mixed_qkv_size = num_k_heads // tp_size * (
-        2 * head_k_dim + head_v_dim * num_v_heads // num_k_heads)
-
-    projected_states_qkvz = torch.randn((num_actual_tokens, mixed_qkvz_size),
-                                        dtype=dtype,
-                                        device=device)
-    projected_states_ba = torch.randn((num_actual_tokens, mixed_ba_size),
-                                      dtype=dtype,
-                                      device=device)
-
-    conv_state = torch.randn((cache_batch_size, width - 1, mixed_qkv_size),
-                             dtype=dtype,
-                             device=device)
-    ref_conv_state = conv_state.clone()
-    ssm_state = torch.randn(
-        (cache_batch_size, num_v_heads // tp_size, head_v_dim, head_k_dim),
-        dtype=ssm_state_dtype,
-        device=device)
-    ref_ssm_state = ssm_state.clone()
-
-    conv_weights = torch.randn((mixed_qkv_size, width),
-                               dtype=dtype,
-                               device=device)
-    conv_bias = None
-    if has_bias:
-        conv_bias = torch.randn((mixed_qkv_size), dtype=dtype, device=device)
-
-    A_log = torch.randn((num_v_heads // tp_size),
-                        dtype=torch.float32,
-                        device=device)
-    dt_bias = torch.randn((num_v_heads // tp_size), dtype=dtype, device=device)
+    (projected_states_qkvz, projected_states_ba, conv_state, ref_conv_state, ssm_state, ref_ssm_state, conv_weights,
+     conv_bias, A_log, dt_bias) = _layer_tensors(num_actual_tokens, num_k_heads, num_v_heads, head_k_dim, head_v_dim, width, tp_size,
+                                                 cache_batch_size, dtype, ssm_state_dtype, has_bias, device)
 
     # ---- disjoint cache slots for the two groups ----
     all_slots = random.sample(range(cache_batch_size),
@@ -899,36 +792,7 @@ def test_gdn_attention_mixed_spec_non_spec(num_spec_decodes, num_spec_tokens, no
     )
     z = torch.zeros_like(core_attn_out)
 
-    vllm_xpu.gdn_attention(
-        core_attn_out,
-        z,
-        projected_states_qkvz,
-        projected_states_ba,
-        num_k_heads,
-        num_v_heads,
-        head_k_dim,
-        head_v_dim,
-        conv_state=conv_state,
-        ssm_state=ssm_state,
-        conv_weights=conv_weights,
-        conv_bias=conv_bias,
-        activation=activation,
-        A_log=A_log,
-        dt_bias=dt_bias,
-        num_prefills=num_prefills,
-        num_decodes=num_decodes,
-        num_spec_decodes=num_spec_decodes,
-        has_initial_state=has_initial_state,
-        non_spec_query_start_loc=non_spec_query_start_loc,
-        non_spec_token_indx=non_spec_token_indx,
-        non_spec_state_indices_tensor=non_spec_state_indices_tensor,
-        spec_query_start_loc=spec_query_start_loc,
-        spec_token_indx=spec_token_indx,
-        spec_state_indices_tensor=spec_state_indices_tensor,
-        num_accepted_tokens=num_accepted_tokens,
-        num_actual_tokens=num_actual_tokens,
-        tp_size=tp_size,
-        reorder_input=reorder_input)
+    _dropin(core_attn_out, z, projected_states_qkvz, projected_states_ba, locals())
 
     # ---- reference: run non-spec ref on the leading segment and spec ref on
     # the trailing segment, into a shared reference buffer ----
@@ -936,70 +800,16 @@ def test_gdn_attention_mixed_spec_non_spec(num_spec_decodes, num_spec_tokens, no
     ref_z = torch.zeros_like(core_attn_out)
 
     # Non-spec reference consumes only the leading [0, non_spec_token) rows.
-    ref_gdn_attention(
-        ref_core_attn_out[:non_spec_token],
-        ref_z[:non_spec_token],
-        projected_states_qkvz[:non_spec_token].contiguous(),
-        projected_states_ba[:non_spec_token].contiguous(),
-        num_k_heads,
-        num_v_heads,
-        head_k_dim,
-        head_v_dim,
-        conv_state=ref_conv_state,
-        ssm_state=ref_ssm_state,
-        conv_weights=conv_weights,
-        conv_bias=conv_bias,
-        activation=activation,
-        A_log=A_log,
-        dt_bias=dt_bias,
-        num_prefills=num_prefills,
-        num_decodes=num_decodes,
-        has_initial_state=has_initial_state,
-        non_spec_query_start_loc=non_spec_query_start_loc,
-        non_spec_state_indices_tensor=non_spec_state_indices_tensor,
-        num_actual_tokens=non_spec_token,
-        tp_size=tp_size,
-        reorder_input=reorder_input,
-    )
+    _reference(ref_core_attn_out[:non_spec_token], ref_z[:non_spec_token],
+               projected_states_qkvz[:non_spec_token].contiguous(), projected_states_ba[:non_spec_token].contiguous(),
+               locals(), num_actual_tokens=non_spec_token)
 
     # Spec reference scatters through spec_token_indx (trailing rows).
-    ref_gdn_attention_spec(
-        ref_core_attn_out,
-        ref_z,
-        projected_states_qkvz,
-        projected_states_ba,
-        num_k_heads,
-        num_v_heads,
-        head_k_dim,
-        head_v_dim,
-        conv_state=ref_conv_state,
-        ssm_state=ref_ssm_state,
-        conv_weights=conv_weights,
-        conv_bias=conv_bias,
-        activation=activation,
-        A_log=A_log,
-        dt_bias=dt_bias,
-        num_spec_decodes=num_spec_decodes,
-        spec_query_start_loc=spec_query_start_loc,
-        spec_token_indx=spec_token_indx,
-        spec_state_indices_tensor=spec_state_indices_tensor,
-        num_accepted_tokens=num_accepted_tokens,
-        num_actual_tokens=num_actual_tokens,
-        tp_size=tp_size,
-        reorder_input=reorder_input,
-    )
-
-    atol = 5e-2
-    rtol = 5e-2
-
-    torch.testing.assert_close(z, ref_z, atol=atol, rtol=rtol)
-    torch.testing.assert_close(core_attn_out,
-                               ref_core_attn_out,
-                               atol=atol,
-                               rtol=rtol,
-                               equal_nan=True)
+    _spec_reference(ref_core_attn_out, ref_z, locals())
+    _check_outputs_and_spec_slots(core_attn_out, z, ref_core_attn_out, ref_z, locals())
 
     # non-spec conv/ssm cache slots.
+    atol = rtol = 5e-2
     for i in range(non_spec_batch):
         slot = non_spec_state_indices_tensor[i]
         torch.testing.assert_close(conv_state[slot],
@@ -1010,20 +820,6 @@ def test_gdn_attention_mixed_spec_non_spec(num_spec_decodes, num_spec_tokens, no
                                    ref_ssm_state[slot],
                                    atol=atol,
                                    rtol=rtol)
-
-    # spec conv (final slot) / ssm (all K per-step slots) cache checks.
-    for n in range(num_spec_decodes):
-        final_slot = int(spec_state_indices_tensor[n, K - 1].item())
-        torch.testing.assert_close(conv_state[final_slot],
-                                   ref_conv_state[final_slot],
-                                   atol=atol,
-                                   rtol=rtol)
-        for t in range(K):
-            slot = int(spec_state_indices_tensor[n, t].item())
-            torch.testing.assert_close(ssm_state[slot],
-                                       ref_ssm_state[slot],
-                                       atol=atol,
-                                       rtol=rtol)
 
 
 # Three single-prefill cases of theirs with one body (their three tests differ in the shapes only):
@@ -1058,28 +854,9 @@ def test_gdn_attention_single_prefill(case, reorder_input, dtype):
     num_prefills, num_decodes = 1, 0
     cache_batch_size = 4
 
-    mixed_qkvz_size = local_num_k_heads * (
-        2 * head_k_dim + 2 * head_v_dim * local_num_v_heads // local_num_k_heads)
-    mixed_ba_size = local_num_k_heads * (2 * local_num_v_heads // local_num_k_heads)
-    mixed_qkv_size = local_num_k_heads * (
-        2 * head_k_dim + head_v_dim * local_num_v_heads // local_num_k_heads)
-
-    projected_states_qkvz = torch.randn((num_actual_tokens, mixed_qkvz_size),
-                                        dtype=dtype, device=device)
-    projected_states_ba = torch.randn((num_actual_tokens, mixed_ba_size),
-                                      dtype=dtype, device=device)
-    conv_state = torch.randn((cache_batch_size, width - 1, mixed_qkv_size),
-                             dtype=dtype, device=device)
-    ref_conv_state = conv_state.clone()
-    ssm_state = torch.randn(
-        (cache_batch_size, local_num_v_heads, head_v_dim, head_k_dim),
-        dtype=dtype, device=device)
-    ref_ssm_state = ssm_state.clone()
-    conv_weights = torch.randn((mixed_qkv_size, width), dtype=dtype,
-                               device=device)
-    conv_bias = torch.randn((mixed_qkv_size), dtype=dtype, device=device)
-    A_log = torch.randn((local_num_v_heads), dtype=torch.float32, device=device)
-    dt_bias = torch.randn((local_num_v_heads), dtype=dtype, device=device)
+    (projected_states_qkvz, projected_states_ba, conv_state, ref_conv_state, ssm_state, ref_ssm_state, conv_weights,
+     conv_bias, A_log, dt_bias) = _layer_tensors(num_actual_tokens, num_k_heads, num_v_heads, head_k_dim, head_v_dim, width, tp_size,
+                                                 cache_batch_size, dtype, dtype, True, device)
 
     non_spec_query_start_loc = torch.tensor([0, num_actual_tokens],
                                             dtype=torch.int32, device=device)
@@ -1091,34 +868,11 @@ def test_gdn_attention_single_prefill(case, reorder_input, dtype):
                                 dtype=dtype, device=device)
     z = torch.empty_like(core_attn_out)
 
-    vllm_xpu.gdn_attention(
-        core_attn_out, z, projected_states_qkvz, projected_states_ba,
-        num_k_heads, num_v_heads, head_k_dim, head_v_dim,
-        conv_state=conv_state, ssm_state=ssm_state, conv_weights=conv_weights,
-        conv_bias=conv_bias, activation=activation, A_log=A_log,
-        dt_bias=dt_bias, num_prefills=num_prefills, num_decodes=num_decodes,
-        num_spec_decodes=0, has_initial_state=has_initial_state,
-        non_spec_query_start_loc=non_spec_query_start_loc,
-        non_spec_token_indx=None,
-        non_spec_state_indices_tensor=non_spec_state_indices_tensor,
-        spec_query_start_loc=None, spec_token_indx=None,
-        spec_state_indices_tensor=None, num_accepted_tokens=None,
-        num_actual_tokens=num_actual_tokens, tp_size=tp_size,
-        reorder_input=reorder_input)
+    _dropin(core_attn_out, z, projected_states_qkvz, projected_states_ba, locals(), **_NON_SPEC_ONLY)
 
     ref_core_attn_out = torch.zeros_like(core_attn_out)
     ref_z = torch.empty_like(core_attn_out)
-    ref_gdn_attention(
-        ref_core_attn_out, ref_z, projected_states_qkvz, projected_states_ba,
-        num_k_heads, num_v_heads, head_k_dim, head_v_dim,
-        conv_state=ref_conv_state, ssm_state=ref_ssm_state,
-        conv_weights=conv_weights, conv_bias=conv_bias, activation=activation,
-        A_log=A_log, dt_bias=dt_bias, num_prefills=num_prefills,
-        num_decodes=num_decodes, has_initial_state=has_initial_state,
-        non_spec_query_start_loc=non_spec_query_start_loc,
-        non_spec_state_indices_tensor=non_spec_state_indices_tensor,
-        num_actual_tokens=num_actual_tokens, tp_size=tp_size,
-        reorder_input=reorder_input)
+    _reference(ref_core_attn_out, ref_z, projected_states_qkvz, projected_states_ba, locals())
 
     atol = rtol = 5e-2
     torch.testing.assert_close(z, ref_z, atol=atol, rtol=rtol)
@@ -1235,38 +989,9 @@ def test_gdn_attention_accepts_padded_leading_dim(num_actual_tokens,
         ssm_state=args["ssm_state"].clone(),
     )
 
-    # (theirs: causal_conv1d_non_spec then gated_delta_rule_non_spec with these arguments)
-    vllm_xpu.gdn_attention(
-        core_attn_out_padded,
-        z_padded,
-        args_padded["projected_states_qkvz"],
-        args_padded["projected_states_ba"],
-        args_padded["num_k_heads"],
-        args_padded["num_v_heads"],
-        args_padded["head_k_dim"],
-        args_padded["head_v_dim"],
-        conv_state=args_padded["conv_state"],
-        ssm_state=args_padded["ssm_state"],
-        conv_weights=args_padded["conv_weights"],
-        conv_bias=args_padded["conv_bias"],
-        activation=args_padded["activation"],
-        A_log=args_padded["A_log"],
-        dt_bias=args_padded["dt_bias"],
-        num_prefills=args_padded["num_prefills"],
-        num_decodes=args_padded["num_decodes"],
-        num_spec_decodes=0,
-        has_initial_state=args_padded["has_initial_state"],
-        non_spec_query_start_loc=args_padded["non_spec_query_start_loc"],
-        non_spec_token_indx=None,
-        non_spec_state_indices_tensor=args_padded["non_spec_state_indices_tensor"],
-        spec_query_start_loc=None,
-        spec_token_indx=None,
-        spec_state_indices_tensor=None,
-        num_accepted_tokens=None,
-        num_actual_tokens=args_padded["num_actual_tokens"],
-        tp_size=args_padded["tp_size"],
-        reorder_input=args_padded["reorder_input"],
-    )
+    # (theirs, here and below: causal_conv1d_non_spec then gated_delta_rule_non_spec with these arguments)
+    _dropin(core_attn_out_padded, z_padded, args_padded["projected_states_qkvz"], args_padded["projected_states_ba"],
+            args_padded, **_NON_SPEC_ONLY)
 
     # Reference call with exact-size tensors. Note the kernel mutates
     # projected_states_qkvz / projected_states_ba internally (caller passes
@@ -1277,38 +1002,8 @@ def test_gdn_attention_accepts_padded_leading_dim(num_actual_tokens,
                                     dtype=dtype, device=device)
     z_ref = torch.empty_like(core_attn_out_ref)
 
-    # (theirs: causal_conv1d_non_spec then gated_delta_rule_non_spec with these arguments)
-    vllm_xpu.gdn_attention(
-        core_attn_out_ref,
-        z_ref,
-        args["projected_states_qkvz"][:num_actual_tokens].contiguous(),
-        args["projected_states_ba"][:num_actual_tokens].contiguous(),
-        args["num_k_heads"],
-        args["num_v_heads"],
-        args["head_k_dim"],
-        args["head_v_dim"],
-        conv_state=args["conv_state"],
-        ssm_state=args["ssm_state"],
-        conv_weights=args["conv_weights"],
-        conv_bias=args["conv_bias"],
-        activation=args["activation"],
-        A_log=args["A_log"],
-        dt_bias=args["dt_bias"],
-        num_prefills=args["num_prefills"],
-        num_decodes=args["num_decodes"],
-        num_spec_decodes=0,
-        has_initial_state=args["has_initial_state"],
-        non_spec_query_start_loc=args["non_spec_query_start_loc"],
-        non_spec_token_indx=None,
-        non_spec_state_indices_tensor=args["non_spec_state_indices_tensor"],
-        spec_query_start_loc=None,
-        spec_token_indx=None,
-        spec_state_indices_tensor=None,
-        num_accepted_tokens=None,
-        num_actual_tokens=args["num_actual_tokens"],
-        tp_size=args["tp_size"],
-        reorder_input=args["reorder_input"],
-    )
+    _dropin(core_attn_out_ref, z_ref, args["projected_states_qkvz"][:num_actual_tokens].contiguous(),
+            args["projected_states_ba"][:num_actual_tokens].contiguous(), args, **_NON_SPEC_ONLY)
 
     torch.testing.assert_close(
         core_attn_out_padded[:num_actual_tokens],
