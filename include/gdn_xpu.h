@@ -341,7 +341,8 @@ typedef struct gdn_batch {
   int32_t num_prefills;         /* non-spec sequences are num_prefills + num_decodes, in any  */
   int32_t num_decodes;          /*   order; a sequence's length comes from its start_loc      */
   int32_t num_spec_decodes;     /* speculative sequences                                      */
-  int32_t num_spec;             /* draft tokens per spec sequence at most (S, 0..64); a spec sequence has 1..1+S tokens */
+  int32_t num_spec;             /* draft tokens per spec sequence at most (S, 0..64); a spec
+                                   sequence has 1..1+S tokens                                    */
   int32_t num_actual_tokens;    /* rows of this step (outputs beyond it are never touched)    */
   int32_t non_spec_token_count; /* = non_spec_query_start_loc[num_prefills+num_decodes]       */
   int32_t spec_token_count;     /* = spec_query_start_loc[num_spec_decodes]                   */
@@ -536,8 +537,9 @@ GDN_API gdn_status_t gdn_device_name(void *queue, char *buf, size_t len);
  * gdn_flush_replay: for i < num_flush, replays the first num_tokens[i] ring entries of slot
  * slots[i] onto its state (0 <= num_tokens[i] <= replay_count[slots[i]]: typically the accepted
  * count of the slot's last step; with replay_count[slots[i]] = 0 the state is current and
- * num_tokens[i] >= 0 is not used) and sets replay_count[slots[i]] = 0; -1 entries are skipped. The slot then holds the state the per-token mode would have stored to column
- * num_tokens[i]-1 (num_tokens[i] = 0: the committed state, the ring dropped). Reads and writes
+ * num_tokens[i] >= 0 is not used) and sets replay_count[slots[i]] = 0; -1 entries are skipped.
+ * The slot then holds the state the per-token mode would have stored to column num_tokens[i]-1
+ * (num_tokens[i] = 0: the committed state, the ring dropped). Reads and writes
  * ssm_state, replay_ring and replay_count only (slots and num_tokens int32 [num_flush]); always
  * reads slots, num_tokens and the addressed counts back to check them (slots in range, distinct).
  * Needs cfg->replay_tokens > 0. */
@@ -608,8 +610,9 @@ GDN_API int32_t gdn_queue_recording(void *queue);
 
 /* Drop cached kernels and workspaces (e.g. before unloading). Kernels on disk stay cached. The
  * library keeps one workspace per queue it was called on without tensors->workspace, grown to the
- * largest call (and the smaller buffers a recorded call holds, "Graphs"), until this is called. Safe while calls run on other threads: a workspace in use
- * is freed when its call returns, after waiting for its kernels. */
+ * largest call (and the smaller buffers a recorded call holds, "Graphs"), until this is called.
+ * Safe while calls run on other threads: a workspace in use is freed when its call returns, after
+ * waiting for its kernels. */
 GDN_API void gdn_release_caches(void);
 
 /* GDN_CDEF_END */
