@@ -141,7 +141,7 @@ def decode_metadata(B, first_slot):
 def test_a_steps_batches_are_made_once_per_kv_cache_group(monkeypatch, queue):
     """vLLM gives each KV-cache group of GDN layers its own metadata object and runs the layers of the
     groups in turn (layer i in group i % groups): each object's batch is made once a step."""
-    monkeypatch.setattr(plugin, "_state", dict(plugin._state, steps=[]))
+    monkeypatch.setattr(plugin, "_state", dict(plugin._state, steps={}))
     made = []
     monkeypatch.setattr(pygdn, "Batch", lambda **kw: made.append(pygdn.batch.Batch(**kw)) or made[-1])
     groups = [decode_metadata(4, 10 * g) for g in range(3)]
