@@ -159,7 +159,7 @@ class Batch:
             keep.extend(views[2])
             return views[1]
         template, needs = self._counts_c()
-        c = _ffi.new(_BATCH_P, template[0])  # a copy: the caller owns it (a PreparedCall keeps it)
+        c = _ffi.new(_BATCH_P, template[0])  # (the template is shared by batches of these counts)
         holds, fixed = [], True
         for field, name, dtype, need in needs:
             obj = getattr(self, field)
@@ -177,7 +177,7 @@ class Batch:
             setattr(c, field, _ffi.cast(_VOIDP, address))
         keep.extend(holds)
         if fixed or self.__dict__.get("_bound"):
-            object.__setattr__(self, "_views_cache", (queue, _ffi.new(_BATCH_P, c[0]), tuple(holds)))
+            object.__setattr__(self, "_views_cache", (queue, c, tuple(holds)))
         return c
 
 
