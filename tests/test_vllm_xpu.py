@@ -196,6 +196,44 @@ def test_graph_padded_steps_as_vllm_sends_them():
     same_state(layer, twin, "spec")
 
 
+def test_steps_of_one_layout_then_of_others():
+    """A layer's decode steps of one layout, as an engine's loop sends them (after the first, only the
+    tensors' addresses are read), then steps of the same rows in other layouts: projections strided
+    (rows of a wider buffer), contiguous again, z of another dtype (refused by name, nothing written),
+    the first layout again. Each comes out as the plain call gives it, bit for bit."""
+    layer = Layer(11)
+    twin = layer.clone()
+    md = decode_step([20, 21, 22])
+
+    def step(x, what):
+        y = {k: v.clone() for k, v in x.items()}
+        dropin(layer, x, md, 3)
+        plain(twin, y, md, 3)
+        for k in ("out", "z"):
+            assert_bitwise(x[k], y[k], f"{what}: {k}")
+        same_state(layer, twin, what)
+
+    for i in range(3):
+        step(step_tensors(i, 3), f"step {i}")
+    (call,) = [entry[0] for entry in vllm_xpu._layers.values()]
+    assert call._step is not None, "the layout the steps repeat is not kept"
+    x = step_tensors(3, 3)
+    wide = torch.zeros(3, x["qkvz"].shape[1] + 24, dtype=x["qkvz"].dtype)
+    wide[:, 8:8 + x["qkvz"].shape[1]] = x["qkvz"]
+    x["qkvz"] = wide[:, 8:8 + x["qkvz"].shape[1]]
+    step(x, "strided qkvz")
+    step(step_tensors(4, 3), "contiguous again")
+    x = step_tensors(5, 3)
+    x["z"] = x["z"].half()
+    before = layer.clone()
+    with pytest.raises(TypeError, match=r"^z_out: dtype f16, expected bf16"):
+        dropin(layer, x, md, 3)
+    same_state(layer, before, "a refused step")
+    assert torch.all(x["out"] == 5.0) and torch.all(x["z"] == 7.0), "a refused step wrote its outputs"
+    step(step_tensors(6, 3), "after the refused step")
+    step(step_tensors(7, 3), "the first layout again")
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_dt_bias_in_model_dtype_or_f32(dtype):
     """dt_bias as vLLM's parameter (the model's dtype) and widened to f32: the same bits."""
