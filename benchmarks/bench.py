@@ -346,7 +346,7 @@ def measure_host_overhead(queue, dtype, calls):
     for name, r in glue.items() if "skipped" not in glue else ():
         log(f"  {name}: host work {r['cpu']['host_us']:.1f} us of CPU time per call ({r['wall']['host_us']:.1f} us "
             f"wall); with the call {r['wall']['glue_us']:.1f} us against its prepared call's "
-            f"{r['wall']['prepared_us']:.1f} us (wall)")
+            f"{r['wall']['prepared_us']:.1f} us (wall; {r['wall']['gap_us']:.1f} us after a gap as long as the host work)")
     ho["foreign_cpu"] = watch.foreign()
     if ho["foreign_cpu"] > FOREIGN_FLAG:
         log(f"  [other processes used {100 * ho['foreign_cpu']:.0f}% of the CPU while these were measured]")

@@ -4,18 +4,26 @@ same op on the same arrays, whose run() pays the C call, the kernels and the wai
 - the XPU drop-in, pygdn.vllm_xpu.gdn_attention, called as vLLM's _gdn_attention_core_xpu_impl calls
   it, on torch CPU tensors (vllm-xpu-kernels' layout: packed qkvz/ba, vk SSM state, bf16, f32 state);
 - the CPU plugin's per-layer path, pygdn.vllm.gdn_attention_core minus vLLM's forward-context lookup:
-  the step's batch looked up (_step_batch) and the layer's prepared call rebound and run.
+  the step's batch looked up (_step_batch) and the layer's prepared call rebound and run;
+- the floor of any glue: the prepared call with the step tensors' addresses written before each run,
+  nothing looked up or checked.
 
 Decode steps of B = 1 and 8 sequences, H = 2, HV = 4, K = V = 128 (a small rank of Qwen3-Next: the
-host work does not depend on the head counts). Each round times `calls` calls of the glue, then of the
-prepared call, then of the glue with the prepared call's launch left out (the C call and the wait:
-pygdn.PreparedCall._launch made a no-op for that loop): the host work the glue adds, alone. Reported are medians over rounds of wall
-time and of the calling thread's CPU time per call; the CPU time is not charged for waiting or for
-being preempted, so it reads about the same on a busy host, where wall times do not. Glue minus
-prepared call, both with the kernels, is more than the host work alone: the SYCL CPU device runs
-the kernels partly on the calling thread, and the glue's Python work between two calls leaves its
-caches colder than back-to-back runs of one prepared call do (a serving engine runs other layers in
-between). Needs torch (the suite's environment has none; the integration environment does):
+host work does not depend on the head counts). Each round times `calls` calls of: the glue with the
+prepared call's launch left out (the C call and the wait: pygdn.PreparedCall._launch made a no-op
+for that loop), the host work the glue adds, alone; the glue; the prepared call; the prepared call
+after a spin of Python as long as that host work (and the spin alone, subtracted). Reported are
+medians over rounds of wall time and of the calling thread's CPU time per call; the CPU time is not
+charged for waiting or for being preempted, so it reads about the same on a busy host, where wall
+times do not.
+
+Glue minus prepared call, both with the kernels, is more than the host work alone. The prepared
+call itself costs more after a gap between two calls than back to back (the last column), and in an
+engine every call comes after one; and the glue's Python costs more run between the kernels' runs,
+which the SYCL CPU device does on the host's own cores, than in a loop of its own (on a GPU the
+kernels run elsewhere).
+
+Needs torch (the suite's environment has none; the integration environment does):
 
     python benchmarks/dropin_overhead.py [--calls 300] [--rounds 9]
 """
@@ -32,7 +40,9 @@ import numpy as np
 
 import pygdn
 from pygdn import vllm, vllm_xpu
+from pygdn._lib import ffi
 from pygdn.batch import make_batch
+from pygdn.ops import _POINTER_WORDS
 
 H, HV, K, V, W, SLOTS = 2, 4, 128, 128, 4, 64
 C = 2 * H * K + HV * V
@@ -47,31 +57,42 @@ def _loop(fn, calls):
     return (time.perf_counter() - t) / calls * 1e6, (time.thread_time() - c) / calls * 1e6
 
 
+def _spin(us):
+    end = time.perf_counter() + us * 1e-6
+    while time.perf_counter() < end:
+        pass
+
+
 def _rounds(glue, prepared, calls, rounds):
-    """{"wall"|"cpu": {glue_us, prepared_us, added_us (median of the rounds' differences), host_us}}."""
-    res = {"wall": ([], [], []), "cpu": ([], [], [])}
+    """{"wall"|"cpu": {host_us, glue_us, prepared_us, added_us (median of the rounds' differences),
+    gap_us (the prepared call after a spin as long as the host work)}}."""
+    names = ("host_us", "glue_us", "prepared_us", "gap_us")
+    res = {"wall": {n: [] for n in names}, "cpu": {n: [] for n in names}}
     launch = pygdn.PreparedCall._launch
     for _ in range(rounds):
-        for i, fn in enumerate((glue, prepared)):
-            wall, cpu = _loop(fn, calls)
-            res["wall"][i].append(wall)
-            res["cpu"][i].append(cpu)
         pygdn.PreparedCall._launch = lambda self, c_batch, c_t, wait: None
         try:
-            wall, cpu = _loop(glue, calls)
+            host = _loop(glue, calls)
         finally:
             pygdn.PreparedCall._launch = launch
-        res["wall"][2].append(wall)
-        res["cpu"][2].append(cpu)
+        spin = _loop(lambda: _spin(host[0]), calls)
+        gap = _loop(lambda: (_spin(host[0]), prepared()), calls)
+        for clock, values in enumerate(zip(host, _loop(glue, calls), _loop(prepared, calls),
+                                           (g - s for g, s in zip(gap, spin)))):
+            for n, v in zip(names, values):
+                res[("wall", "cpu")[clock]][n].append(v)
     out = {}
-    for clock, (g, p, h) in res.items():
-        out[clock] = dict(glue_us=statistics.median(g), prepared_us=statistics.median(p),
-                          added_us=statistics.median(a - b for a, b in zip(g, p)), host_us=statistics.median(h))
+    for clock, r in res.items():
+        out[clock] = {n: statistics.median(v) for n, v in r.items()}
+        out[clock]["added_us"] = statistics.median(g - p for g, p in zip(r["glue_us"], r["prepared_us"]))
     return out
 
 
-def dropin_case(torch, B, calls, rounds):
-    """vllm_xpu.gdn_attention of a decode step of B sequences against pygdn.prepare of it."""
+def dropin_case(torch, B, calls, rounds, floor=False):
+    """vllm_xpu.gdn_attention of a decode step of B sequences against pygdn.prepare of it. floor: in place
+    of the drop-in, the prepared call with its four step tensors' addresses written before each run
+    (torch's data_ptr() into its gdn_tensors_t): what any glue pays at least, vLLM's 29-argument call
+    to it left out."""
     meta = make_batch(np.random.default_rng(B), num_slots=SLOTS, num_decodes=B, order="grouped",
                       identity_indices=True)
     bf = torch.bfloat16
@@ -103,8 +124,16 @@ def dropin_case(torch, B, calls, rounds):
     prepared = pygdn.prepare(pygdn.attention, vllm_xpu.cpu_queue(), cfg, batch, qkvz=qkvz, ba=ba, z_out=z,
                              core_attn_out=out, conv_weight=weight.detach().view(C, W), A_log=A_log.detach(),
                              dt_bias=dt_bias.detach(), conv_state=conv_state, ssm_state=ssm_state)
+    if floor:
+        words = ffi.cast("uintptr_t *", prepared._c_t)
+        step = [(_POINTER_WORDS[f], t) for f, t in (("qkvz", qkvz), ("ba", ba), ("z_out", z), ("core_attn_out", out))]
+
+        def addresses_only():
+            for word, t in step:
+                words[word] = t.data_ptr()
+            prepared.run()
     try:
-        return _rounds(glue, prepared.run, calls, rounds)
+        return _rounds(addresses_only if floor else glue, prepared.run, calls, rounds)
     finally:
         vllm_xpu.release()
 
@@ -141,7 +170,8 @@ def plugin_case(torch, B, calls, rounds):
 
 
 def measure(calls=300, rounds=9):
-    """{case: {"wall"|"cpu": {glue_us, prepared_us, added_us}}}, or {"skipped": why} without torch."""
+    """{case: {"wall"|"cpu": {host_us, glue_us, prepared_us, added_us, gap_us}}}, or {"skipped": why} without
+    torch."""
     try:
         import torch
     except ImportError as e:
@@ -151,17 +181,20 @@ def measure(calls=300, rounds=9):
     for B in (1, 8):
         res[f"XPU drop-in, decode B={B}"] = dropin_case(torch, B, calls, rounds)
     for B in (1, 8):
+        res[f"addresses only (the floor of a glue), decode B={B}"] = dropin_case(torch, B, calls, rounds, floor=True)
+    for B in (1, 8):
         res[f"CPU plugin per layer, decode B={B}"] = plugin_case(torch, B, calls, rounds)
     return res
 
 
 def table(res):
     lines = ["| glue | host work alone, CPU / wall µs per call | with the call: glue / prepared, wall µs | "
-             "CPU µs | added, wall / CPU µs |", "| --- | --- | --- | --- | --- |"]
+             "added, wall / CPU µs | the prepared call after a gap as long as the host work, wall µs |",
+             "| --- | --- | --- | --- | --- |"]
     for name, r in res.items():
         w, c = r["wall"], r["cpu"]
         lines.append(f"| {name} | {c['host_us']:.1f} / {w['host_us']:.1f} | {w['glue_us']:.1f} / {w['prepared_us']:.1f} | "
-                     f"{c['glue_us']:.1f} / {c['prepared_us']:.1f} | {w['added_us']:.1f} / {c['added_us']:.1f} |")
+                     f"{w['added_us']:.1f} / {c['added_us']:.1f} | {w['gap_us']:.1f} |")
     return "\n".join(lines)
 
 
