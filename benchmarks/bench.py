@@ -220,22 +220,24 @@ def compile_kernels(queue, dtype):
     never a compile); returns the seconds it took. The bf16-state builds only where the build
     has a state_dtype."""
     t = time.perf_counter()
-    for label, shape, layout, sd, gate in (
-            (f"act={dtype} K={K} ssm vk (benchmark shapes)", (H, HV, K, V), "vk", "f32", "head"),
-            (f"act={dtype} K={K} ssm kv (layout column)", (H, HV, K, V), "kv", "f32", "head"),
-            (f"act={dtype} K={K} ssm vk, bf16 state", (H, HV, K, V), "vk", "bf16", "head"),
-            (f"act={dtype} K={K} ssm kv, bf16 state", (H, HV, K, V), "kv", "bf16", "head"),
-            (f"act={dtype} K={K} ssm vk, KDA (the twins)", (KDA_H, HV, K, V), "vk", "f32", "channel"),
-            (f"act={dtype} K=16 (host-overhead probe)", (1, 1, 16, 16), "vk", "f32", "head")):
+    # (replay mode's builds are the same for every replay_tokens > 0)
+    for label, shape, layout, sd, extra in (
+            (f"act={dtype} K={K} ssm vk (benchmark shapes)", (H, HV, K, V), "vk", "f32", {}),
+            (f"act={dtype} K={K} ssm kv (layout column)", (H, HV, K, V), "kv", "f32", {}),
+            (f"act={dtype} K={K} ssm vk, bf16 state", (H, HV, K, V), "vk", "bf16", {}),
+            (f"act={dtype} K={K} ssm kv, bf16 state", (H, HV, K, V), "kv", "bf16", {}),
+            (f"act={dtype} K={K} ssm vk, replay mode", (H, HV, K, V), "vk", "f32", {"replay_tokens": 1}),
+            (f"act={dtype} K={K} ssm vk, bf16 state, replay mode", (H, HV, K, V), "vk", "bf16", {"replay_tokens": 1}),
+            (f"act={dtype} K={K} ssm vk, KDA (the twins)", (KDA_H, HV, K, V), "vk", "f32", {"gate_mode": "channel"}),
+            (f"act={dtype} K=16 (host-overhead probe)", (1, 1, 16, 16), "vk", "f32", {})):
         t1 = time.perf_counter()
         kw = {} if sd == "f32" else {"state_dtype": sd}
-        kw.update(gate_mode=gate)
+        kw.update(extra)
         try:
             cfg = pygdn.Config(num_k_heads=shape[0], num_v_heads=shape[1], head_k_dim=shape[2], head_v_dim=shape[3],
                                num_slots=1, act_dtype=dtype, ssm_layout=layout, **kw)
-        except TypeError:
-            log(f"compiling kernels: {label}: skipped, {sd} state: not supported by this build (pygdn.Config has no "
-                f"state_dtype)")
+        except TypeError as e:
+            log(f"compiling kernels: {label}: skipped, not supported by this build ({e})")
             continue
         log.detail(f"compiling kernels: {label} ...")
         try:
