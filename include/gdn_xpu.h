@@ -519,6 +519,14 @@ GDN_API gdn_status_t gdn_attention(void *queue, const gdn_config_t *cfg, const g
 GDN_API gdn_status_t gdn_attention_workspace_size(const gdn_config_t *cfg, const gdn_batch_t *batch,
                                                   size_t *bytes);
 
+/* How many elements a call reads of each metadata array of gdn_batch_t, from batch's counts alone
+ * (the arrays are not read; the counts are checked as a call checks them): elements[i] for the
+ * i-th pointer field of gdn_batch_t in declaration order (non_spec_query_start_loc first), for the
+ * first min(capacity, the library's number of such fields) of them. An array of a group without
+ * sequences, or checkpoint_state_indices without checkpoints, reads 0. A call refuses a given
+ * array whose allocation holds fewer elements (GDN_ERROR_BAD_POINTER, naming it). */
+GDN_API gdn_status_t gdn_batch_array_elements(const gdn_batch_t *batch, int64_t *elements, int32_t capacity);
+
 /* ---- helpers for C programs that have no SYCL runtime of their own ----
  * gdn_queue_create: a new in-order sycl::queue on "default", "cpu" or "gpu"; free it with
  * gdn_queue_destroy. gdn_malloc_shared / gdn_free: USM shared memory of that queue. */

@@ -13,40 +13,24 @@ import typing as _t
 import numpy as _np
 
 from ._lib import ffi as _ffi, lib as _lib
-from ._c import (VOIDP as _VOIDP, BATCH_P as _BATCH_P, choice as _choice, int32 as _int32)
+from ._c import (VOIDP as _VOIDP, BATCH_P as _BATCH_P, GdnError as _GdnError, check as _check, choice as _choice,
+                 int32 as _int32)
 from ._marshal import view as _view
 from ._usm import UsmArray as _UsmArray, as_queue as _as_queue
 
 
 # ---- gdn_batch_t's fields: the one table of them in Python (marshalling, batch.py, the tests) ----
 # Read from the header through cffi: its int32 fields are the counts (and the two settings
-# below), its pointer fields the metadata arrays, with their element type. What the header does
-# not say in a machine-readable way is how many elements the counts require of each array.
+# below), its pointer fields the metadata arrays, with their element type. How many elements the
+# counts require of each array the library says (gdn_batch_array_elements: array_elements()).
 _BATCH_SETTINGS = ("pad_slot_id", "validate")  # int32 fields of gdn_batch_t that are not counts
-_BATCH_ARRAY_LENGTHS = {  # field: elements the counts require (counts: any mapping of count names)
-    "non_spec_query_start_loc": lambda c: c["num_prefills"] + c["num_decodes"] + 1,
-    "non_spec_state_indices": lambda c: c["num_prefills"] + c["num_decodes"],
-    "has_initial_state": lambda c: c["num_prefills"] + c["num_decodes"],
-    "non_spec_token_indx": lambda c: c["non_spec_token_count"],
-    "spec_query_start_loc": lambda c: c["num_spec_decodes"] + 1,
-    "spec_state_indices": lambda c: c["num_spec_decodes"] * (c["num_spec"] + 1),
-    "num_accepted_tokens": lambda c: c["num_spec_decodes"],
-    "spec_token_indx": lambda c: c["spec_token_count"],
-    "non_spec_read_state_indices": lambda c: c["num_prefills"] + c["num_decodes"],
-    "spec_read_state_indices": lambda c: c["num_spec_decodes"],
-    "non_spec_start_pos": lambda c: c["num_prefills"] + c["num_decodes"],
-    "checkpoint_state_indices": lambda c: (c["num_prefills"] + c["num_decodes"]) * c["checkpoint_cols"]
-    if c["checkpoint_interval"] else 0,
-}
 _C_ELEMENT_TYPES = {"int32_t": "i32", "uint8_t": "u8"}
 
 
 class BatchArray(_t.NamedTuple):
-    """One metadata array of gdn_batch_t: its element type (a pygdn dtype name) and the number
-    of elements the counts require, length(counts) with counts a mapping of count names."""
+    """One metadata array of gdn_batch_t: its element type (a pygdn dtype name)."""
 
     dtype: str
-    length: _t.Callable[[_t.Mapping[str, int]], int]
 
 
 def _batch_table():
@@ -54,12 +38,9 @@ def _batch_table():
     for name, field in _ffi.typeof("gdn_batch_t").fields:
         t = field.type
         if t.kind == "pointer":
-            arrays[name] = BatchArray(_C_ELEMENT_TYPES[t.item.cname], _BATCH_ARRAY_LENGTHS.get(name))
+            arrays[name] = BatchArray(_C_ELEMENT_TYPES[t.item.cname])
         elif t.cname == "int32_t" and name not in _BATCH_SETTINGS and not name.startswith("reserved"):
             counts.append(name)
-    unknown = sorted(set(arrays) ^ set(_BATCH_ARRAY_LENGTHS))
-    if unknown:
-        raise ImportError(f"gdn_batch_t arrays and pygdn's length table differ: {unknown}")
     return tuple(counts), arrays
 
 
@@ -128,8 +109,12 @@ class Batch:
             c.pad_slot_id = _int32(self.pad_slot_id, "batch.pad_slot_id")
             c.validate = _choice({"full": _lib.GDN_VALIDATE_FULL, "counts": _lib.GDN_VALIDATE_COUNTS}, self.validate,
                                  "validate")
-            counts = vars(self)
-            needs = tuple((field, f"batch.{field}", dtype, length(counts)) for field, (dtype, length) in BATCH_ARRAYS.items())
+            try:
+                elements = _array_elements(c)
+            except _GdnError:  # (counts the library refuses: the call says which, naming the count)
+                elements = dict.fromkeys(BATCH_ARRAYS, 0)
+            needs = tuple((field, f"batch.{field}", dtype, elements[field])
+                          for field, (dtype,) in BATCH_ARRAYS.items())
             cached = (c, needs)
             if plain:
                 if len(_COUNTS_CACHE) >= 256:
@@ -187,13 +172,27 @@ if _missing:  # the dataclass is written out for its readers; the header decides
 
 
 
-def counts_only(batch: Batch):
-    """gdn_batch_t with batch's counts only (for gdn_attention_workspace_size)."""
+def counts_only(counts):
+    """gdn_batch_t with the counts only of a Batch, or of a mapping of count names (those it lacks: 0)."""
+    get = counts.get if isinstance(counts, _t.Mapping) else lambda f, _: getattr(counts, f)
     c = _ffi.new("gdn_batch_t *")
     _lib.gdn_batch_init(c)
     for f in BATCH_COUNTS:
-        setattr(c, f, _int32(getattr(batch, f), f"batch.{f}"))
+        setattr(c, f, _int32(get(f, 0), f"batch.{f}"))
     return c
+
+
+def array_elements(counts) -> dict:
+    """field -> how many elements a call reads of each metadata array for these counts (a Batch, or
+    a mapping of count names), as the library reads them (gdn_batch_array_elements): 0 for an array
+    of a group without sequences. GdnError if the library refuses the counts."""
+    return _array_elements(counts_only(counts))
+
+
+def _array_elements(c_batch) -> dict:
+    n = _ffi.new("int64_t[]", len(BATCH_ARRAYS))
+    _check(_lib.gdn_batch_array_elements(c_batch, n, len(BATCH_ARRAYS)))
+    return dict(zip(BATCH_ARRAYS, n))
 
 
 def make_batch(rng, *, num_slots, prefill_lens=(), num_decodes=0, spec_lens=(), num_spec=0, accepted=None,

@@ -61,7 +61,16 @@ REQUIRED = ("non_spec_query_start_loc", "non_spec_state_indices", "spec_query_st
 
 
 def required_len(c, key):
-    return BATCH_ARRAYS[key].length(c)
+    """Elements a call reads of metadata array `key` for valid counts, as include/gdn_xpu.h gives them
+    (gdn_batch_t's comments, gdn_batch_array_elements): none of a group without sequences."""
+    ns, sp, cols = c["num_prefills"] + c["num_decodes"], c["num_spec_decodes"], c["num_spec"] + 1
+    per_ns = {"non_spec_query_start_loc": ns + 1, "non_spec_state_indices": ns, "has_initial_state": ns,
+              "non_spec_token_indx": c["non_spec_token_count"], "non_spec_read_state_indices": ns,
+              "non_spec_start_pos": ns,
+              "checkpoint_state_indices": ns * c["checkpoint_cols"] if c["checkpoint_interval"] else 0}
+    per_sp = {"spec_query_start_loc": sp + 1, "spec_state_indices": sp * cols, "num_accepted_tokens": sp,
+              "spec_token_indx": c["spec_token_count"], "spec_read_state_indices": sp}
+    return (per_ns[key] if ns > 0 else 0) if key in per_ns else (per_sp[key] if sp > 0 else 0)
 
 
 # Arrays a case may give an allocation one element short of what the call touches.
@@ -309,8 +318,12 @@ def predict(c):
     nsd, S, T = c["num_spec_decodes"], c["num_spec"], c["num_actual_tokens"]
     t_ns, t_s, slots, pad = c["non_spec_token_count"], c["spec_token_count"], c["num_slots"], c["pad_slot_id"]
     cols = S + 1
-    # Python layer: every given array holds at least what the counts need; row tensors >= T rows.
-    for k in BATCH_KEYS:
+    counts_ok = (all(0 <= c[k] <= I32_MAX for k in COUNT_KEYS) and S <= 64 and t_ns + t_s == T
+                 and (nns > 0 or t_ns == 0) and (nsd > 0 or t_s == 0) and t_s <= nsd * cols
+                 and c["checkpoint_interval"] % 64 == 0)
+    # Python layer: every given array holds at least what the counts need (counts the library
+    # refuses: it says so, below); row tensors >= T rows.
+    for k in BATCH_KEYS if counts_ok else ():
         if c["arrays"][k] is not None and c["arrays"][k].size < required_len(c, k):
             return "python", None
     if T > c["rows_alloc"]:
@@ -320,9 +333,6 @@ def predict(c):
     if state_len < c["conv_width"] - 1:
         return "gdn", {"GDN_ERROR_BAD_LAYOUT"}
     # Counts.
-    counts_ok = (all(0 <= c[k] <= I32_MAX for k in COUNT_KEYS) and S <= 64 and t_ns + t_s == T
-                 and (nns > 0 or t_ns == 0) and (nsd > 0 or t_s == 0) and t_s <= nsd * cols
-                 and c["checkpoint_interval"] % 64 == 0)
     if not counts_ok:
         return "gdn", {"GDN_ERROR_BAD_COUNT"}
     if c["conv_spec_layout"] == "rolled" and nsd > 0 and state_len < c["conv_width"] - 1 + S:

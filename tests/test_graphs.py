@@ -94,11 +94,11 @@ class Meta:
     def __init__(self, q, **counts):
         self.counts = dict({k: 0 for k in pygdn.batch.BATCH_COUNTS}, **counts)
         self.arrays = {}
-        c = self.counts
+        c, elements = self.counts, pygdn.batch.array_elements(self.counts)
         for names, seqs in ((self.NON_SPEC, c["num_prefills"] + c["num_decodes"]), (self.SPEC, c["num_spec_decodes"])):
             for name in names if seqs else ():
-                dtype, length = pygdn.batch.BATCH_ARRAYS[name]
-                self.arrays[name] = pygdn.UsmArray((length(self.counts),), np.uint8 if dtype == "u8" else np.int32, q)
+                dtype = pygdn.batch.BATCH_ARRAYS[name].dtype
+                self.arrays[name] = pygdn.UsmArray((elements[name],), np.uint8 if dtype == "u8" else np.int32, q)
         self.batch = pygdn.Batch(validate="counts", **counts, **self.arrays)
 
     def write(self, **values):

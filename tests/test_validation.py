@@ -653,6 +653,54 @@ def test_python_batch_array_too_short(s):
           lambda: s.attention(s.batch(spec_state_indices=[3, 4, 5, 6, 7])), exc=ValueError)
 
 
+@pytest.mark.parametrize("counts,want", [
+    # 2 prefills + 1 decode (9 tokens), 3 spec sequences of 1 + 2 columns (7 tokens), checkpoints
+    (dict(num_actual_tokens=16, num_prefills=2, num_decodes=1, non_spec_token_count=9, num_spec_decodes=3,
+          num_spec=2, spec_token_count=7, checkpoint_interval=64, checkpoint_cols=4),
+     dict(non_spec_query_start_loc=4, non_spec_state_indices=3, has_initial_state=3, non_spec_token_indx=9,
+          spec_query_start_loc=4, spec_state_indices=9, num_accepted_tokens=3, spec_token_indx=7,
+          non_spec_read_state_indices=3, spec_read_state_indices=3, non_spec_start_pos=3, checkpoint_state_indices=12)),
+    # decodes only, no checkpoints: the spec group's arrays and checkpoint_state_indices read nothing
+    (dict(num_actual_tokens=5, num_decodes=5, non_spec_token_count=5, checkpoint_cols=4),
+     dict(non_spec_query_start_loc=6, non_spec_state_indices=5, has_initial_state=5, non_spec_token_indx=5,
+          non_spec_read_state_indices=5, non_spec_start_pos=5)),
+    # spec sequences only: the non-spec group's arrays read nothing (its start locations neither)
+    (dict(num_actual_tokens=4, num_spec_decodes=2, num_spec=1, spec_token_count=4),
+     dict(spec_query_start_loc=3, spec_state_indices=4, num_accepted_tokens=2, spec_token_indx=4,
+          spec_read_state_indices=2)),
+])
+def test_batch_array_elements(counts, want):
+    """gdn_batch_array_elements: the elements a call reads of each metadata array (the header's
+    lengths), which pygdn checks arrays against."""
+    assert pygdn.batch.array_elements(counts) == {k: want.get(k, 0) for k in BATCH_ARRAYS}
+
+
+def test_batch_array_elements_refuses_bad_counts_and_arguments():
+    with pytest.raises(pygdn.GdnError, match=r"non_spec_token_count \(3\) \+ spec_token_count \(0\) != "
+                                             r"num_actual_tokens \(4\)"):
+        pygdn.batch.array_elements(dict(num_actual_tokens=4, num_decodes=3, non_spec_token_count=3))
+    c, out = pygdn.batch.counts_only({}), ffi.new("int64_t[2]", [-7, -7])
+    assert lib.gdn_batch_array_elements(c, ffi.NULL, 0) == lib.GDN_SUCCESS
+    assert lib.gdn_batch_array_elements(c, ffi.NULL, 1) == lib.GDN_ERROR_NULL_POINTER
+    assert lib.gdn_batch_array_elements(c, out, -1) == lib.GDN_ERROR_BAD_COUNT
+    assert lib.gdn_batch_array_elements(ffi.NULL, out, 2) == lib.GDN_ERROR_NULL_POINTER
+    assert list(out) == [-7, -7], "a refused query wrote its output"
+    assert lib.gdn_batch_array_elements(c, out, 1) == lib.GDN_SUCCESS and list(out) == [0, -7]
+
+
+def test_python_batch_array_for_a_group_without_sequences(s):
+    """An array given for a group without sequences is read for nothing: an empty one passes
+    pygdn's checks (the library's lengths, gdn_batch_array_elements), a short one of a group with
+    sequences does not."""
+    empty = pygdn.UsmArray((0,), np.int32, s.q)
+    decodes = pygdn.Batch(num_actual_tokens=2, num_decodes=2, non_spec_token_count=2,
+                          non_spec_query_start_loc=usm(s.q, np.arange(3, dtype=np.int32)),
+                          non_spec_state_indices=usm(s.q, np.arange(2, dtype=np.int32)), spec_query_start_loc=empty)
+    decodes._to_c(s.q, [])
+    with pytest.raises(ValueError, match=r"batch.non_spec_query_start_loc: 0 elements, the counts need 3"):
+        dataclasses.replace(decodes, non_spec_query_start_loc=empty)._to_c(s.q, [])
+
+
 def test_python_tensor_wrong_dtype(s):
     fails(s, None, ["mixed_qkv: dtype f16, expected f32"],
           lambda: s.attention(mixed_qkv=usm(s.q, s.host["mixed_qkv"].astype(np.float16))), exc=TypeError)

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <string>
 
+#include "batch_arrays.hpp"
 #include "checks.hpp"
 #include "errors.hpp"
 #include "kernels/params.hpp"
@@ -275,3 +276,13 @@ Checked validate_call(void *queue, const gdn_config_t *cfg_in, const gdn_batch_t
 }
 
 }  // namespace gdn
+
+GDN_API gdn_status_t gdn_batch_array_elements(const gdn_batch_t *batch, int64_t *elements, int32_t capacity) {
+  return gdn::guarded([&] {
+    gdn::check_range(capacity, 0, INT32_MAX, GDN_ERROR_BAD_COUNT, "capacity");
+    if (capacity > 0 && !elements) gdn::fail(GDN_ERROR_NULL_POINTER, "elements is NULL");
+    const gdn_batch_t b = gdn::validate_batch_counts(batch);
+    for (int i = 0; i < std::min<int32_t>(capacity, gdn::kNumBatchArrays); ++i)
+      elements[i] = gdn::batch_span(b, static_cast<gdn::BatchArray>(i)).n;
+  });
+}

@@ -64,6 +64,20 @@ int main(void) {
   gdn_tensors_init(&t);
   CHECK(batch.pad_slot_id == -1, "default pad_slot_id");
 
+  /* The elements a call reads of each metadata array: 3 decodes read 4 start locations and 3 slots,
+   * the spec group's arrays nothing; inconsistent counts are refused. */
+  {
+    gdn_batch_t b = batch;
+    b.num_decodes = b.num_actual_tokens = b.non_spec_token_count = 3;
+    int64_t n[6];
+    CHECK(gdn_batch_array_elements(&b, n, 6) == GDN_SUCCESS, "array elements: %s", gdn_last_error());
+    CHECK(n[0] == 4 && n[1] == 3 && n[2] == 3 && n[3] == 3 && n[4] == 0 && n[5] == 0,
+          "array elements %lld %lld %lld %lld %lld %lld", (long long)n[0], (long long)n[1], (long long)n[2],
+          (long long)n[3], (long long)n[4], (long long)n[5]);
+    b.num_actual_tokens = 4;
+    CHECK(gdn_batch_array_elements(&b, n, 6) == GDN_ERROR_BAD_COUNT, "inconsistent counts accepted");
+  }
+
   /* Errors: NULL queue, then a bad config on a real queue. */
   gdn_status_t st = gdn_causal_conv1d(NULL, &cfg, &batch, &t);
   CHECK(st == GDN_ERROR_BAD_QUEUE, "NULL queue gave %d", (int)st);
