@@ -654,12 +654,13 @@ def test_python_batch_array_too_short(s):
 
 
 @pytest.mark.parametrize("counts,want", [
-    # 2 prefills + 1 decode (9 tokens), 3 spec sequences of 1 + 2 columns (7 tokens), checkpoints
-    (dict(num_actual_tokens=16, num_prefills=2, num_decodes=1, non_spec_token_count=9, num_spec_decodes=3,
-          num_spec=2, spec_token_count=7, checkpoint_interval=64, checkpoint_cols=4),
-     dict(non_spec_query_start_loc=4, non_spec_state_indices=3, has_initial_state=3, non_spec_token_indx=9,
-          spec_query_start_loc=4, spec_state_indices=9, num_accepted_tokens=3, spec_token_indx=7,
-          non_spec_read_state_indices=3, spec_read_state_indices=3, non_spec_start_pos=3, checkpoint_state_indices=12)),
+    # 3 prefills + 1 decode (10 tokens), 2 spec sequences of 1 + 2 columns (5 tokens), checkpoints
+    # (the two groups' sizes differ, so an array read by the other group's count would show)
+    (dict(num_actual_tokens=15, num_prefills=3, num_decodes=1, non_spec_token_count=10, num_spec_decodes=2,
+          num_spec=2, spec_token_count=5, checkpoint_interval=64, checkpoint_cols=3),
+     dict(non_spec_query_start_loc=5, non_spec_state_indices=4, has_initial_state=4, non_spec_token_indx=10,
+          spec_query_start_loc=3, spec_state_indices=6, num_accepted_tokens=2, spec_token_indx=5,
+          non_spec_read_state_indices=4, spec_read_state_indices=2, non_spec_start_pos=4, checkpoint_state_indices=12)),
     # decodes only, no checkpoints: the spec group's arrays and checkpoint_state_indices read nothing
     (dict(num_actual_tokens=5, num_decodes=5, non_spec_token_count=5, checkpoint_cols=4),
      dict(non_spec_query_start_loc=6, non_spec_state_indices=5, has_initial_state=5, non_spec_token_indx=5,

@@ -14,6 +14,19 @@ enum class BatchArray {
   NumAcceptedTokens, SpecTokenIndx, NonSpecReadStateIndices, SpecReadStateIndices, NonSpecStartPos, CheckpointStateIndices
 };
 constexpr int kNumBatchArrays = static_cast<int>(BatchArray::CheckpointStateIndices) + 1;
+// (gdn_batch_array_elements reports them by this index: the struct's order, checked here)
+static_assert(offsetof(gdn_batch_t, non_spec_query_start_loc) < offsetof(gdn_batch_t, non_spec_state_indices) &&
+                  offsetof(gdn_batch_t, non_spec_state_indices) < offsetof(gdn_batch_t, has_initial_state) &&
+                  offsetof(gdn_batch_t, has_initial_state) < offsetof(gdn_batch_t, non_spec_token_indx) &&
+                  offsetof(gdn_batch_t, non_spec_token_indx) < offsetof(gdn_batch_t, spec_query_start_loc) &&
+                  offsetof(gdn_batch_t, spec_query_start_loc) < offsetof(gdn_batch_t, spec_state_indices) &&
+                  offsetof(gdn_batch_t, spec_state_indices) < offsetof(gdn_batch_t, num_accepted_tokens) &&
+                  offsetof(gdn_batch_t, num_accepted_tokens) < offsetof(gdn_batch_t, spec_token_indx) &&
+                  offsetof(gdn_batch_t, spec_token_indx) < offsetof(gdn_batch_t, non_spec_read_state_indices) &&
+                  offsetof(gdn_batch_t, non_spec_read_state_indices) < offsetof(gdn_batch_t, spec_read_state_indices) &&
+                  offsetof(gdn_batch_t, spec_read_state_indices) < offsetof(gdn_batch_t, non_spec_start_pos) &&
+                  offsetof(gdn_batch_t, non_spec_start_pos) < offsetof(gdn_batch_t, checkpoint_state_indices),
+              "BatchArray is in gdn_batch_t's order of its arrays");
 
 // One array of a batch with validated counts.
 struct BatchSpan {
