@@ -533,7 +533,8 @@ def main(argv=None) -> int:
     log("spec decode, per-token mode against replay mode (cfg.replay_tokens: one state read and written per step), "
         "same rounds; speedup = per-token / replay time; %pass = a bare pass reading and writing each state once / "
         "the replay's time; %peak = its state arithmetic (report.replay_flops) at the numpy f32 matmul peak / its "
-        "time ('!': replay outputs differ from the per-token step's):")
+        "time ('!': replay outputs differ from the per-token step's; '*': one step only, it outlasted the row's "
+        "time budget):")
     for line in replay_lines(ok_records, plan["peak"]["numpy_matmul_GFLOPs"], HV * K * V):
         log(line)
     return 0
