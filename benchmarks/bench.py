@@ -417,7 +417,8 @@ def log_results(title, records, plan, sweep, checkpoints, foreign):
         "stored state, in the state dtype's bytes, plus activations; '%rw' = the time the read/write bound allows "
         "(reads at the read-only, writes at the write-only stream rate timed beside the row, overlapped) / the time; "
         "'/vk' = time against the vk layout's; '!' = "
-        "bf16-state results disagree with the f32-state step beyond 2e-2):")
+        "bf16-state results disagree with the f32-state step beyond 2e-2; '*' = one step only, it outlasted the row's "
+        "time budget):")
     for line in variants_lines(ok_records, plan):
         log(line)
     if sweep:
