@@ -102,10 +102,7 @@ class Batch:
             plain = all(type(v) is int for v in key[:-1])
             cached = _COUNTS_CACHE.get(key) if plain else None
         if cached is None:
-            c = _ffi.new(_BATCH_P)
-            _lib.gdn_batch_init(c)
-            for f in BATCH_COUNTS:
-                setattr(c, f, _int32(getattr(self, f), f"batch.{f}"))
+            c = counts_only(self)
             c.pad_slot_id = _int32(self.pad_slot_id, "batch.pad_slot_id")
             c.validate = _choice({"full": _lib.GDN_VALIDATE_FULL, "counts": _lib.GDN_VALIDATE_COUNTS}, self.validate,
                                  "validate")
@@ -175,7 +172,7 @@ if _missing:  # the dataclass is written out for its readers; the header decides
 def counts_only(counts):
     """gdn_batch_t with the counts only of a Batch, or of a mapping of count names (those it lacks: 0)."""
     get = counts.get if isinstance(counts, _t.Mapping) else lambda f, _: getattr(counts, f)
-    c = _ffi.new("gdn_batch_t *")
+    c = _ffi.new(_BATCH_P)
     _lib.gdn_batch_init(c)
     for f in BATCH_COUNTS:
         setattr(c, f, _int32(get(f, 0), f"batch.{f}"))
