@@ -429,6 +429,8 @@ def _layer_tensors(tokens, num_k_heads, num_v_heads, head_k_dim, head_v_dim, wid
             conv_weights, conv_bias, A_log, dt_bias)
 
 
+ATOL = RTOL = 5e-2  # their tests' tolerance, on every output and cache slot they compare
+
 # Their torch.ops._xpu_C.gdn_attention calls pass these by keyword, in this order (the first
 # eight by position); and their ref_gdn_attention calls these.
 _DROPIN_KWARGS = ("conv_state", "ssm_state", "conv_weights", "conv_bias", "activation", "A_log", "dt_bias",
@@ -539,25 +541,17 @@ def test_gdn_attention_legacy(num_actual_tokens, tp_size, has_bias, mode, reorde
 
     _reference(ref_core_attn_out, ref_z, projected_states_qkvz, projected_states_ba, locals())
 
-    atol = 5e-2
-    rtol = 5e-2
-
-    torch.testing.assert_close(z, ref_z, atol=atol, rtol=rtol)
-    torch.testing.assert_close(core_attn_out,
-                               ref_core_attn_out,
-                               atol=atol,
-                               rtol=rtol,
-                               equal_nan=True)
+    _check_outputs(core_attn_out, z, ref_core_attn_out, ref_z)
     for i in range(batch_size):
         state_id = non_spec_state_indices_tensor[i]
         torch.testing.assert_close(conv_state[state_id],
                                    ref_conv_state[state_id],
-                                   atol=atol,
-                                   rtol=rtol)
+                                   atol=ATOL,
+                                   rtol=RTOL)
         torch.testing.assert_close(ssm_state[state_id],
                                    ref_ssm_state[state_id],
-                                   atol=atol,
-                                   rtol=rtol)
+                                   atol=ATOL,
+                                   rtol=RTOL)
 
 
 # (num_spec_decodes, num_spec_tokens, has_bias, reorder_input, dtype, ssm_state_is_fp32); heads as theirs.
@@ -597,18 +591,20 @@ def _spec_reference(ref_core_attn_out, ref_z, v):
     )
 
 
+def _check_outputs(core_attn_out, z, ref_core_attn_out, ref_z):
+    """Their checks of the outputs (z, then core_attn_out, NaN matching NaN)."""
+    torch.testing.assert_close(z, ref_z, atol=ATOL, rtol=RTOL)
+    torch.testing.assert_close(core_attn_out,
+                               ref_core_attn_out,
+                               atol=ATOL,
+                               rtol=RTOL,
+                               equal_nan=True)
+
+
 def _check_outputs_and_spec_slots(core_attn_out, z, ref_core_attn_out, ref_z, v):
     """Their checks of the MTP and mixed tests: outputs, then each spec sequence's final conv slot
     (column K-1) and all K per-step SSM slots (v: the test's locals)."""
-    atol = 5e-2
-    rtol = 5e-2
-
-    torch.testing.assert_close(z, ref_z, atol=atol, rtol=rtol)
-    torch.testing.assert_close(core_attn_out,
-                               ref_core_attn_out,
-                               atol=atol,
-                               rtol=rtol,
-                               equal_nan=True)
+    _check_outputs(core_attn_out, z, ref_core_attn_out, ref_z)
 
     conv_state, ref_conv_state, ssm_state, ref_ssm_state = (v["conv_state"], v["ref_conv_state"], v["ssm_state"],
                                                             v["ref_ssm_state"])
@@ -617,14 +613,14 @@ def _check_outputs_and_spec_slots(core_attn_out, z, ref_core_attn_out, ref_z, v)
         final_slot = int(spec_state_indices_tensor[n, K - 1].item())
         torch.testing.assert_close(conv_state[final_slot],
                                    ref_conv_state[final_slot],
-                                   atol=atol,
-                                   rtol=rtol)
+                                   atol=ATOL,
+                                   rtol=RTOL)
         for t in range(K):
             slot = int(spec_state_indices_tensor[n, t].item())
             torch.testing.assert_close(ssm_state[slot],
                                        ref_ssm_state[slot],
-                                       atol=atol,
-                                       rtol=rtol)
+                                       atol=ATOL,
+                                       rtol=RTOL)
 
 
 @pytest.mark.parametrize("num_spec_decodes,num_spec_tokens,has_bias,reorder_input,dtype,ssm_state_is_fp32",
@@ -809,17 +805,16 @@ def test_gdn_attention_mixed_spec_non_spec(num_spec_decodes, num_spec_tokens, no
     _check_outputs_and_spec_slots(core_attn_out, z, ref_core_attn_out, ref_z, locals())
 
     # non-spec conv/ssm cache slots.
-    atol = rtol = 5e-2
     for i in range(non_spec_batch):
         slot = non_spec_state_indices_tensor[i]
         torch.testing.assert_close(conv_state[slot],
                                    ref_conv_state[slot],
-                                   atol=atol,
-                                   rtol=rtol)
+                                   atol=ATOL,
+                                   rtol=RTOL)
         torch.testing.assert_close(ssm_state[slot],
                                    ref_ssm_state[slot],
-                                   atol=atol,
-                                   rtol=rtol)
+                                   atol=ATOL,
+                                   rtol=RTOL)
 
 
 # Three single-prefill cases of theirs with one body (their three tests differ in the shapes only):
@@ -874,10 +869,9 @@ def test_gdn_attention_single_prefill(case, reorder_input, dtype):
     ref_z = torch.empty_like(core_attn_out)
     _reference(ref_core_attn_out, ref_z, projected_states_qkvz, projected_states_ba, locals())
 
-    atol = rtol = 5e-2
-    torch.testing.assert_close(z, ref_z, atol=atol, rtol=rtol)
-    torch.testing.assert_close(core_attn_out, ref_core_attn_out, atol=atol,
-                               rtol=rtol)
+    torch.testing.assert_close(z, ref_z, atol=ATOL, rtol=RTOL)
+    torch.testing.assert_close(core_attn_out, ref_core_attn_out, atol=ATOL,
+                               rtol=RTOL)
 
 
 # ----------------------------------------------------------------------------- tests/gdn_attn/test_gdn_attn_padded.py
@@ -1008,12 +1002,12 @@ def test_gdn_attention_accepts_padded_leading_dim(num_actual_tokens,
     torch.testing.assert_close(
         core_attn_out_padded[:num_actual_tokens],
         core_attn_out_ref,
-        atol=5e-2, rtol=5e-2,
+        atol=ATOL, rtol=RTOL,
     )
     torch.testing.assert_close(
         z_padded[:num_actual_tokens],
         z_ref,
-        atol=5e-2, rtol=5e-2,
+        atol=ATOL, rtol=RTOL,
     )
 
     # The padded tail must remain at its zero init.
