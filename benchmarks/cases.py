@@ -343,11 +343,13 @@ class Rotating:
         return len(self.items)
 
     def call(self, method):
-        """A function running `method` of the next copy each time it is called."""
+        """A function running `method` of the next copy each time it is called; its `cycle`, the
+        calls of one turn over the copies, is what timing.timed_blocks warms up."""
         def run():
             item = self.items[self.i]
             self.i = (self.i + 1) % len(self.items)
             getattr(item, method)()
+        run.cycle = len(self.items)
         return run
 
     @property

@@ -144,7 +144,8 @@ def kernel_stream_GBps(queue, nbytes, chunk=64 << 10, kind="rw"):
 # as the rows' rotating caches do.
 class StatePass:
     """step(): one pass over `heads` head states of `head_bytes` each (in place when copies == 0,
-    else read once and streamed to `copies` places), on the next region of its pool; waits.
+    else read once and streamed to `copies` places), on the next region of its pool; waits. Its
+    `cycle` is the regions' count (one turn over the pool, see timing.timed_blocks).
     kernel: another in-place kernel of _STREAM_SRC for copies == 0 (the read-only or write-only
     pass); pool: a buffer of pool_bytes(...) to share with other passes instead of its own."""
 
@@ -165,11 +166,13 @@ class StatePass:
                       for r in range(self.regions)]
         self.i = 0
 
-    def step(self):
-        k, args = self.calls[self.i]
-        self.i = (self.i + 1) % self.regions
-        self.q.submit(k, args, [self.groups], [1])
-        self.q.wait()
+        def step():
+            k, args = self.calls[self.i]
+            self.i = (self.i + 1) % self.regions
+            self.q.submit(k, args, [self.groups], [1])
+            self.q.wait()
+        step.cycle = self.regions
+        self.step = step
 
 
 # The reference's stream kernels, timed beside every decode / spec row in the row's rounds: the

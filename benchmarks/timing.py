@@ -10,7 +10,7 @@ FOREIGN_FLAG = 0.05   # flag rows during which other processes used more than th
 RETRY_SHARE = 0.15    # ... and measure a case again (once, within a time budget) above this share
 LATE_BUDGET_S = 0.5    # repeat budget per implementation once past the run's soft deadline
 SWITCH_PAUSE_S = 0.15  # pause between implementations (see timed_blocks)
-WARM_S = 0.02          # ... after which each one runs untimed for at least this long (and one call)
+WARM_S = 0.02          # ... after which each one runs untimed for at least this long (and one turn, see below)
 QUIET_SHARE = 0.05    # before a case, wait (within a time budget) for other processes to drop below this
 
 
@@ -69,10 +69,17 @@ def settle():
 
 def timed_blocks(impls, budget_s, together=(), rounds=5):
     """Each implementation in turn: a pause (other libraries' idle worker threads stop spinning:
-    OpenBLAS's spin up to ~0.1 s after a threaded call), untimed steps for WARM_S, at least one
-    (they wake its own threads and caches: on this 2-core VM, steps right after the pause and one
-    untimed step ran up to 2-3x slower for tens of ms -- decode B=1 0.45-0.51 ms against 0.15-0.16
-    back to back), then its repeats back to back, as a serving loop would run it.
+    OpenBLAS's spin up to ~0.1 s after a threaded call), untimed steps for WARM_S and at least one
+    turn (they wake its own threads and caches: on this 2-core VM, steps right after the pause and
+    one untimed step ran up to 2-3x slower for tens of ms -- decode B=1 0.45-0.51 ms against
+    0.15-0.16 back to back), then its repeats back to back, as a serving loop would run it.
+    A turn is fn.cycle calls (1 without it): a step that rotates over copies of its memory
+    (cases.Rotating, machine.StatePass) touches each copy once in a turn. On a VM, memory left
+    untouched for a few seconds costs more to touch again, and in these rounds every other block
+    runs in between: decode B=8 over a 1.9 GiB rotation (118 copies), after 3 s with its copies
+    idle, ran 3.8-12 ms a step after 20 ms of warm-up and 1.2-1.4 ms after one turn, as back to
+    back (1.3 ms; Intel Xeon KVM guest, pygdn 0.3.0). In a serving loop every layer's state is
+    touched once a step, so the timed repeats follow a whole turn.
     impls: name -> (fn, reps, first_s); each gets at most budget_s of repeats. The names in
     `together` (variants whose times are compared as ratios: our ssm layouts and state dtypes)
     split their repeats over `rounds` interleaved rounds, in alternating order, so this host's
@@ -86,9 +93,10 @@ def timed_blocks(impls, budget_s, together=(), rounds=5):
     def block(n, want):
         fn, _, first = impls[n]
         time.sleep(SWITCH_PAUSE_S)
-        if first * (want + 1) <= budget_s:
-            t0 = time.perf_counter()
+        t0 = time.perf_counter()
+        for _ in range(getattr(fn, "cycle", 1)):
             fn()
+        if first * (want + 1) <= budget_s:
             while time.perf_counter() - t0 < WARM_S:
                 fn()
         times.setdefault(n, []).extend(call_times(fn, want))
