@@ -78,7 +78,7 @@ def timed_blocks(impls, budget_s, together=(), rounds=5):
     untouched for a few seconds costs more to touch again, and in these rounds every other block
     runs in between: decode B=8 over a 1.9 GiB rotation (118 copies), after 3 s with its copies
     idle, ran 3.8-12 ms a step after 20 ms of warm-up and 1.2-1.4 ms after one turn, as back to
-    back (1.3 ms; Intel Xeon KVM guest, pygdn 0.3.0). In a serving loop every layer's state is
+    back (1.3 ms; Intel Xeon KVM guest, pygdn 0.3.1). In a serving loop every layer's state is
     touched once a step, so the timed repeats follow a whole turn.
     impls: name -> (fn, reps, first_s); each gets at most budget_s of repeats. The names in
     `together` (variants whose times are compared as ratios: our ssm layouts and state dtypes)
