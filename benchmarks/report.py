@@ -175,6 +175,14 @@ def replay_flops(r, state_elems):
     return state_elems * (r["batch"] * (r["num_spec"] + 1) * TOKEN_FLOPS + sum(r["num_accepted"]) * REPLAY_TOKEN_FLOPS)
 
 
+def _cell_mark(v):
+    """A variant's cell mark: '!' its results disagree with the step it is checked against, '*'
+    one step only (it outlasted the row's time budget), else none."""
+    if not v.get("agreement_vs_ours", {}).get("ok", True):
+        return "!"
+    return "*" if v.get("first_call_only") else ""
+
+
 def replay_lines(records, peak_gflops=None, state_elems=None):
     """Spec rows in the per-token mode against replay mode (same rounds), f32 and bf16 state:
     times, the speedup (per-token / replay), the replay's share of its bare pass (the time a pass
@@ -192,8 +200,7 @@ def replay_lines(records, peak_gflops=None, state_elems=None):
             if "median_s" not in v or "median_s" not in r.get(pt, {}):
                 cells.append(f"{'-':>17s} {'':>10s} {'':>7s} {'':>5s} {'':>5s}")
                 continue
-            bad = ("!" if not v.get("agreement_vs_ours", {}).get("ok", True)
-                   else "*" if v.get("first_call_only") else "")
+            bad = _cell_mark(v)
             share = f"{100 * p['median_s'] / v['median_s']:4.0f}%" if "median_s" in p else "    -"
             fma = f"{100 * replay_flops(r, state_elems) / 1e9 / peak_gflops / v['median_s']:4.0f}%" if peak_gflops and state_elems else "    -"
             cells.append(f"{r[pt]['median_s'] * 1e3:17.3f} {v['median_s'] * 1e3:9.3f}{bad:1s} "
@@ -223,8 +230,7 @@ def variants_lines(records, plan):
                 vs_vk = f"{v['vs_ours']:5.2f}"
             elif name == "ours_bf16_state_kv" and "median_s" in r.get("ours_bf16_state", {}):
                 vs_vk = f"{v['median_s'] / r['ours_bf16_state']['median_s']:5.2f}"
-            bad = ("!" if not v.get("agreement_vs_ours", {}).get("ok", True)
-                   else "*" if v.get("first_call_only") else "")
+            bad = _cell_mark(v)
             share = rw_bound_share(r, name, plan)
             rw = f"{100 * share:3.0f}%" if share is not None else ""
             cells.append(f"{v['median_s'] * 1e3:9.3f}{bad:1s} {v['GBps']:6.2f} {100 * v['GBps'] / bw:4.0f}% {rw:>4s} {vs_vk:>5s}")
