@@ -112,7 +112,7 @@ typedef enum gdn_status {
   GDN_ERROR_BAD_DTYPE = 4,          /* unknown or unsupported dtype                      */
   GDN_ERROR_BAD_LAYOUT = 5,         /* unknown layout value, or a stride too small       */
   GDN_ERROR_BAD_START_LOC = 6,      /* *_query_start_loc not monotonic / not matching    */
-  GDN_ERROR_BAD_STATE_INDEX = 7,    /* a state index outside {pad_slot_id} U [0, slots)  */
+  GDN_ERROR_BAD_STATE_INDEX = 7,    /* a state index >= slots that is not pad_slot_id    */
   GDN_ERROR_DUPLICATE_SLOT = 8,     /* two writers of one slot, or a writer and a reader */
   GDN_ERROR_BAD_ACCEPTED = 9,       /* num_accepted_tokens outside [1, 1 + num_spec]     */
   GDN_ERROR_BAD_TOKEN_INDEX = 10,   /* a token row out of range, or two owners of a row  */
@@ -232,11 +232,16 @@ enum {
  * sequences may read one slot; a slot read by one sequence and written by another in the same call
  * is rejected (GDN_ERROR_DUPLICATE_SLOT: the result would depend on kernel order). With
  * has_initial_state[i] == 0 nothing is read: the sequence starts from zeros.
- * pad_slot_id as a non-spec sequence's write slot non_spec_state_indices[i] makes the sequence
+ * Padding: a state index that equals pad_slot_id or is negative (any value below 0, whatever
+ * pad_slot_id is) is padding in every index array -- write, read and checkpoint slots -- under
+ * either validation mode: the kernels never read or write a slot for it. So an engine that keeps a
+ * null block (vLLM: block 0, NULL_BLOCK_ID, in its padded rows) passes pad_slot_id = 0 and both 0
+ * and -1 stay untouched ("pad" below means either).
+ * A pad as a non-spec sequence's write slot non_spec_state_indices[i] makes the sequence
  * graph padding: zero outputs, nothing read, nothing written, no checkpoint. A spec sequence's
  * columns are slots of their own: a pad [n][t] is not written, and the ROLLED line [n][0] being
  * pad means zero conv outputs and no conv read or write for the sequence (its SSM state follows
- * the rules here on its own). As an explicitly given read slot pad_slot_id means "nothing to
+ * the rules here on its own). As an explicitly given read slot a pad means "nothing to
  * read": the sequence starts from zeros and writes as usual. (With spec_read_state_indices NULL a
  * padded spec_state_indices[n][A-1] keeps its version-1 meaning: no SSM state read or written,
  * zero delta-rule outputs.)
@@ -246,7 +251,7 @@ enum {
  * i.e. the request then holds a multiple of I tokens. At its k-th boundary of the step (k = 0, 1,
  * ...) the sequence stores the SSM state after token j and the conv history after it (the last
  * W-1 inputs up to token j, history before the step included, in columns 0..W-2 as a prefill
- * leaves them) to slot checkpoint_state_indices[i][k]; pad_slot_id there = not stored. More
+ * leaves them) to slot checkpoint_state_indices[i][k]; a pad there = not stored. More
  * boundaries than checkpoint_cols is an error (GDN_ERROR_BAD_COUNT). A checkpoint slot has one
  * writer and one purpose: it may not be another checkpoint, another sequence's read or write
  * slot, or the sequence's own read slot; it may be the sequence's own write slot only when the
@@ -271,11 +276,11 @@ enum {
  *      arithmetic of the per-token mode's walk over R tokens, and the result -- exactly the state
  *      the per-token mode stores to its column A-1 -- is written to c. R = 0: r's state is current
  *      (A is checked as in the per-token mode but not used); it is copied to c when r != c (zeros
- *      when r is pad_slot_id).
+ *      when r is a pad).
  *   2. this step's tokens walk from c's state in registers: outputs only, no state stored; their
  *      inputs go to c's ring, entries 0 .. len-1, and replay_count[c] = len.
  * Columns [n][1..] of spec_state_indices are neither read nor written by the delta rule (they are
- * still range- and conflict-checked); c = pad_slot_id makes the sequence padding (zero outputs,
+ * still range- and conflict-checked); a pad c makes the sequence padding (zero outputs,
  * nothing read or written). The conv is unchanged: GDN_CONV_SPEC_ROLLED keeps its meaning, and
  * replay mode requires it (GDN_CONV_SPEC_SNAPSHOT: GDN_ERROR_UNSUPPORTED).
  * Non-spec sequences run as in the per-token mode and set replay_count of their write slot (and
@@ -346,7 +351,8 @@ typedef struct gdn_batch {
   int32_t num_actual_tokens;    /* rows of this step (outputs beyond it are never touched)    */
   int32_t non_spec_token_count; /* = non_spec_query_start_loc[num_prefills+num_decodes]       */
   int32_t spec_token_count;     /* = spec_query_start_loc[num_spec_decodes]                   */
-  int32_t pad_slot_id;          /* state index meaning "padding: skip" (default -1)           */
+  int32_t pad_slot_id;          /* state index meaning "padding: skip" (default -1; any
+                                   negative index is padding too: "State caches")           */
   int32_t validate;             /* GDN_VALIDATE_*                                             */
   int32_t reserved0;
   /* [num_prefills+num_decodes+1], int32: compact non-spec token offsets, [0] = 0 */
@@ -388,7 +394,7 @@ typedef struct gdn_batch {
    * Used only to place block checkpoints, but checked whenever given. */
   const int32_t *non_spec_start_pos;
   /* [num_prefills+num_decodes, checkpoint_cols], int32, row-major: slot of the k-th checkpoint of
-   * non-spec sequence i in this step (pad_slot_id = not stored); needed when checkpoint_interval
+   * non-spec sequence i in this step (a pad = not stored); needed when checkpoint_interval
    * > 0 and checkpoint_cols > 0 */
   const int32_t *checkpoint_state_indices;
 } gdn_batch_t;
@@ -579,7 +585,7 @@ GDN_API gdn_status_t gdn_flush_replay(void *queue, const gdn_config_t *cfg, int3
  *   replay computes bit for bit what an eager call with that config, those counts and the arrays'
  *   contents at the replay computes. Nothing checks the contents at a replay: they must be valid
  *   as under GDN_VALIDATE_COUNTS (start locations are clamped as in any such call). Graph
- *   padding: record at the padded counts and give padded sequences pad_slot_id.
+ *   padding: record at the padded counts and give padded sequences a pad (pad_slot_id or -1).
  * Workspace: a call given tensors->workspace records that buffer; keep it for the graph and out of
  *   other work that may run at the same time. Without it the call records the library's workspace
  *   of the queue, which then stays at its address: a later call that needs more gets another

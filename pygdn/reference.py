@@ -148,7 +148,7 @@ def _non_spec_sequences(batch):
         # leading entries, the rest have state.
         hs = True if his is None or i >= len(his) else bool(his[i])
         checkpoints = []
-        if interval and int(slots[i]) != _pad(batch):  # graph padding stores no checkpoints
+        if interval and not _padding(batch)(int(slots[i])):  # graph padding stores no checkpoints
             p = 0 if start is None else int(start[i])
             assert p >= 0, "non_spec_start_pos must be >= 0"
             bounds = [j for j in range(len(rows)) if (p + j + 1) % interval == 0]
@@ -179,9 +179,11 @@ def _spec_sequences(batch, num_spec=None):
         yield n, [int(c) for c in cols_all[n]], A, rows, None if reads is None else int(reads[n])
 
 
-def _pad(batch):
+def _padding(batch):
+    """The batch's test for padding state indices: pad_slot_id (default -1) and every negative index."""
     v = batch.get("pad_slot_id")
-    return -1 if v is None else int(v)
+    pad = -1 if v is None else int(v)
+    return lambda slot: slot < 0 or slot == pad
 
 
 # ----------------------------------------------------------------------------- causal conv1d
@@ -223,37 +225,37 @@ def causal_conv1d(x, weight, bias, conv_state, batch, spec_layout="snapshot", si
     new = old.copy()
     state_len = old.shape[2]
     assert state_len >= W - 1
-    pad = _pad(batch)
+    is_pad = _padding(batch)
     out = np.zeros_like(x)
 
     for _, slot, read, rows, hs, checkpoints in _non_spec_sequences(batch):
-        if slot == pad or not rows:
+        if is_pad(slot) or not rows:
             continue
-        hist = old[read][:, :W - 1].copy() if hs and read != pad else np.zeros((C, W - 1))
+        hist = old[read][:, :W - 1].copy() if hs and not is_pad(read) else np.zeros((C, W - 1))
         y, full = _conv_seq(hist, x[rows], weight, bias, silu)
         out[rows] = y
         new[slot][:, :W - 1] = full[:, full.shape[1] - (W - 1):]
         for j, ck in checkpoints:  # full column W-1+j is x_j: the W-1 inputs ending there
-            if ck != pad:
+            if not is_pad(ck):
                 new[ck][:, :W - 1] = full[:, j + 1:j + W]
 
     for _, cols, A, rows, read in _spec_sequences(batch, num_spec):
         L = len(rows)
         if spec_layout == "snapshot":
             src = cols[A - 1] if read is None else read
-            hist = old[src][:, :W - 1].copy() if src != pad else np.zeros((C, W - 1))
+            hist = old[src][:, :W - 1].copy() if not is_pad(src) else np.zeros((C, W - 1))
             y, full = _conv_seq(hist, x[rows], weight, bias, silu)
             out[rows] = y
             for t in range(L):
-                if cols[t] != pad:
+                if not is_pad(cols[t]):
                     new[cols[t]][:, :W - 1] = full[:, t + 1:t + W]
         elif spec_layout == "rolled":
             s = cols[0]
-            if s == pad:
+            if is_pad(s):
                 continue
             assert A + W - 2 <= state_len and W - 2 + L <= state_len, "rolled: state_len too small"
             src = s if read is None else read
-            hist = old[src][:, A - 1:A + W - 2].copy() if src != pad else np.zeros((C, W - 1))
+            hist = old[src][:, A - 1:A + W - 2].copy() if not is_pad(src) else np.zeros((C, W - 1))
             y, _ = _conv_seq(hist, x[rows], weight, bias, silu)
             out[rows] = y
             new[s][:, :W - 2] = hist[:, 1:]
@@ -300,7 +302,7 @@ def gated_delta_rule(qkv, g, beta, ssm_state, batch, H, HV, K, V, scale=None, l2
     q = q * (K ** -0.5 if scale is None else scale)
     old = _f64(ssm_state)
     new = old.copy()
-    pad = _pad(batch)
+    is_pad = _padding(batch)
     o = np.zeros((rows_n, HV, V))
     grp = HV // H
 
@@ -311,26 +313,26 @@ def gated_delta_rule(qkv, g, beta, ssm_state, batch, H, HV, K, V, scale=None, l2
 
     store = lambda S: round_state(S, state_dtype)  # noqa: E731
     for _, slot, read, rows, hs, checkpoints in _non_spec_sequences(batch):
-        if slot == pad or len(rows) == 0:  # graph padding / zero-length: nothing read, nothing written
+        if is_pad(slot) or len(rows) == 0:  # graph padding / zero-length: nothing read, nothing written
             continue
-        S = old[read].copy() if hs and read != pad else np.zeros((HV, K, V))
+        S = old[read].copy() if hs and not is_pad(read) else np.zeros((HV, K, V))
         at = dict(checkpoints)
         for j, r in enumerate(rows):
             token(S, r)
-            if at.get(j, pad) != pad:
+            if j in at and not is_pad(at[j]):
                 new[at[j]] = store(S)
         new[slot] = store(S)
 
     for _, cols, A, rows, read in _spec_sequences(batch):
         if read is None:
-            if cols[A - 1] == pad:
+            if is_pad(cols[A - 1]):
                 continue
             S = old[cols[A - 1]].copy()
         else:
-            S = old[read].copy() if read != pad else np.zeros((HV, K, V))
+            S = old[read].copy() if not is_pad(read) else np.zeros((HV, K, V))
         for t, r in enumerate(rows):
             token(S, r)
-            if cols[t] != pad:
+            if not is_pad(cols[t]):
                 new[cols[t]] = store(S)
     return o, new
 

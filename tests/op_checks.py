@@ -69,16 +69,17 @@ RTOL_LOW = {"f16": 5e-3, "bf16": 3e-2}  # outputs rounded to the activation dtyp
 def written_slots(meta):
     """Slots a call may write: non-spec slots, spec slots of tokens t < L (when the read slot is valid)."""
     pad, out = meta.get("pad_slot_id", -1), set()
+    is_pad = lambda s: s < 0 or s == pad  # noqa: E731
     for s in meta["non_spec_state_indices"] if meta.get("non_spec_state_indices") is not None else []:
-        if s != pad:
+        if not is_pad(s):
             out.add(int(s))
     if meta.get("num_spec_decodes", 0):
         qsl, cols, acc = meta["spec_query_start_loc"], meta["spec_state_indices"], meta["num_accepted_tokens"]
         for n in range(meta["num_spec_decodes"]):
-            if cols[n][acc[n] - 1] == pad:
+            if is_pad(cols[n][acc[n] - 1]):
                 continue
             for t in range(qsl[n + 1] - qsl[n]):
-                if cols[n][t] != pad:
+                if not is_pad(cols[n][t]):
                     out.add(int(cols[n][t]))
     return out
 

@@ -1,7 +1,7 @@
 """Hypothesis fuzzing of gdn_attention's batch metadata.
 
 Each example is a mixed batch (prefills, decodes, speculative sequences; ragged spec lengths,
-every acceptance count, zero-length and PAD_SLOT_ID padding, graph-padded arrays, any row
+every acceptance count, zero-length, pad_slot_id and negative-index padding, graph-padded arrays, any row
 interleaving), optionally corrupted in one or two places (slots out of range or duplicated,
 acceptance out of range, token rows out of range / duplicated / both index arrays NULL, start
 locations perturbed, counts off by one, required arrays missing or too short, rolled conv state
@@ -21,6 +21,7 @@ Tiny shapes (H=1, HV=2, K=V=4, conv width 2..4, f32), one queue. GDN_FUZZ_EXAMPL
 example count (default 2000, the CI run; tests/fuzz_nightly.sh runs 50000).
 
 Semantics the predictor holds the library to (docs/op.md, "Errors and validation"):
+  * A state index equal to pad_slot_id, or negative whatever pad_slot_id is, is padding.
   * A zero-length sequence is padding: it reads and writes nothing (its slot is still range
     checked, and a non-spec one still counts as its slot's writer, as
     src/validate/metadata.cpp does).
@@ -137,14 +138,18 @@ def cases(draw):
     pad = {"-1": -1, "0": 0, "last": num_slots - 1, "big": 1000}[pad_kind]
     free = rng.permutation([s for s in range(num_slots) if s != pad]).astype(np.int32)
     ns_slots = free[:len(ns_lens)].copy()
-    ns_slots[np.array(ns_pad, bool)] = pad
+    # a padded entry holds pad_slot_id or -1 (negative indices are padding too)
+    alt = lambda: pad if pad == -1 or draw(st.booleans()) else -1  # noqa: E731
+    for i in np.flatnonzero(ns_pad):
+        ns_slots[i] = alt()
     s_slots = free[len(ns_lens):need].reshape(len(s_lens), cols).copy()
     pool = free[need:need + n_pool]
     for n, p in enumerate(s_pad):
         if p == "row":
-            s_slots[n] = pad
+            s_slots[n] = alt()
         elif p == "some":
-            s_slots[n, rng.random(cols) < 0.4] = pad
+            for t in np.flatnonzero(rng.random(cols) < 0.4):
+                s_slots[n, t] = alt()
         # columns a sequence neither reads nor writes may hold any slot (even another sequence's)
         for t in range(s_lens[n], cols):
             if t != s_acc[n] - 1 and draw(st.integers(0, 3)) == 0:
@@ -352,11 +357,12 @@ def predict(c):
     if nns > 0 and not start_loc_ok(ns_qsl, t_ns) or nsd > 0 and not start_loc_ok(s_qsl, t_s):
         return "gdn", {"GDN_ERROR_BAD_START_LOC"}
     errs = set()
-    valid_slot = lambda s: s == pad or 0 <= s < slots  # noqa: E731
+    is_pad = lambda s: s < 0 or s == pad  # noqa: E731  (gdn_xpu.h "State caches": padding)
+    valid_slot = lambda s: is_pad(s) or s < slots  # noqa: E731
     writer = {}
 
     def write(slot, seq):
-        if slot == pad:
+        if is_pad(slot):
             return
         if writer.setdefault(slot, seq) != seq:
             errs.add("GDN_ERROR_DUPLICATE_SLOT")
@@ -383,7 +389,7 @@ def predict(c):
         if 1 <= L and 1 <= A <= cols:
             readers += [(row[A - 1], ("s", n)), (row[0], ("s", n))]
     for slot, seq in readers:
-        if slot != pad and writer.get(slot, seq) != seq:
+        if not is_pad(slot) and writer.get(slot, seq) != seq:
             errs.add("GDN_ERROR_DUPLICATE_SLOT")
     errs |= predict_state_caches(c, ns_qsl, s_qsl, valid_slot)
     owned = set()
@@ -421,7 +427,7 @@ def predict_state_caches(c, ns_qsl, s_qsl, valid_slot):
             uses.append((int(s_slots[n * cols + t]), ("s", n), "W", False))
     for i in range(nns):
         L = ns_qsl[i + 1] - ns_qsl[i]
-        if L == 0 or ns_slots[i] == pad:
+        if L == 0 or ns_slots[i] < 0 or ns_slots[i] == pad:
             continue
         if ns_read is not None and (his is None or his[i]) and ns_read[i] != ns_slots[i]:
             uses.append((int(ns_read[i]), ("ns", i), "R", False))
@@ -438,7 +444,7 @@ def predict_state_caches(c, ns_qsl, s_qsl, valid_slot):
             uses.append((int(s_read[n]), ("s", n), "R", False))
         elif L >= 1 and 1 <= A <= cols:
             uses.append((int(s_slots[n * cols + A - 1]), ("s", n), "R", False))
-    uses = [u for u in uses if u[0] != pad]
+    uses = [u for u in uses if u[0] >= 0 and u[0] != pad]
     for x in range(len(uses)):
         for y in range(x + 1, len(uses)):
             (s1, q1, k1, last1), (s2, q2, k2, last2) = uses[x], uses[y]

@@ -170,7 +170,7 @@ static inline void conv_spec_channels(const GdnConvParams &p, int32_t seq, int32
   const int64_t cs = p.state.chan_stride;
   const SpecRead rd = spec_read(p, seq);
   const int32_t line = rd.line, read_slot = rd.slot, read_col0 = rd.col0;
-  if (p.rolled && line == p.pad_slot_id) {
+  if (p.rolled && gdn_is_pad(line, p.pad_slot_id)) {
     for (int32_t t = 0; t < len; ++t)
       L::store_act(p.out, global_row(p.token_indx, j0 + t) * p.out_stride + c, T(0.0f));
     return;
@@ -179,7 +179,7 @@ static inline void conv_spec_channels(const GdnConvParams &p, int32_t seq, int32
   load_weights<N, WIDTH>(p.weight, c, width, w);
   const T bias = p.bias ? L::load_act(p.bias, c, 1) : T(0.0f);
   const int64_t xc = gdn_qkv_col(p.pack, c);
-  if (read_slot == p.pad_slot_id)
+  if (gdn_is_pad(read_slot, p.pad_slot_id))
     for (int32_t i = 0; i < w1; ++i) hist[i] = T(0.0f);
   else
     load_window<N, WIDTH>(p.state, read_slot, c, read_col0, w1, hist);
@@ -193,7 +193,7 @@ static inline void conv_spec_channels(const GdnConvParams &p, int32_t seq, int32
     L::store_act(p.out, row * p.out_stride + c, conv_token(w, bias, hist, width, x, p.silu));
     if (p.rolled) {
       L::store_act_exact(p.state.base, state_off(p.state, line, c, w1 - 1 + t), x, cs);
-    } else if (cols[t] != p.pad_slot_id) {
+    } else if (!gdn_is_pad(cols[t], p.pad_slot_id)) {
       store_window<N, WIDTH>(p.state, cols[t], c, w1, hist);
     }
   }
@@ -210,7 +210,7 @@ struct NonSpecSlots {
 };
 static inline NonSpecSlots non_spec_slots(const GdnConvParams &p, int32_t seq, int32_t slot, int32_t t0) {
   const int32_t read = p.slots.read_indices ? p.slots.read_indices[seq] : slot;
-  return {read, (!p.has_initial_state || p.has_initial_state[seq]) && read != p.pad_slot_id,
+  return {read, (!p.has_initial_state || p.has_initial_state[seq]) && !gdn_is_pad(read, p.pad_slot_id),
           checkpoints(p.slots, seq, p.slots.start_pos ? p.slots.start_pos[seq] : 0, t0, p.pad_slot_id)};
 }
 
@@ -254,7 +254,7 @@ static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int3
     const int32_t end = owner ? sycl::max(sycl::min(t1, j1), sycl::min(j1, j0 + w1)) : sycl::min(t1, j1);
     if (first >= end) continue;
     const int32_t slot = p.state_indices[seq];
-    if (slot == p.pad_slot_id) {  // graph padding: zero outputs, no state access
+    if (gdn_is_pad(slot, p.pad_slot_id)) {  // graph padding: zero outputs, no state access
       for (int32_t j = first; j < end; ++j)
         for (int32_t b = 0; b < nb; ++b) L::store_act(p.out, global_row(p.token_indx, j) * p.out_stride + c + N * b, T(0.0f));
       continue;
@@ -295,7 +295,7 @@ static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int3
         else
           for (int q = 0; q < M; ++q) L::store_act(p.out, row * p.out_stride + c + N * (b0 + q), y[q]);
         const int32_t to = ckpt.after(j - j0);
-        if (to != p.pad_slot_id)
+        if (!gdn_is_pad(to, p.pad_slot_id))
           for (int q = 0; q < M; ++q) store_window<N, WIDTH>(p.state, to, c + N * (b0 + q), w1, hist[q]);
       }
       if (!owner) return;
@@ -323,7 +323,7 @@ static inline void conv_decode_blocks(const GdnConvParams &p, int32_t seq, int32
   typedef L::T T;
   const int64_t row = global_row(p.token_indx, conv_span(p, seq, false).j0);
   const int32_t slot = p.state_indices[seq];
-  if (slot == p.pad_slot_id) {  // graph padding: zero outputs, no state access
+  if (gdn_is_pad(slot, p.pad_slot_id)) {  // graph padding: zero outputs, no state access
     for (int32_t cb = c; cb < c_end; cb += 16) L::store_act(p.out, row * p.out_stride + cb, T(0.0f));
     return;
   }
@@ -337,7 +337,7 @@ static inline void conv_decode_blocks(const GdnConvParams &p, int32_t seq, int32
     if (use.init) load_window<16, W>(p.state, use.read, cb, 0, W1, hist);
     else for (int32_t i = 0; i < W1; ++i) hist[i] = T(0.0f);
     const T y = conv_token(w, bias, hist, W, L::load_act(p.x, row * p.x_stride + gdn_qkv_col(p.pack, cb), 1), p.silu);
-    if (to != p.pad_slot_id) store_window<16, W>(p.state, to, cb, W1, hist);
+    if (!gdn_is_pad(to, p.pad_slot_id)) store_window<16, W>(p.state, to, cb, W1, hist);
     store_window<16, W>(p.state, slot, cb, W1, hist);
     return y;
   };
@@ -363,16 +363,16 @@ static inline void conv_prefetch(const GdnConvParams &p, int32_t seq, int32_t c,
   int32_t slot = p.pad_slot_id, col0 = 0;
   if (spec) {
     const SpecRead rd = spec_read(p, seq);
-    if (p.rolled && rd.line == p.pad_slot_id) return;
+    if (p.rolled && gdn_is_pad(rd.line, p.pad_slot_id)) return;
     slot = rd.slot, col0 = rd.col0;
   } else {
     const int32_t own = p.state_indices[seq];
-    if (own == p.pad_slot_id) return;
+    if (gdn_is_pad(own, p.pad_slot_id)) return;
     const NonSpecSlots use = non_spec_slots(p, seq, own, 0);
     if (use.init) slot = use.read;
   }
   const GdnConvStateView &s = p.state;
-  if (slot != p.pad_slot_id) {
+  if (!gdn_is_pad(slot, p.pad_slot_id)) {
     if (s.col_stride == 1) {  // dim-major: the window's columns interleave, one span
       const int64_t a = state_off(s, slot, c, col0), b = state_off(s, slot, c_end - 1, col0 + w1 - 1) + 1;
       prefetch_bytes((const act_t *)s.base + a, (b - a) * sizeof(act_t));

@@ -82,12 +82,12 @@ static inline SeqSlots seq_slots(const GdnDeltaParams &p, int32_t seq, bool spec
     // An explicit read slot may be pad ("nothing to read": zeros); the version-1 default read
     // slot [n][A-1] being pad makes the sequence padding.
     s.read_slot = u.read_indices ? u.read_indices[seq] : s.cols[gdn_accepted(p.num_accepted, seq, p.slot_cols) - 1];
-    s.skip = !u.read_indices && s.read_slot == p.pad_slot_id;
-    s.init = s.read_slot != p.pad_slot_id;
+    s.skip = !u.read_indices && gdn_is_pad(s.read_slot, p.pad_slot_id);
+    s.init = !gdn_is_pad(s.read_slot, p.pad_slot_id);
   } else {
     s.read_slot = u.read_indices ? u.read_indices[seq] : s.cols[0];
-    s.skip = s.cols[0] == p.pad_slot_id;
-    s.init = (!p.has_initial_state || p.has_initial_state[seq]) && s.read_slot != p.pad_slot_id;
+    s.skip = gdn_is_pad(s.cols[0], p.pad_slot_id);
+    s.init = (!p.has_initial_state || p.has_initial_state[seq]) && !gdn_is_pad(s.read_slot, p.pad_slot_id);
   }
   return s;
 }
@@ -121,9 +121,9 @@ static inline bool replay_seq(const GdnDeltaParams &p, int32_t seq, RecurrentSeq
   if (p.query_start_loc && delta_span(p, seq, true).len == 0) return false;
   r->cols = p.state_indices + (int64_t)seq * p.slot_cols;
   const int32_t c = r->cols[0];
-  if (c == p.pad_slot_id) return false;
+  if (gdn_is_pad(c, p.pad_slot_id)) return false;
   r->read_slot = p.slots.read_indices ? p.slots.read_indices[seq] : c;
-  r->init = r->read_slot != p.pad_slot_id;
+  r->init = !gdn_is_pad(r->read_slot, p.pad_slot_id);
   const int32_t R = r->init ? sycl::clamp(p.ring_count[r->read_slot], 0, p.ring_tokens) : 0;
   // A step's A (clamped as every reader's); gdn_flush_replay (no start locations) binds its
   // num_tokens here, 0..R, checked on the host. A <= R: checked under GDN_VALIDATE_FULL.
@@ -156,7 +156,7 @@ static inline bool recurrent_seq(const GdnDeltaParams &p, int32_t seq, Recurrent
   r->ring_v0 = r->ring_vn = 0, r->ring_k = false;
   if (r->mode == GDN_REPLAY_WALK) {  // the replay (its launch, or gdn_fused_cpu's work-item) made [n][0] current
     r->read_slot = r->cols[0];
-    r->skip = r->read_slot == p.pad_slot_id;
+    r->skip = gdn_is_pad(r->read_slot, p.pad_slot_id);
     r->init = !r->skip;
     if (!r->skip) r->ring_out = ring_entry(p, r->read_slot);
   }

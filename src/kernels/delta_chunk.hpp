@@ -220,7 +220,7 @@ static inline void chunk_scan_body(const GdnDeltaParams &p, int32_t e, int32_t h
     }
     // A block checkpoint is always a chunk end (gdn_chunk_plan aligns the chunks to it).
     const int32_t ck = ckpt.after(jfirst + len - 1 - j0);
-    if (ck != p.pad_slot_id)
+    if (!gdn_is_pad(ck, p.pad_slot_id))
       for (int32_t b = 0; b < nb; ++b) store_state_columns<NL>(p, ck, hv, v0 + b * NL, s[b]);
   }
   for (int32_t b = 0; b < nb; ++b) store_state_columns<NL>(p, ss.cols[0], hv, v0 + b * NL, s[b]);

@@ -96,7 +96,7 @@ GDN_SUB_GROUP_KERNEL(1) void gdn_replay_count(GdnDeltaParams p) {
   if (i >= p.num_seqs) return;
   const int64_t len = p.query_start_loc ? delta_span(p, i, p.group == GDN_GROUP_SPEC).len : 1;
   const int32_t slot = p.state_indices[(int64_t)i * p.slot_cols];
-  if (len == 0 || slot == p.pad_slot_id) return;  // nothing written (padding stores no checkpoints)
+  if (len == 0 || gdn_is_pad(slot, p.pad_slot_id)) return;  // nothing written (padding stores no checkpoints)
   if (p.group == GDN_GROUP_SPEC) {
     p.ring_count[slot] = (int32_t)len;
     return;
@@ -105,6 +105,6 @@ GDN_SUB_GROUP_KERNEL(1) void gdn_replay_count(GdnDeltaParams p) {
   const int64_t start = p.slots.start_pos ? p.slots.start_pos[i] : 0;
   for (Checkpoints w = checkpoints(p.slots, i, start, 0, p.pad_slot_id); w.row && w.next < len;) {
     const int32_t to = w.after(w.next);
-    if (to != p.pad_slot_id) p.ring_count[to] = 0;
+    if (!gdn_is_pad(to, p.pad_slot_id)) p.ring_count[to] = 0;
   }
 }

@@ -151,8 +151,8 @@ static inline void recurrent_tile(const GdnDeltaParams &p, const sycl::sub_group
     }
     if (writer && !state_only) store_act(p.out, row * p.out_stride + (int64_t)hv * p.V + vl, o);
     const int32_t to = token_store_slot(r, t);  // spec write-back or block checkpoint
-    if (to != p.pad_slot_id) store_tile(p, to, hv, v0, lane, s);
+    if (!gdn_is_pad(to, p.pad_slot_id)) store_tile(p, to, hv, v0, lane, s);
   }
-  if (r.final_slot != p.pad_slot_id) store_tile(p, r.final_slot, hv, v0, lane, s);
+  if (!gdn_is_pad(r.final_slot, p.pad_slot_id)) store_tile(p, r.final_slot, hv, v0, lane, s);
 }
 

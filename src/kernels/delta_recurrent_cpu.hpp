@@ -105,7 +105,7 @@ static inline vf16 held_update(const vf16 &s, const vf16 &d, const vf16 &xy) { r
 // The state of (slot, hv) from column / row v (state_column), nullptr for pad_slot_id: where a
 // walk stores a state.
 static inline state_t *slot_state(const GdnDeltaParams &p, int32_t slot, int32_t hv, int32_t v) {
-  return slot != p.pad_slot_id ? state_column(p, slot, hv, v) : nullptr;
+  return !gdn_is_pad(slot, p.pad_slot_id) ? state_column(p, slot, hv, v) : nullptr;
 }
 
 // a . b over kHeadK floats (l2-normalized k and q: |a . b| <= 1).

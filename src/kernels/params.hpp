@@ -51,6 +51,11 @@ static inline int64_t gdn_ring_floats(int32_t H, int32_t HV, int32_t K, int32_t 
   return gdn_ring_beta(H, HV, K, V, gk) + HV;
 }
 
+// Whether a state index is padding (gdn_xpu.h, gdn_batch_t.pad_slot_id): pad_slot_id, or any negative
+// value, whatever pad_slot_id is (vLLM pads with its null block 0 and with -1). Every kernel and
+// every check asks this, and nothing dereferences an index for which it holds.
+static inline constexpr bool gdn_is_pad(int32_t slot, int32_t pad_slot_id) { return slot < 0 || slot == pad_slot_id; }
+
 // A spec sequence's accepted count as every reader indexes with it (gdn_xpu.h, num_accepted_tokens):
 // num_accepted_tokens[seq] clamped to [1, cols], cols = 1 + num_spec, so that column A-1 lies in the
 // sequence's own row of spec_state_indices whatever the array holds (GDN_VALIDATE_COUNTS trusts it).

@@ -28,10 +28,10 @@ void check_start_loc(const std::vector<int32_t> &qsl, int32_t tokens, const char
 // field() names the element; called only to build the error message.
 template <class Field>
 void check_slot(int32_t slot, const gdn_batch_t &b, int32_t num_slots, const Field &field) {
-  if (slot == b.pad_slot_id) return;
-  GDN_REQUIRE(slot >= 0 && slot < num_slots, GDN_ERROR_BAD_STATE_INDEX,
-          field() + " = " + str(slot) + " is outside [0, num_slots=" + str(num_slots) + ") and is not pad_slot_id (" +
-              str(b.pad_slot_id) + ")");
+  if (gdn_is_pad(slot, b.pad_slot_id)) return;
+  GDN_REQUIRE(slot < num_slots, GDN_ERROR_BAD_STATE_INDEX,
+          field() + " = " + str(slot) + " is outside [0, num_slots=" + str(num_slots) + ") and is not padding (pad_slot_id " +
+              str(b.pad_slot_id) + " or negative)");
 }
 
 // One use of a state slot by one sequence of the call. The rules between uses (gdn_xpu.h "State
@@ -71,7 +71,7 @@ struct SlotUses {
     return "?";
   }
   void add(int32_t slot, int32_t seq, Use use, Field f, int32_t col = 0, int32_t token = 0, bool last = false) {
-    if (slot == c.batch.pad_slot_id) return;
+    if (gdn_is_pad(slot, c.batch.pad_slot_id)) return;
     uses.push_back(SlotUse{slot, seq, (int32_t)uses.size(), col, token, use, f, last});
   }
 
@@ -185,7 +185,7 @@ void check_slot_uses(const Checked &c) {
     for (int32_t t = 0; t < m.s_qsl[(size_t)n + 1] - m.s_qsl[(size_t)n]; ++t)
       u.add(m.s_slots[(size_t)n * cols + t], nns + n, Use::Write, Field::SpecWrite, t);
   for (int32_t i = 0; i < nns; ++i) {  // reads other than the write slot itself
-    if (m.ns_read.empty() || m.ns_qsl[(size_t)i + 1] == m.ns_qsl[(size_t)i] || m.ns_slots[(size_t)i] == pad) continue;
+    if (m.ns_read.empty() || m.ns_qsl[(size_t)i + 1] == m.ns_qsl[(size_t)i] || gdn_is_pad(m.ns_slots[(size_t)i], pad)) continue;
     if (!m.has_init.empty() && !m.has_init[(size_t)i]) continue;  // nothing is read
     if (m.ns_read[(size_t)i] != m.ns_slots[(size_t)i]) u.add(m.ns_read[(size_t)i], i, Use::Read, Field::NonSpecRead);
   }
@@ -202,7 +202,7 @@ void check_slot_uses(const Checked &c) {
     const int64_t I = b.checkpoint_interval;
     for (int32_t i = 0; i < nns; ++i) {
       const int64_t len = m.ns_qsl[(size_t)i + 1] - m.ns_qsl[(size_t)i];
-      if (len == 0 || m.ns_slots[(size_t)i] == pad) continue;  // padding stores no checkpoints
+      if (len == 0 || gdn_is_pad(m.ns_slots[(size_t)i], pad)) continue;  // padding stores no checkpoints
       const int64_t p = m.start_pos.empty() ? 0 : m.start_pos[(size_t)i];
       const int64_t crossed = (p + len) / I - p / I;  // tokens j with (p + j + 1) % I == 0
       GDN_REQUIRE(crossed <= b.checkpoint_cols, GDN_ERROR_BAD_COUNT,

@@ -51,22 +51,22 @@ void check_replay_counts(Checked &c) {
   // empty), each spec sequence's (its replay).
   std::vector<int32_t> ns_read((size_t)nns, pad), s_read((size_t)b.num_spec_decodes, pad), all;
   for (int32_t i = 0; i < nns; ++i) {
-    if (m.ns_qsl[(size_t)i + 1] == m.ns_qsl[(size_t)i] || m.ns_slots[(size_t)i] == pad) continue;
+    if (m.ns_qsl[(size_t)i + 1] == m.ns_qsl[(size_t)i] || gdn_is_pad(m.ns_slots[(size_t)i], pad)) continue;
     if (!m.has_init.empty() && !m.has_init[(size_t)i]) continue;
     ns_read[(size_t)i] = m.ns_read.empty() ? m.ns_slots[(size_t)i] : m.ns_read[(size_t)i];
   }
   for (int32_t n = 0; n < b.num_spec_decodes; ++n) {
     const int32_t committed = m.s_slots[(size_t)n * cols];
-    if (m.s_qsl[(size_t)n + 1] == m.s_qsl[(size_t)n] || committed == pad) continue;
+    if (m.s_qsl[(size_t)n + 1] == m.s_qsl[(size_t)n] || gdn_is_pad(committed, pad)) continue;
     s_read[(size_t)n] = m.s_read.empty() ? committed : m.s_read[(size_t)n];
   }
   for (const auto *v : {&ns_read, &s_read})
     for (int32_t s : *v)
-      if (s != pad) all.push_back(s);
+      if (!gdn_is_pad(s, pad)) all.push_back(s);
   const Counts counts = read_counts(c.q, c.t.replay_count, all);
   for (int32_t i = 0; i < nns; ++i) {
     const int32_t s = ns_read[(size_t)i];
-    if (s == pad) continue;
+    if (gdn_is_pad(s, pad)) continue;
     check_count(counts.of(s), s, c.cfg.replay_tokens);
     GDN_REQUIRE(counts.of(s) == 0, GDN_ERROR_BAD_STATE_INDEX,
             std::string(m.ns_read.empty() ? "non_spec_state_indices[" : "non_spec_read_state_indices[") + str(i) +
@@ -75,7 +75,7 @@ void check_replay_counts(Checked &c) {
   }
   for (int32_t n = 0; n < b.num_spec_decodes; ++n) {
     const int32_t s = s_read[(size_t)n];
-    if (s == pad) continue;
+    if (gdn_is_pad(s, pad)) continue;
     const int32_t R = counts.of(s), A = m.accepted[(size_t)n];
     check_count(R, s, c.cfg.replay_tokens);
     GDN_REQUIRE(R == 0 || A <= R, GDN_ERROR_BAD_ACCEPTED,
