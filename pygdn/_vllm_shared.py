@@ -1,11 +1,34 @@
 """What pygdn's two vLLM bindings share: torch dtypes by pygdn name, the process's SYCL CPU queue
-for torch CPU tensors, a layer's prepared call (weights and caches bound once, the step's arrays
-rebound at every call) and the bounded stores of prepared layers and step batches. Imports torch
-nowhere: it works on the tensors it is given."""
+for torch CPU tensors, vLLM's conventions (its null block, its conv-state layout), a layer's prepared
+call (weights and caches bound once, the step's arrays rebound at every call) and the bounded stores
+of prepared layers and step batches. Imports torch nowhere: it works on the tensors it is given."""
 from __future__ import annotations
 
 _TORCH_DTYPES = {"torch.float32": "f32", "torch.float16": "f16", "torch.bfloat16": "bf16"}
 _cpu_queue = []
+_vllm = {}  # what the installed vLLM says, imported once (vllm_conventions)
+
+
+def vllm_conventions():
+    """(null block id, conv layout) of the installed vLLM: the pad value of its state indices
+    (NULL_BLOCK_ID, vllm/v1/attention/backends/utils.py: the block its metadata builder writes into
+    padded rows, gdn_attn.py) and pygdn's name of the conv-state layout it allocates now
+    (is_conv_state_dim_first(), vllm/model_executor/layers/mamba/mamba_utils.py, which follows
+    VLLM_SSM_CONV_STATE_LAYOUT: "DS" is "dim_major", "SD", its default, "time_major"). Without vLLM
+    (or a vLLM without them): 0, vLLM 0.32's null block, and "time_major", vLLM's default layout and
+    the one vllm-xpu-kernels takes."""
+    if not _vllm:
+        try:
+            from vllm.v1.attention.backends.utils import NULL_BLOCK_ID as null
+        except ImportError:
+            null = 0
+        try:
+            from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first as dim_first
+        except ImportError:
+            dim_first = None
+        _vllm.update(null=int(null), dim_first=dim_first)
+    dim_first = _vllm["dim_first"]
+    return _vllm["null"], "dim_major" if dim_first is not None and dim_first() else "time_major"
 
 
 def dtype_name(dtype):

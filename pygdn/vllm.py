@@ -13,6 +13,11 @@ of the SYCL CPU device:
   rebinds only its activations, output and metadata (rebind's checks, into the call's own structs);
 - activation and SSM state dtypes are the layer's: its weights' dtype, vLLM's SSM cache dtype;
 - the SSM memory is used as [HV, K, V] ("kv"), as vLLM's CPU kernels use it; l2norm eps 1e-5;
+- the conv state in the layout vLLM allocates (is_conv_state_dim_first(): VLLM_SSM_CONV_STATE_LAYOUT "DS"
+  dim-major, "SD" time-major), spec sequences' history as one rolled window per sequence (vLLM's
+  convention, get_conv_copy_spec);
+- vLLM's null block (NULL_BLOCK_ID) is the batch's pad_slot_id: a 0 in any index array (padded rows,
+  stale spec rows), like any negative index, is neither read nor written;
 - int64 or strided metadata (token indices, accepted counts, a block-table column) becomes int32
   contiguous once per step and KV-cache group, checked once and shared by the group's layers
   (Batch.bind); dt_bias and A_log are read as f32 once per layer;
@@ -127,9 +132,9 @@ def _dtypes(layer):
 def _config(layer, num_slots=1, conv=None, ssm=None):
     """The layer's pygdn.Config; with its caches, their slot count and strides."""
     import pygdn
-    from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+    from pygdn._vllm_shared import vllm_conventions
     conv_shape, _ = layer.get_state_shape()
-    dim_first = is_conv_state_dim_first()
+    dim_first = vllm_conventions()[1] == "dim_major"
     act, state = _dtypes(layer)
     return pygdn.Config(
         num_k_heads=layer.num_k_heads // layer.tp_size, num_v_heads=layer.num_v_heads // layer.tp_size,
@@ -177,14 +182,15 @@ def _step_batch(md):
     if kept is not None:
         return kept[1]
     import pygdn
-    from pygdn._vllm_shared import remember
+    from pygdn._vllm_shared import remember, vllm_conventions
     import torch
 
     def i32(t):  # int32, contiguous: a no-op for what already is (asked first: .to() costs µs even then)
         return t if t is None or (t.dtype is torch.int32 and t.is_contiguous()) else t.to(torch.int32).contiguous()
 
     fields = dict(num_actual_tokens=md.num_actual_tokens, num_prefills=md.num_prefills, num_decodes=md.num_decodes,
-                  validate="counts", non_spec_token_count=md.num_prefill_tokens + md.num_decode_tokens)
+                  validate="counts", pad_slot_id=vllm_conventions()[0],
+                  non_spec_token_count=md.num_prefill_tokens + md.num_decode_tokens)
     if md.num_prefills or md.num_decodes:
         fields.update(non_spec_query_start_loc=i32(md.non_spec_query_start_loc),
                       non_spec_state_indices=i32(md.non_spec_state_indices_tensor),

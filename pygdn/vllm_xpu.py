@@ -11,8 +11,19 @@ What it maps (docs/op.md "Packed projections" has the sources):
   projections, caches and z / core_attn_out hold those;
 - z receives the rows' z columns [T, HV, V] for the caller's gated norm; core_attn_out the core's
   output (no norm here);
-- caches as vllm-xpu-kernels keeps them: conv_state [slots, state_len, conv_dim] (time-major), spec
-  windows per accepted token ("snapshot"), ssm_state [slots, HV, V, K] ("vk"); slot strides free;
+- caches as vLLM allocates them for vllm-xpu-kernels: ssm_state [slots, HV, V, K] ("vk"); conv_state
+  [slots, state_len, conv_dim] ("time_major"), or [slots, conv_dim, state_len] ("dim_major") when vLLM
+  runs with VLLM_SSM_CONV_STATE_LAYOUT=DS (is_conv_state_dim_first()); slot strides free;
+- spec sequences' conv history as vllm-xpu-kernels keeps it since its #544 (merged 2026-08-25): one
+  sliding window per sequence in the block of its column 0, read at row offset num_accepted - 1, of
+  state_len = W - 1 + num_spec rows as vLLM allocates it (Config.conv_spec_layout "rolled"; vLLM's
+  get_conv_copy_spec moves that window between blocks). GDN_XPU_XK_CONV=snapshot in the environment
+  (read when a layer is prepared) or xk_conv="snapshot" (a keyword of the call, before the environment)
+  selects the per-token windows of vllm-xpu-kernels up to 4543b580 ("snapshot": the window after token
+  t in the block of column t), for a deployment pinned before #544;
+- padding: vLLM's null block (NULL_BLOCK_ID, 0 in vLLM 0.32, read from the installed vLLM) is the
+  batch's pad_slot_id, so a 0 in any index array, like any negative index, is neither read nor written
+  (gdn_xpu.h "State caches": vLLM's metadata builder writes it into padded and stale rows);
 - dt_bias f32 or in the activations' dtype (vLLM's parameter is in the model's dtype), read as it
   is by the gate kernels (gdn_tensors_t.dt_bias_dtype); A_log f32; parameters that require grad
   are taken (their memory, detached);
@@ -40,11 +51,17 @@ the call returns without waiting, ordered on that stream) or torch CPU tensors (
 in-order queue of the SYCL CPU device unless `queue=` is given; the call waits, as vLLM's CPU kernels
 return finished). Index arrays are int32, as vllm-xpu-kernels requires (vLLM converts its int64
 token indices before the call; pygdn refuses int64 by name). This module imports torch only to
-find an XPU tensor's stream.
+find an XPU tensor's stream, and vLLM, where it is installed, for its null block and conv-state layout
+(_vllm_shared.vllm_conventions).
 """
 from __future__ import annotations
 
-from ._vllm_shared import _cpu_queue, cpu_queue, dtype_name, prepare_layer, remember
+import os
+
+from ._vllm_shared import _cpu_queue, cpu_queue, dtype_name, prepare_layer, remember, vllm_conventions
+
+XK_CONV_ENV = "GDN_XPU_XK_CONV"  # "snapshot": vllm-xpu-kernels up to 4543b580; "rolled" (default): #544 on
+XK_CONV = ("rolled", "snapshot")
 
 LAYERS = 256  # prepared layers kept (a rank's GDN layers: Qwen3-Next 36, plus the MTP layers)
 STEPS = 8     # batches kept: more than a step's KV-cache groups of GDN layers
@@ -86,8 +103,17 @@ def _queue(t, queue):
     return queue
 
 
+def _xk_conv(xk_conv):
+    """The spec conv layout of a layer: xk_conv, else GDN_XPU_XK_CONV, else "rolled"."""
+    mode = xk_conv if xk_conv is not None else os.environ.get(XK_CONV_ENV) or "rolled"
+    if mode not in XK_CONV:
+        what = f"xk_conv={xk_conv!r}" if xk_conv is not None else f"{XK_CONV_ENV}={mode!r}"
+        raise ValueError(f"{what}: 'rolled' (vllm-xpu-kernels #544 and later) or 'snapshot' (up to 4543b580)")
+    return mode
+
+
 def _prepare(q, qkvz, ba, z, core_attn_out, conv_state, ssm_state, conv_weights, conv_bias, activation, A_log,
-             dt_bias, H, HV, K, V, tp_size, reorder_input):
+             dt_bias, H, HV, K, V, tp_size, reorder_input, xk_conv):
     """A layer's PreparedCall: config, weights and caches bound, empty activations (each call rebinds them)."""
     import pygdn
     if activation not in ("silu", "swish"):
@@ -95,10 +121,12 @@ def _prepare(q, qkvz, ba, z, core_attn_out, conv_state, ssm_state, conv_weights,
     if tp_size < 1 or H % tp_size or HV % tp_size:
         raise ValueError(f"tp_size={tp_size}: must divide num_k_heads={H} and num_v_heads={HV}")
     H, HV = H // tp_size, HV // tp_size
+    layout = vllm_conventions()[1]
     cfg = pygdn.Config(num_k_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V, num_slots=conv_state.shape[0],
                        conv_width=conv_weights.shape[-1], act_dtype=_dtype(qkvz, "projected_states_qkvz"),
-                       state_dtype=_dtype(ssm_state, "ssm_state"), ssm_layout="vk", conv_layout="time_major",
-                       conv_spec_layout="snapshot", conv_state_len=conv_state.shape[1],
+                       state_dtype=_dtype(ssm_state, "ssm_state"), ssm_layout="vk", conv_layout=layout,
+                       conv_spec_layout=_xk_conv(xk_conv),
+                       conv_state_len=conv_state.shape[1 if layout == "time_major" else 2],
                        conv_slot_stride=conv_state.stride(0), ssm_slot_stride=ssm_state.stride(0),
                        packed_order="contiguous" if reorder_input else "grouped")
     return prepare_layer(q, cfg, dict(qkvz=qkvz, ba=ba, z_out=z, core_attn_out=core_attn_out),
@@ -121,7 +149,8 @@ def _batch(q, num_prefills, num_decodes, num_spec_decodes, T, has_initial_state,
     batch = pygdn.Batch(
         num_actual_tokens=ns_count + sp_count, num_prefills=num_prefills, num_decodes=num_decodes,
         num_spec_decodes=sp, num_spec=s_slots.shape[1] - 1 if sp else 0, non_spec_token_count=ns_count,
-        spec_token_count=sp_count, validate="counts", non_spec_query_start_loc=ns_qsl if ns else None,
+        spec_token_count=sp_count, validate="counts", pad_slot_id=vllm_conventions()[0],
+        non_spec_query_start_loc=ns_qsl if ns else None,
         non_spec_state_indices=ns_slots if ns else None, has_initial_state=has_initial_state if ns else None,
         non_spec_token_indx=ns_tok if ns else None, spec_query_start_loc=s_qsl if sp else None,
         spec_state_indices=s_slots if sp else None, num_accepted_tokens=accepted if sp else None,
@@ -133,8 +162,10 @@ def gdn_attention(core_attn_out, z, projected_states_qkvz, projected_states_ba, 
                   head_v_dim, conv_state, ssm_state, conv_weights, conv_bias, activation, A_log, dt_bias, num_prefills,
                   num_decodes, num_spec_decodes, has_initial_state, non_spec_query_start_loc, non_spec_token_indx,
                   non_spec_state_indices_tensor, spec_query_start_loc, spec_token_indx, spec_state_indices_tensor,
-                  num_accepted_tokens, num_actual_tokens, tp_size, reorder_input, *, queue=None) -> None:
-    """torch.ops._xpu_C.gdn_attention's arguments; writes core_attn_out, z and the caches."""
+                  num_accepted_tokens, num_actual_tokens, tp_size, reorder_input, *, queue=None,
+                  xk_conv=None) -> None:
+    """torch.ops._xpu_C.gdn_attention's arguments; writes core_attn_out, z and the caches. xk_conv: the
+    spec conv convention, "rolled" or "snapshot" (None: GDN_XPU_XK_CONV, else "rolled")."""
     if queue is None and _cpu_queue and projected_states_qkvz.is_cpu:
         q = _cpu_queue[0]
     else:
@@ -143,12 +174,12 @@ def gdn_attention(core_attn_out, z, projected_states_qkvz, projected_states_ba, 
     # which vLLM views anew at every call, by address and shape.
     key = (id(q), id(conv_state), id(ssm_state), conv_weights.data_ptr(), conv_weights.shape, id(conv_bias), id(A_log),
            id(dt_bias), projected_states_qkvz.dtype, num_k_heads, num_v_heads, head_k_dim, head_v_dim, activation,
-           tp_size, reorder_input)
+           tp_size, reorder_input, xk_conv)
     layer = _layers.get(key)
     if layer is None:
         call = _prepare(q, projected_states_qkvz, projected_states_ba, z, core_attn_out, conv_state, ssm_state,
                         conv_weights, conv_bias, activation, A_log, dt_bias, num_k_heads, num_v_heads, head_k_dim,
-                        head_v_dim, tp_size, reorder_input)
+                        head_v_dim, tp_size, reorder_input, xk_conv)
         # (the call's wait: XPU tensors are ordered on torch's stream, host tensors are read by host
         # code right after the call, as after vLLM's own CPU kernels)
         wait = conv_state.device.type != "xpu"

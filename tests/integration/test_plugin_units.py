@@ -1,6 +1,8 @@
 """pygdn.vllm's parts that need no engine run, in the integration environment (torch, vLLM):
 which platform gets what (a monkeypatched platform: there is no XPU here), the dtypes a layer is
-served with, and torch CPU tensors read without DLPack giving what DLPack gives."""
+served with, torch CPU tensors read without DLPack giving what DLPack gives, and the CPU core on a
+layer and metadata as vLLM makes them: its null block as padding inside the counted rows (eager and in
+a recorded graph), and both of vLLM's conv-state layouts."""
 import sys
 import types
 
@@ -155,3 +157,134 @@ def test_a_steps_batches_are_made_once_per_kv_cache_group(monkeypatch, queue):
         plugin._step_batch(decode_metadata(1, g))
     plugin._step_batch(groups[0])
     assert len(made) == 3 + plugin.STEP_GROUPS + 1
+
+
+# ----------------------------------------------------------------------------- the CPU core and vLLM's conventions
+H, HV, K, V, W, S, SLOTS = 2, 4, 16, 16, 4, 2, 40
+C = 2 * H * K + HV * V
+NULL_BLOCK_ID = 0
+
+
+def cpu_layer(seed, name):
+    """What the CPU core reads of a QwenGatedDeltaNetAttention layer (f32), its caches as vLLM allocates them
+    in the conv layout it runs with (get_state_shape: W - 1 + S rows)."""
+    from vllm.model_executor.layers.mamba.mamba_utils import MambaStateShapeCalculator
+    g = torch.Generator().manual_seed(seed)
+    shapes = MambaStateShapeCalculator.gated_delta_net_state_shape(1, H, HV, K, V, W, S)
+    conv = torch.randn(SLOTS, W - 1 + S, C, generator=g)  # time-major contents, either layout's memory below
+    return types.SimpleNamespace(
+        prefix=name, num_k_heads=H, num_v_heads=HV, tp_size=1, head_k_dim=K, head_v_dim=V, conv_kernel_size=W,
+        activation="silu", conv1d=types.SimpleNamespace(weight=torch.randn(C, 1, W, generator=g) * 0.5,
+                                                        bias=torch.randn(C, generator=g) * 0.1),
+        A_log=torch.log(torch.rand(HV, generator=g) * 7.5 + 0.5), dt_bias=torch.rand(HV, generator=g) * 2 - 1,
+        kv_cache=[conv if shapes[0][0] == W - 1 + S else conv.transpose(1, 2).contiguous(),
+                  torch.randn(SLOTS, *shapes[1], generator=g) * 0.5],
+        get_state_dtype=lambda: (torch.float32, torch.float32), get_state_shape=lambda: shapes)
+
+
+def twin_of(layer, name):
+    other = types.SimpleNamespace(**{k: v for k, v in vars(layer).items() if k != "_pygdn"})
+    other.prefix, other.kv_cache = name, [t.clone() for t in layer.kv_cache]
+    return other
+
+
+def cpu_metadata(ns=None, spec=None):
+    """A GDNAttentionMetadata-like object: ns (qsl, slots) of decodes, spec (qsl, blocks, accepted)."""
+    i32 = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
+    md = types.SimpleNamespace(num_prefills=0, num_prefill_tokens=0, num_decodes=0, num_decode_tokens=0,
+                               num_spec_decodes=0, num_spec_decode_tokens=0, has_initial_state=None,
+                               spec_sequence_masks=None, non_spec_token_indx=None, spec_token_indx=None)
+    if ns:
+        md.num_decodes, md.num_decode_tokens = len(ns[1]), ns[0][-1]
+        md.non_spec_query_start_loc, md.non_spec_state_indices_tensor = i32(ns[0]), i32(ns[1])
+    if spec:
+        md.num_spec_decodes, md.num_spec_decode_tokens = len(spec[1]), spec[0][-1]
+        md.spec_sequence_masks = torch.ones(len(spec[1]), dtype=torch.bool)
+        md.spec_query_start_loc, md.spec_state_indices_tensor, md.num_accepted_tokens = (i32(v) for v in spec)
+    md.num_actual_tokens = md.num_decode_tokens + md.num_spec_decode_tokens
+    return md
+
+
+def core_step(monkeypatch, layer, md, x):
+    """The CPU core's call of one layer step (forward context: this layer and metadata)."""
+    monkeypatch.setattr(plugin, "layer_step", lambda name: (layer, md))
+    plugin.gdn_attention_core(x["mixed_qkv"], x["b"], x["a"], x["out"], layer.prefix)
+
+
+def core_inputs(seed, T):
+    g = torch.Generator().manual_seed(seed)
+    return dict(mixed_qkv=torch.randn(T, C, generator=g), b=torch.randn(T, HV, generator=g),
+                a=torch.randn(T, HV, generator=g), out=torch.full((T, HV, V), 5.0))
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_cpu_core_takes_the_null_block_as_padding(monkeypatch, queue, graph):
+    """Decode and MTP steps whose counted rows hold vLLM's null block: a stale decode row with a token and
+    block 0, zero-length rows of block 0 and -1; a stale spec row of block 0 with 3 tokens (accepted 0),
+    zero-length rows of block 0 and -1 (accepted 1). Their rows come out zero, block 0 of both caches stays
+    as it was, the real rows and every cache slot are what the step without them gives, bit for bit; eager,
+    and recorded once (pygdn.Graph on the plugin's queue) and replayed on new inputs."""
+    monkeypatch.setattr(plugin, "_state", dict(plugin._state, steps={}, announced=True))
+    layer = cpu_layer(3, "padded")
+    twin = twin_of(layer, "unpadded")
+    block0 = [t[NULL_BLOCK_ID].clone() for t in layer.kv_cache]
+    steps = [  # (padded metadata, its real rows, its stale rows, unpadded metadata)
+        (cpu_metadata(ns=([0, 1, 2, 3, 4, 4, 4], [30, NULL_BLOCK_ID, 31, 32, NULL_BLOCK_ID, -1])), [0, 2, 3], [1],
+         cpu_metadata(ns=([0, 1, 2, 3], [30, 31, 32]))),
+        (cpu_metadata(spec=([0, 3, 6, 8, 8, 8], [[33, 34, 35], [NULL_BLOCK_ID] * 3, [36, 37, 38], [NULL_BLOCK_ID] * 3,
+                                                [-1] * 3], [2, 0, 3, 1, 1])), [0, 1, 2, 6, 7], [3, 4, 5],
+         cpu_metadata(spec=([0, 3, 5], [[33, 34, 35], [36, 37, 38]], [2, 3])))]
+    for md, real, stale, unpadded in steps:
+        T = md.num_actual_tokens
+        x = core_inputs(10, T)
+        if graph:
+            core_step(monkeypatch, layer, md, {k: v.clone() for k, v in x.items()})
+            core_step(monkeypatch, twin, unpadded, {k: v[real].clone() for k, v in x.items()})
+            with pygdn.Graph(plugin._queue()) as recorded:
+                core_step(monkeypatch, layer, md, x)
+        for i in range(1, 3):
+            fresh = core_inputs(10 + i, T)
+            for k in x:
+                x[k].copy_(fresh[k])
+            y = {k: v[real].clone() for k, v in x.items()}
+            if graph:
+                recorded.replay()
+            else:
+                core_step(monkeypatch, layer, md, x)
+            core_step(monkeypatch, twin, unpadded, y)
+            assert torch.equal(x["out"][real], y["out"]), "the real rows"
+            assert torch.all(x["out"][stale] == 0), "the stale rows' outputs are zeros"
+            for got, want, name in zip(layer.kv_cache, twin.kv_cache, ("conv", "ssm")):
+                assert torch.equal(got, want), f"{name} state"
+            for got, want in zip(layer.kv_cache, block0):
+                assert torch.equal(got[NULL_BLOCK_ID], want), "block 0 changed"
+
+
+@pytest.mark.parametrize("layout", ["SD", "DS"])
+def test_cpu_core_follows_vllms_conv_state_layout(monkeypatch, queue, layout):
+    """VLLM_SSM_CONV_STATE_LAYOUT picks the conv state's layout vLLM allocates (DS: [blocks, conv_dim,
+    state_len], SD: [blocks, state_len, conv_dim]): the CPU core's config follows it, and a decode and an
+    MTP step give the bits of the other layout's layer (its conv state transposed)."""
+    from vllm.model_executor.layers.mamba import mamba_utils
+    monkeypatch.setattr(plugin, "_state", dict(plugin._state, steps={}, announced=True))
+    other = "SD" if layout == "DS" else "DS"
+    layers, outs = {}, {}
+    try:
+        for name in (other, layout):  # each layer made and served under its own setting
+            monkeypatch.setenv("VLLM_SSM_CONV_STATE_LAYOUT", name)
+            mamba_utils.get_conv_state_layout.cache_clear()
+            layers[name], outs[name] = cpu_layer(5, name), []
+            assert plugin._config(layers[name]).conv_layout == ("dim_major" if name == "DS" else "time_major")
+            assert plugin._config(layers[name]).conv_state_len == W - 1 + S
+            for md, T in ((cpu_metadata(ns=([0, 1, 2], [11, 12])), 2),
+                          (cpu_metadata(spec=([0, 3, 6], [[13, 14, 15], [16, 17, 18]], [1, 3])), 6)):
+                outs[name].append(core_inputs(T, T))
+                core_step(monkeypatch, layers[name], md, outs[name][-1])
+        for a, b in zip(outs["DS"], outs["SD"]):
+            assert torch.equal(a["out"], b["out"]), "outputs"
+        ds, sd = layers["DS"].kv_cache, layers["SD"].kv_cache
+        assert torch.equal(ds[0].transpose(1, 2), sd[0]), "conv state"
+        assert torch.equal(ds[1], sd[1]), "ssm state"
+    finally:
+        monkeypatch.delenv("VLLM_SSM_CONV_STATE_LAYOUT")
+        mamba_utils.get_conv_state_layout.cache_clear()
