@@ -22,7 +22,18 @@ they write alike and the checks their MTP and mixed tests share are written once
 values and arguments, and their three single-prefill tests are one; the parameter grids are cut to
 cases that cover both reorder_input values, f16 and bf16, an SSM state in f32 and in the activation
 dtype, non-spec / MTP / mixed batches, GQA 3, HV = 48, tp_size 2 and 4 and padded leading dims
-(their NUM_TOKENS' 8192 is left out: the float64-free torch reference walks it token by token).
+(their NUM_TOKENS' 8192 is left out: the float64-free torch reference walks it token by token); their
+cache slots are drawn from 1 on (block 0 is vLLM's null block, which the drop-in treats as padding and
+vLLM never gives a request).
+
+Their tests are of vllm-xpu-kernels at 4543b580, whose spec sequences keep one conv window per token in
+that token's block ("snapshot"): every test here runs with GDN_XPU_XK_CONV=snapshot. The MTP and mixed
+tests also run in the drop-in's default convention, vllm-xpu-kernels #544's ("rolled", xk_conv="rolled"):
+the same call on the conv cache as vLLM allocates it then (W - 1 + num_spec rows), each spec sequence's
+line in its column-0 block holding, at rows A-1 .., the window their reference reads; outputs and SSM
+slots are checked against their reference as they are, and the line afterwards holds, at rows K-1 ..,
+the window their reference stores for the last of the K tokens (what vLLM's get_conv_copy_spec copies
+from row A-1 on, A = K).
 Needs torch (tests/setup_and_run.sh integration runs this file; the suite skips it without torch).
 """
 
@@ -38,8 +49,10 @@ from pygdn import vllm_xpu  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
-def _forget_layers():
-    """Each case's caches and weights are a layer of their own: drop the prepared layers after it."""
+def _forget_layers(monkeypatch):
+    """Each case's caches and weights are a layer of their own: drop the prepared layers after it. Their
+    conv convention (vllm-xpu-kernels at 4543b580): snapshot."""
+    monkeypatch.setenv(vllm_xpu.XK_CONV_ENV, "snapshot")
     yield
     vllm_xpu.release()
 
@@ -451,10 +464,37 @@ _SPEC_ONLY = dict(num_prefills=0, num_decodes=0, has_initial_state=None, non_spe
 def _dropin(core_attn_out, z, projected_states_qkvz, projected_states_ba, v, **given):
     """pygdn.vllm_xpu.gdn_attention called as their tests call torch.ops._xpu_C.gdn_attention: the
     first eight arguments by position, the rest by keyword, each the test's variable of that name
-    (v: its locals, or its argument dict) unless given."""
+    (v: its locals, or its argument dict) unless given; in the rolled convention (v["rolled"] given) on
+    that conv cache."""
+    if v.get("rolled") is not None:
+        given = dict(given, conv_state=v["rolled"], xk_conv="rolled")
     vllm_xpu.gdn_attention(core_attn_out, z, projected_states_qkvz, projected_states_ba, v["num_k_heads"],
                            v["num_v_heads"], v["head_k_dim"], v["head_v_dim"],
-                           **{k: given[k] if k in given else v[k] for k in _DROPIN_KWARGS})
+                           **{k: given[k] if k in given else v[k] for k in _DROPIN_KWARGS},
+                           **({"xk_conv": given["xk_conv"]} if "xk_conv" in given else {}))
+
+
+def _as_rolled(conv, conv_state, spec_state_indices_tensor, num_accepted_tokens):
+    """conv "rolled": their conv cache as vLLM allocates it for vllm-xpu-kernels #544, W - 1 + num_spec
+    rows: rows 0..W-2 theirs, the rest random, and each spec sequence's line (block [n][0]) holding at rows
+    A-1 .. A+W-3 the window their reference reads (block [n][A-1], A clamped to [1, 1 + num_spec] as
+    both read it). conv "snapshot": None (their cache as it is)."""
+    if conv == "snapshot":
+        return None
+    slots, w1, dim = conv_state.shape
+    cols = spec_state_indices_tensor.shape[1]
+    rolled = torch.randn(slots, w1 + cols - 1, dim, dtype=conv_state.dtype)
+    rolled[:, :w1] = conv_state
+    for n in range(spec_state_indices_tensor.shape[0]):
+        a = min(max(int(num_accepted_tokens[n]), 1), cols)
+        rolled[int(spec_state_indices_tensor[n, 0]), a - 1:a - 1 + w1] = conv_state[int(spec_state_indices_tensor[n, a - 1])]
+    return rolled
+
+
+def _conv_slot(v, slot):
+    """A slot's conv window as their checks compare it: rows 0..W-2 of the rolled cache in the rolled runs."""
+    rolled = v.get("rolled")
+    return v["conv_state"][slot] if rolled is None else rolled[slot, :v["conv_state"].shape[1]]
 
 
 def _reference(ref_core_attn_out, ref_z, projected_states_qkvz, projected_states_ba, v, **given):
@@ -523,7 +563,7 @@ def test_gdn_attention_legacy(num_actual_tokens, tp_size, has_bias, mode, reorde
     ]).to(torch.int32)
     has_initial_state = perm >= num_decodes
     non_spec_state_indices_tensor = torch.tensor(random.sample(
-        range(cache_batch_size), batch_size),
+        range(1, cache_batch_size), batch_size),
                                                  device=device,
                                                  dtype=torch.int32)
 
@@ -611,10 +651,14 @@ def _check_outputs_and_spec_slots(core_attn_out, z, ref_core_attn_out, ref_z, v)
     spec_state_indices_tensor, K = v["spec_state_indices_tensor"], v["K"]
     for n in range(v["num_spec_decodes"]):
         final_slot = int(spec_state_indices_tensor[n, K - 1].item())
-        torch.testing.assert_close(conv_state[final_slot],
-                                   ref_conv_state[final_slot],
-                                   atol=ATOL,
-                                   rtol=RTOL)
+        if v.get("rolled") is not None:  # the line: the last token's window at rows K-1 .. K+W-3
+            line, w1 = v["rolled"][int(spec_state_indices_tensor[n, 0])], conv_state.shape[1]
+            torch.testing.assert_close(line[K - 1:K - 1 + w1], ref_conv_state[final_slot], atol=ATOL, rtol=RTOL)
+        else:
+            torch.testing.assert_close(conv_state[final_slot],
+                                       ref_conv_state[final_slot],
+                                       atol=ATOL,
+                                       rtol=RTOL)
         for t in range(K):
             slot = int(spec_state_indices_tensor[n, t].item())
             torch.testing.assert_close(ssm_state[slot],
@@ -623,10 +667,11 @@ def _check_outputs_and_spec_slots(core_attn_out, z, ref_core_attn_out, ref_z, v)
                                        rtol=RTOL)
 
 
+@pytest.mark.parametrize("conv", ["snapshot", "rolled"])
 @pytest.mark.parametrize("num_spec_decodes,num_spec_tokens,has_bias,reorder_input,dtype,ssm_state_is_fp32",
                          MTP_CASES, ids=["-".join(map(_tc, c)) for c in MTP_CASES])
 @torch.inference_mode()
-def test_gdn_attention_mtp(num_spec_decodes, num_spec_tokens, has_bias, reorder_input, dtype, ssm_state_is_fp32):
+def test_gdn_attention_mtp(num_spec_decodes, num_spec_tokens, has_bias, reorder_input, dtype, ssm_state_is_fp32, conv):
     """Pure spec-decode batch: num_prefills == num_decodes == 0,
     num_spec_decodes sequences each contributing num_spec_tokens tokens.
     Token positions are shuffled in the global buffer via spec_token_indx
@@ -647,7 +692,7 @@ def test_gdn_attention_mtp(num_spec_decodes, num_spec_tokens, has_bias, reorder_
                                                  cache_batch_size, dtype, ssm_state_dtype, has_bias, device)
 
     # Each spec seq owns K consecutive cache slots (cols 0..K-1).
-    state_slots = random.sample(range(cache_batch_size), num_spec_decodes * K)
+    state_slots = random.sample(range(1, cache_batch_size), num_spec_decodes * K)
     spec_state_indices_tensor = torch.tensor(state_slots,
                                              dtype=torch.int32,
                                              device=device).reshape(
@@ -663,6 +708,7 @@ def test_gdn_attention_mtp(num_spec_decodes, num_spec_tokens, has_bias, reorder_
     spec_token_indx = perm.contiguous()
     spec_query_start_loc = (torch.arange(
         num_spec_decodes + 1, dtype=torch.int32, device=device) * K)
+    rolled = _as_rolled(conv, conv_state, spec_state_indices_tensor, num_accepted_tokens)
 
     core_attn_out = torch.zeros(num_actual_tokens,
                                 num_v_heads // tp_size,
@@ -688,11 +734,12 @@ MIXED_CASES = [
 ]
 
 
+@pytest.mark.parametrize("conv", ["snapshot", "rolled"])
 @pytest.mark.parametrize("num_spec_decodes,num_spec_tokens,non_spec_num_tokens,has_bias,mode,reorder_input,dtype,"
                          "ssm_state_is_fp32", MIXED_CASES, ids=["-".join(map(_tc, c)) for c in MIXED_CASES])
 @torch.inference_mode()
 def test_gdn_attention_mixed_spec_non_spec(num_spec_decodes, num_spec_tokens, non_spec_num_tokens, has_bias, mode,
-                                           reorder_input, dtype, ssm_state_is_fp32):
+                                           reorder_input, dtype, ssm_state_is_fp32, conv):
     """Mixed batch exercising the fused gdn_attention with BOTH a non-spec
     (prefill + decode) group AND a spec-decode group in a single call.
 
@@ -739,7 +786,7 @@ def test_gdn_attention_mixed_spec_non_spec(num_spec_decodes, num_spec_tokens, no
                                                  cache_batch_size, dtype, ssm_state_dtype, has_bias, device)
 
     # ---- disjoint cache slots for the two groups ----
-    all_slots = random.sample(range(cache_batch_size),
+    all_slots = random.sample(range(1, cache_batch_size),
                               non_spec_batch + spec_token)
     non_spec_slots = all_slots[:non_spec_batch]
     spec_slots = all_slots[non_spec_batch:]
@@ -780,6 +827,7 @@ def test_gdn_attention_mixed_spec_non_spec(num_spec_decodes, num_spec_tokens, no
                        spec_perm).to(torch.int32).contiguous()
     spec_query_start_loc = (torch.arange(
         num_spec_decodes + 1, dtype=torch.int32, device=device) * K)
+    rolled = _as_rolled(conv, conv_state, spec_state_indices_tensor, num_accepted_tokens)
 
     core_attn_out = torch.zeros(
         (num_actual_tokens, num_v_heads // tp_size, head_v_dim),
@@ -807,7 +855,7 @@ def test_gdn_attention_mixed_spec_non_spec(num_spec_decodes, num_spec_tokens, no
     # non-spec conv/ssm cache slots.
     for i in range(non_spec_batch):
         slot = non_spec_state_indices_tensor[i]
-        torch.testing.assert_close(conv_state[slot],
+        torch.testing.assert_close(_conv_slot(locals(), slot),
                                    ref_conv_state[slot],
                                    atol=ATOL,
                                    rtol=RTOL)
@@ -856,7 +904,7 @@ def test_gdn_attention_single_prefill(case, reorder_input, dtype):
     non_spec_query_start_loc = torch.tensor([0, num_actual_tokens],
                                             dtype=torch.int32, device=device)
     has_initial_state = torch.tensor([True], dtype=torch.bool, device=device)
-    non_spec_state_indices_tensor = torch.tensor([0], dtype=torch.int32,
+    non_spec_state_indices_tensor = torch.tensor([1], dtype=torch.int32,
                                                  device=device)
 
     core_attn_out = torch.zeros((num_actual_tokens, local_num_v_heads, head_v_dim),
@@ -920,7 +968,7 @@ def _build_inputs(num_actual_tokens, padded_size, dtype, device):
                                             device=device)
     has_initial_state = torch.ones(batch_size, dtype=torch.bool, device=device)
     non_spec_state_indices_tensor = torch.tensor(
-        random.sample(range(cache_batch_size), batch_size),
+        random.sample(range(1, cache_batch_size), batch_size),
         device=device, dtype=torch.int32)
 
     return dict(

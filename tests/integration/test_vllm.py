@@ -16,7 +16,8 @@ The criteria.
 - MTP k=2 with the verifier's acceptance cycled through 1..3 tokens (run_vllm.py --accept-cycle); prefix
   caching in vLLM's 'align' mode (without MTP: vLLM 0.32's CPU build cannot run both); a bf16 SSM state
   cache (mamba_ssm_cache_dtype, which vLLM's CPU build keeps on hosts with AVX512-BF16); tensor_parallel_size
-  2 (vLLM's two worker processes, each serving its shard and checking its own calls)."""
+  2 (vLLM's two worker processes, each serving its shard and checking its own calls); MTP with vLLM's
+  dim-first conv state (VLLM_SSM_CONV_STATE_LAYOUT=DS)."""
 import os
 
 import numpy as np
@@ -91,6 +92,18 @@ def test_mtp_k2_with_acceptance_1_to_3(model_dir, tmp_path):
     assert accepted == {1, 2, 3}, accepted
     calls, out, conv, ssm = shadow_max(got)
     assert any(row[1] for row in got["shadow"]) and any(not row[1] for row in got["shadow"])  # spec and prefill
+    assert out <= OUT_BOUND and conv == 0 and ssm <= OUT_BOUND, (out, conv, ssm)
+
+
+def test_mtp_k2_with_the_dim_first_conv_state(model_dir, tmp_path):
+    """VLLM_SSM_CONV_STATE_LAYOUT=DS: vLLM allocates the conv state [blocks, conv_dim, state_len] (its
+    default SD: [blocks, state_len, conv_dim]); the plugin follows it (pygdn.Config conv_layout "dim_major")
+    and every call, MTP steps included, agrees with vLLM's own core on that cache."""
+    got, log = run_vllm(tmp_path, model_dir, "plugin_mtp_ds", True, "--mtp", 2, "--shadow", "--accept-cycle",
+                        env={"VLLM_SSM_CONV_STATE_LAYOUT": "DS"})
+    assert SERVES in log and "Setting SSM conv state layout to DS" in log, log[-3000:]
+    assert {a for row in got["shadow"] for a in row[1]} == {1, 2, 3}
+    calls, out, conv, ssm = shadow_max(got)
     assert out <= OUT_BOUND and conv == 0 and ssm <= OUT_BOUND, (out, conv, ssm)
 
 
