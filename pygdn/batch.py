@@ -62,7 +62,7 @@ class Batch:
     num_spec: int = 0
     non_spec_token_count: int = 0
     spec_token_count: int = 0
-    pad_slot_id: int = -1
+    pad_slot_id: int = -1  # the padding slot index (vLLM: 0, its null block); negative indices are padding too
     validate: str = "full"  # "full" | "counts"
     non_spec_query_start_loc: object = None
     non_spec_state_indices: object = None
