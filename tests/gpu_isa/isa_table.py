@@ -330,7 +330,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--variant", action="append", help="ACT/STATE/K/LAYOUT[/kda], e.g. bf16/f32/128/vk (repeatable)")
     p.add_argument("--all", action="store_true", help="every act x state x K in {64,128,256} x layout")
-    p.add_argument("--device", action="append", help=f"an ocloc device name (repeatable; default {' '.join(DEVICES)})")
+    p.add_argument("--device", action="append",
+                   help=f"an ocloc device name (repeatable; default {' '.join(DEVICES)})")
     p.add_argument("--no-dump", action="store_true", help="skip IGC's shader dump (no instruction counts)")
     p.add_argument("--keep", help="work directory to keep (default: a temporary one, removed)")
     p.add_argument("--jobs", type=int, default=2)

@@ -8,7 +8,7 @@ and cache, so it needs no root and changes nothing on the host; `dpkg-deb -x` un
 into one folder with sid's C and C++ runtime libraries beside the compiler, which need a newer glibc
 than a Debian 12 host has: the folder's `ld-linux-x86-64.so.2 --library-path <folder's libs>` runs
 them. Only what compiling SPIR-V needs is fetched (intel-ocloc, IGC, the runtime libraries,
-spirv-tools; ~40 MB): the OpenCL C front end and the drivers are not.
+spirv-tools: ~35 MB to download, ~135 MB unpacked): the OpenCL C front end and the drivers are not.
 
 The folder is reused until removed (or --refresh): GDN_GPU_TOOLCHAIN_DIR, else
 $XDG_CACHE_HOME/gdn-gpu-toolchain (~/.cache/gdn-gpu-toolchain). sid moves: the package versions the
@@ -120,7 +120,7 @@ def fetch(folder: str, refresh: bool = False) -> Toolchain:
     """Download and unpack the packages into folder (built aside, then renamed: concurrent runs are safe;
     a complete toolchain another run put there first is kept unless refresh)."""
     if platform.system() != "Linux" or platform.machine() != "x86_64":
-        raise Unavailable(f"the packages are fetched for x86_64 Linux, this is {platform.system()} {platform.machine()}")
+        raise Unavailable(f"the packages are fetched for x86_64 Linux, not {platform.system()} {platform.machine()}")
     for t in ("apt-get", "apt-cache", "dpkg-deb"):
         if not shutil.which(t):
             raise Unavailable(f"{t} not found (a Debian-family host fetches the compiler with it)")
