@@ -20,8 +20,8 @@ static inline uint16_t float_to_bf16(float f) {
 // images -- a build of two programs, which the disk cache cannot keep (delta_prep.cpp: gdn_prep
 // reads activations, gdn_chunk_plan does not; delta_chunk*.cpp: only the scan touches the state).
 // Both without branches, every case computed and the result selected: on GPUs a branch per case
-// took ~10% more instructions in the f16 builds and flag registers enough to spill dg2's
-// gdn_conv_non_spec (tests/gpu_isa).
+// took 4-15% more instructions in the f16 builds, and flag registers enough to spill dg2's
+// gdn_conv_non_spec (docs/gpu.md).
 static inline float f16_to_float(uint16_t h) {
   const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
   const uint32_t sub = sycl::bit_cast<uint32_t>((float)m * 5.9604644775390625e-8f);  // e == 0: m 2^-24
