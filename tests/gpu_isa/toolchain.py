@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 
 # What ocloc needs to compile SPIR-V (IGC's library is resolved from intel-opencl-icd's dependencies,
@@ -124,9 +125,12 @@ def fetch(folder: str, refresh: bool = False) -> Toolchain:
     for t in ("apt-get", "apt-cache", "dpkg-deb"):
         if not shutil.which(t):
             raise Unavailable(f"{t} not found (a Debian-family host fetches the compiler with it)")
-    parent = os.path.dirname(os.path.abspath(folder))
+    parent, prefix = os.path.dirname(os.path.abspath(folder)), os.path.basename(folder) + ".partial-"
     os.makedirs(parent, exist_ok=True)
-    work = tempfile.mkdtemp(prefix=os.path.basename(folder) + ".partial-", dir=parent)
+    for old in glob.glob(os.path.join(parent, prefix + "*")):  # what a killed run left
+        if time.time() - os.path.getmtime(old) > 3 * TIMEOUT:
+            shutil.rmtree(old, ignore_errors=True)
+    work = tempfile.mkdtemp(prefix=prefix, dir=parent)
     try:
         for d in ("lists/partial", "cache/archives/partial", "debs"):
             os.makedirs(os.path.join(work, d))
