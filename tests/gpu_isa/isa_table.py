@@ -224,9 +224,10 @@ def dump_stats(dump_dir: str) -> dict[tuple[str, int], tuple[int, int, int]]:
     return {k: v[1:] for k, v in best.items()}
 
 
-def ocloc(tc: toolchain.Toolchain, spv: str, device: str, work: str, dump: bool,
-          options: str = "") -> tuple[dict[str, KernelIsa], str]:
-    """ocloc's zebin of spv for device: per-kernel properties, and its log."""
+def ocloc(tc: toolchain.Toolchain, spv: str, device: str, work: str, dump: bool, options: str = "",
+          keep_dump: bool = False) -> tuple[dict[str, KernelIsa], str]:
+    """ocloc's zebin of spv for device: per-kernel properties, and its log. IGC's shader dump (tens of
+    MB a file) is removed once read unless keep_dump."""
     out = os.path.join(work, device)
     os.makedirs(out, exist_ok=True)
     env = dict(os.environ)
@@ -234,7 +235,7 @@ def ocloc(tc: toolchain.Toolchain, spv: str, device: str, work: str, dump: bool,
     if dump:
         env.update(IGC_ShaderDumpEnable="1", IGC_DumpToCustomDir=dump_dir)
     cmd = tc.ocloc + ["compile", "-spirv_input", "-file", spv, "-device", device, "--format", "zebin",
-           "-out_dir", out, "-output", "k"]
+                      "-out_dir", out, "-output", "k"]
     if options:
         cmd += ["-options", options]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -242,6 +243,8 @@ def ocloc(tc: toolchain.Toolchain, spv: str, device: str, work: str, dump: bool,
     zebins = [os.path.join(out, f) for f in os.listdir(out) if f.startswith("k") and f.endswith(".bin")]
     kernels = parse_ze_info(elf_section(zebins[0], ".ze_info").decode(errors="replace")) if zebins and r.returncode == 0 else {}
     stats = dump_stats(dump_dir) if dump else {}
+    if not keep_dump:
+        shutil.rmtree(dump_dir, ignore_errors=True)
     for name, k in kernels.items():
         k.insts, k.spill, k.dpas_insts = stats.get((name, k.simd), (0, 0, 0))
     for m in re.finditer(r"kernel (\S+) +compiled SIMD\d+ allocated \d+ regs and spilled around (\d+)", log):
@@ -268,7 +271,7 @@ def spirv_val(tc: toolchain.Toolchain, spv: str) -> str:
 
 
 def build(variants, devices=DEVICES, work=None, dump=True, jobs=2, python=sys.executable,
-          tc: toolchain.Toolchain | None = None) -> list[FileResult]:
+          tc: toolchain.Toolchain | None = None, keep_dumps: bool = False) -> list[FileResult]:
     """Capture, validate and compile every variant's kernel files; one FileResult per distinct SPIR-V."""
     tc = tc or toolchain.get()
     work = work or tempfile.mkdtemp(prefix="gdn-isa-")
@@ -288,7 +291,7 @@ def build(variants, devices=DEVICES, work=None, dump=True, jobs=2, python=sys.ex
     def one(fr: FileResult):
         fr.spirv_val_error = spirv_val(tc, fr.spv)
         for d in devices:
-            kernels, log = ocloc(tc, fr.spv, d, fr.spv[:-4] + "_ocl", dump)
+            kernels, log = ocloc(tc, fr.spv, d, fr.spv[:-4] + "_ocl", dump, keep_dump=keep_dumps)
             fr.isa[d] = kernels
             if log.startswith("exit") or set(fr.kernels) - set(kernels):
                 fr.errors[d] = log
@@ -333,7 +336,7 @@ def main(argv=None) -> int:
     p.add_argument("--device", action="append",
                    help=f"an ocloc device name (repeatable; default {' '.join(DEVICES)})")
     p.add_argument("--no-dump", action="store_true", help="skip IGC's shader dump (no instruction counts)")
-    p.add_argument("--keep", help="work directory to keep (default: a temporary one, removed)")
+    p.add_argument("--keep", help="work directory to keep, IGC's shader dumps included (default: a temporary one)")
     p.add_argument("--jobs", type=int, default=2)
     args = p.parse_args(argv)
     try:
@@ -345,7 +348,7 @@ def main(argv=None) -> int:
     devices = tuple(args.device or DEVICES)
     work = args.keep or tempfile.mkdtemp(prefix="gdn-isa-")
     try:
-        results = build(variants, devices, work, not args.no_dump, args.jobs, tc=tc)
+        results = build(variants, devices, work, not args.no_dump, args.jobs, tc=tc, keep_dumps=bool(args.keep))
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
