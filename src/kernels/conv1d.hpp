@@ -16,11 +16,16 @@ static inline int64_t state_off(const GdnConvStateView &s, int32_t slot, int32_t
   return (int64_t)slot * s.slot_stride + (int64_t)c * s.chan_stride + (int64_t)col * s.col_stride;
 }
 
-// Shift x into the W-1 input history (oldest first).
+// Shift x into the W-1 input history (oldest first), newest to oldest with the displaced value carried
+// in a variable: the plain copy hist[i] = hist[i + 1] is the pattern LLVM turns into a memmove, which
+// keeps the window in private memory (scratch on a GPU: dg2's gdn_conv_non_spec at width 8).
 template <class T>
 static inline void push_history(T *hist, int32_t width, T x) {
-  for (int32_t i = 0; i + 1 < width - 1; ++i) hist[i] = hist[i + 1];
-  if (width > 1) hist[width - 2] = x;
+  for (int32_t i = width - 2; i >= 0; --i) {
+    const T older = hist[i];
+    hist[i] = x;
+    x = older;
+  }
 }
 
 // One token: y = bias + sum_i w[i] * window_i, window = [hist(W-1) ..., x]; shifts x into hist.
@@ -234,7 +239,9 @@ static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int3
   const int32_t *qsl = p.query_start_loc;
   const int32_t t0 = tile * p.tile_len, t1 = sycl::min(t0 + p.tile_len, p.num_tokens);
   const int32_t width = WIDTH ? WIDTH : p.width, w1 = width - 1;
-  const int32_t nb = sycl::min(NB, (c_end - c) / N);
+  // (c < c_end, the callers': one channel at a time has a constant count, so w and bias are indexed
+  // by constants, which keeps them in registers on GPUs)
+  const int32_t nb = N == 1 && NB == 1 ? 1 : sycl::min(NB, (c_end - c) / N);
   T w[NB][GDN_MAX_CONV_WIDTH], bias[NB];
   for (int32_t b = 0; b < nb; ++b) {
     load_weights<N, WIDTH>(p.weight, c + N * b, width, w[b]);

@@ -2,28 +2,32 @@
 builds for each kernel file, validate it with spirv-val, compile it with ocloc for Intel GPUs and
 print what the native code looks like (docs/gpu.md explains the columns).
 
-    python tests/gpu_isa/isa_table.py [--all] [--variant ACT/STATE/K/LAYOUT[/kda] ...] [--device dg2 ...]
+    python tests/gpu_isa/isa_table.py [--all] [--variant ACT/STATE/K/LAYOUT[/EXTRA...] ...] [--device bmg ...]
                                       [--no-dump] [--keep DIR]
 
-Per variant (activation dtype, state dtype, K = V, ssm layout; "/kda": gate_mode "channel", the
-builds with a decay per key channel) one process with an empty kernel cache
-runs pygdn's warmup with GDN_XPU_GENERIC_KERNELS=1 and SYCL_DUMP_IMAGES=1: the runtime writes the
-SPIR-V of every kernel file it builds (img_spir64_N.spv; the file without a number holds the
-runtime's own kernels and is ignored). Identical files (the conv, prep and norm builds do not
-depend on the state) are compiled once. Per device, `ocloc compile -spirv_input ... --format zebin`
-builds the file; the zebin's .ze_info section gives each kernel's SIMD width, GRF count, SLM bytes,
-private/scratch bytes per thread and whether it uses DPAS; ocloc's log gives spills
-("spilled around N"); IGC's shader dump (IGC_ShaderDumpEnable=1) gives instruction counts and the
-spill bytes. A zero exit code is not a build: a truncated SPIR-V also compiles to an empty zebin,
-so every kernel name the SPIR-V declares must be in the zebin.
+Per variant (activation dtype, state dtype, K = V, ssm layout, then optional extras) one process with
+an empty kernel cache runs pygdn's warmup with GDN_XPU_GENERIC_KERNELS=1 and SYCL_DUMP_IMAGES=1: the
+runtime writes the SPIR-V of every kernel file it builds (img_spir64_N.spv; the file without a
+number holds the runtime's own kernels and is ignored), before it compiles the file for the CPU
+device. The extras choose what the plan builds, and so the kernel files' build options: "kda" is
+gate_mode "channel" (a decay per key channel); "name=value" sets a Config field (e.g.
+conv_width=2); "NAME=value" (upper case) sets an environment variable of the warmup process.
+Identical files (the conv, prep and norm builds do not depend on the state) are compiled once. Per
+device, `ocloc compile -spirv_input ... --format zebin` builds the file; the zebin's .ze_info
+section gives each kernel's SIMD width, GRF count, SLM bytes, private/scratch bytes per thread and
+whether it uses DPAS (has_dpas); ocloc's log gives spills ("spilled around N"); IGC's shader dump
+(IGC_ShaderDumpEnable=1) gives instruction counts, the spill bytes and the DPAS instructions. A
+zero exit code is not a build: a truncated SPIR-V also compiles to an empty zebin, so every kernel
+name the SPIR-V declares must be in the zebin.
 
-Needs: the installed pygdn (run with the venv's python), ocloc and spirv-val (Debian:
-apt-get install intel-opencl-icd spirv-tools).
+Needs: the installed pygdn (run with the venv's python) and the compiler toolchain.py fetches
+(Debian sid's ocloc and spirv-val, unpacked into a cache folder on first use).
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -34,7 +38,11 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-DEVICES = ("dg2", "pvc", "tgllp")
+import toolchain
+
+# The Intel GPUs people serve on: Arc B-series (bmg, Xe2), Lunar Lake (lnl-m, Xe2), Data Center GPU
+# Max (pvc, Xe-HPC), Arc A-series (dg2, Xe-HPG). --device takes any other name ocloc knows.
+DEVICES = ("bmg", "lnl-m", "pvc", "dg2")
 # The representative set the test compiles: the demo's deployment (bf16, K = V = 128, vk) with
 # f32 and bf16 state, the kv layout, f16 activations with an f16 state, and KDA's deployment (Kimi
 # Linear: K = V = 128, a decay per key channel).
@@ -47,15 +55,30 @@ ALL_VARIANTS = tuple(f"{a}/{s}/{k}/{l}" for a in ("f32", "f16", "bf16") for s in
 # it compile (and so dump) every kernel file the config can launch. Replay mode (replay_tokens > 0)
 # adds its launches: gdn_recurrent's replay and ring paths, gdn_replay_count.
 _WARMUP = """
-import dpctl, sys
+import dpctl, json, sys
 from pygdn import Config, warmup
-act, state, k, layout, *gate = sys.argv[1].split("/")
-k, kda = int(k), gate == ["kda"]
 q = dpctl.SyclQueue("cpu", property="in_order")
-warmup(q, Config(num_k_heads=2, num_v_heads=2 if kda else 4, head_k_dim=k, head_v_dim=k, num_slots=1, conv_width=4,
-                 act_dtype=act, state_dtype=state, ssm_layout=layout, replay_tokens=2,
-                 gate_mode="channel" if kda else "head"))
+warmup(q, Config(**json.loads(sys.argv[1])))
 """
+
+
+def variant_setup(variant: str) -> tuple[dict, dict]:
+    """The Config fields and the environment variables of a variant (see the module's doc)."""
+    act, state, k, layout, *extras = variant.split("/")
+    cfg = dict(num_k_heads=2, num_v_heads=4, head_k_dim=int(k), head_v_dim=int(k), num_slots=1, conv_width=4,
+               act_dtype=act, state_dtype=state, ssm_layout=layout, replay_tokens=2, gate_mode="head")
+    env = {}
+    for e in extras:
+        name, eq, value = e.partition("=")
+        if e == "kda":
+            cfg.update(gate_mode="channel", num_v_heads=2)
+        elif eq and name.isupper():
+            env[name] = value
+        elif eq:
+            cfg[name] = int(value) if re.fullmatch(r"-?\d+", value) else value
+        else:
+            raise ValueError(f"variant {variant}: unknown extra {e!r} (kda, name=value or NAME=value)")
+    return cfg, env
 
 
 @dataclass
@@ -65,9 +88,15 @@ class KernelIsa:
     grf: int = 0
     slm: int = 0
     scratch: int = 0       # per_thread_memory_buffers: private/scratch bytes per thread
-    dpas: bool = False
+    has_dpas: bool = False # .ze_info's has_dpas
     spill: int = 0         # bytes, from IGC's dump (or the "spilled around" warning when that is missing)
-    insts: int = 0         # instructions of the kernel's largest SIMD build in IGC's dump
+    insts: int = 0         # instructions of the kernel's build in IGC's dump (the attempt the zebin holds)
+    dpas_insts: int = 0    # DPAS instructions in that build
+
+    @property
+    def dpas(self) -> bool:
+        """Whether the kernel uses the matrix engines (XMX): .ze_info says so, or its ISA has DPAS."""
+        return self.has_dpas or self.dpas_insts > 0
 
 
 @dataclass
@@ -78,10 +107,6 @@ class FileResult:
     spirv_val_error: str = ""                  # spirv-val's complaint, "" when it accepts the file
     isa: dict = field(default_factory=dict)    # device -> {kernel name -> KernelIsa}
     errors: dict = field(default_factory=dict) # device -> ocloc's log when a build failed or lost kernels
-
-
-def tool(name: str) -> str | None:
-    return shutil.which(name)
 
 
 def entry_points(spv: bytes) -> list[str]:
@@ -104,11 +129,13 @@ def entry_points(spv: bytes) -> list[str]:
 def capture(variant: str, out: str, python: str = sys.executable) -> list[str]:
     """The SPIR-V files of every kernel file the variant's warmup builds, in out."""
     os.makedirs(out, exist_ok=True)
+    cfg, extra_env = variant_setup(variant)
     with tempfile.TemporaryDirectory(prefix="gdn-isa-cache-") as cache:
         env = dict(os.environ, GDN_XPU_GENERIC_KERNELS="1", GDN_XPU_CACHE_DIR=cache, SYCL_DUMP_IMAGES="1",
-                   SYCL_DUMP_IMAGES_PREFIX=os.path.join(out, "img_"))
+                   SYCL_DUMP_IMAGES_PREFIX=os.path.join(out, "img_"), **extra_env)
         env.pop("SYCL_CACHE_PERSISTENT", None)
-        r = subprocess.run([python, "-P", "-c", _WARMUP, variant], env=env, capture_output=True, text=True, cwd=out)
+        r = subprocess.run([python, "-P", "-c", _WARMUP, json.dumps(cfg)], env=env, capture_output=True, text=True,
+                           cwd=out)
     if r.returncode:
         raise RuntimeError(f"warmup of {variant} failed:\n{r.stdout}{r.stderr}")
     return sorted(os.path.join(out, f) for f in os.listdir(out) if re.fullmatch(r"img_spir64_\d+\.spv", f))
@@ -149,7 +176,7 @@ def parse_ze_info(text: str) -> dict[str, KernelIsa]:
         elif key == "slm_size":
             cur.slm = int(val)
         elif key == "has_dpas":
-            cur.dpas = val == "true"
+            cur.has_dpas = val == "true"
         elif key == "size" and section == "per_thread_memory_buffers":
             cur.scratch += int(val)
     return kernels
@@ -172,39 +199,43 @@ def elf_section(path: str, wanted: str) -> bytes:
     return b""
 
 
-def dump_stats(dump_dir: str) -> dict[tuple[str, int], tuple[int, int]]:
-    """(kernel name, SIMD) -> (instructions, spill bytes) from the headers of IGC's shader dump (.asm).
-    IGC compiles a kernel again with other settings when the first attempt spills (a retry, dumped as
-    <hash>_<n>_simd..): the zebin holds the last attempt, so the highest n counts."""
-    best: dict[tuple[str, int], tuple[int, int, int]] = {}
+def dump_stats(dump_dir: str) -> dict[tuple[str, int], tuple[int, int, int]]:
+    """(kernel name, SIMD) -> (instructions, spill bytes, DPAS instructions) from IGC's shader dump
+    (.asm: a header, then the ISA). IGC compiles a kernel again with other settings when the first
+    attempt spills (a retry, dumped as <hash>_<n>_simd..): the zebin holds the last attempt, so the
+    highest n counts."""
+    best: dict[tuple[str, int], tuple[int, int, int, int]] = {}
     for root, _, files in os.walk(dump_dir):
         for f in files:
             m = re.search(r"_(?:(\d+)_)?simd(\d+)_entry_\d+\.asm$", f)
             if not m:
                 continue
             with open(os.path.join(root, f), errors="replace") as fh:
-                head = fh.read(4096)
-            name = re.search(r"^//\.kernel (\S+)", head, re.M)
-            insts = re.search(r"^//\.instCount (\d+)", head, re.M)
-            spill = re.search(r"^//\.spill size (\d+)", head, re.M)
+                text = fh.read()
+            name = re.search(r"^//\.kernel (\S+)", text, re.M)
+            insts = re.search(r"^//\.instCount (\d+)", text, re.M)
+            spill = re.search(r"^//\.spill size (\d+)", text, re.M)
             if not name:
                 continue
             key, attempt = (name.group(1), int(m.group(2))), int(m.group(1) or 0)
             if key not in best or attempt > best[key][0]:
-                best[key] = (attempt, int(insts.group(1)) if insts else 0, int(spill.group(1)) if spill else 0)
+                dpas = len(re.findall(r"^[^/]*\bdpasw?\.\d+x\d+\b", text, re.M))
+                best[key] = (attempt, int(insts.group(1)) if insts else 0, int(spill.group(1)) if spill else 0, dpas)
     return {k: v[1:] for k, v in best.items()}
 
 
-def ocloc(spv: str, device: str, work: str, dump: bool, options: str = "") -> tuple[dict[str, KernelIsa], str]:
-    """ocloc's zebin of spv for device: per-kernel properties, and its log."""
+def ocloc(tc: toolchain.Toolchain, spv: str, device: str, work: str, dump: bool, options: str = "",
+          keep_dump: bool = False) -> tuple[dict[str, KernelIsa], str]:
+    """ocloc's zebin of spv for device: per-kernel properties, and its log. IGC's shader dump (tens of
+    MB a file) is removed once read unless keep_dump."""
     out = os.path.join(work, device)
     os.makedirs(out, exist_ok=True)
     env = dict(os.environ)
     dump_dir = os.path.join(out, "igc")
     if dump:
         env.update(IGC_ShaderDumpEnable="1", IGC_DumpToCustomDir=dump_dir)
-    cmd = ["ocloc", "compile", "-spirv_input", "-file", spv, "-device", device, "--format", "zebin",
-           "-out_dir", out, "-output", "k"]
+    cmd = tc.ocloc + ["compile", "-spirv_input", "-file", spv, "-device", device, "--format", "zebin",
+                      "-out_dir", out, "-output", "k"]
     if options:
         cmd += ["-options", options]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -212,8 +243,10 @@ def ocloc(spv: str, device: str, work: str, dump: bool, options: str = "") -> tu
     zebins = [os.path.join(out, f) for f in os.listdir(out) if f.startswith("k") and f.endswith(".bin")]
     kernels = parse_ze_info(elf_section(zebins[0], ".ze_info").decode(errors="replace")) if zebins and r.returncode == 0 else {}
     stats = dump_stats(dump_dir) if dump else {}
+    if not keep_dump:
+        shutil.rmtree(dump_dir, ignore_errors=True)
     for name, k in kernels.items():
-        k.insts, k.spill = stats.get((name, k.simd), (0, 0))
+        k.insts, k.spill, k.dpas_insts = stats.get((name, k.simd), (0, 0, 0))
     for m in re.finditer(r"kernel (\S+) +compiled SIMD\d+ allocated \d+ regs and spilled around (\d+)", log):
         if m.group(1) in kernels and not kernels[m.group(1)].spill:
             kernels[m.group(1)].spill = -1  # spilled, bytes unknown (no shader dump)
@@ -222,8 +255,25 @@ def ocloc(spv: str, device: str, work: str, dump: bool, options: str = "") -> tu
     return kernels, log
 
 
-def build(variants, devices=DEVICES, work=None, dump=True, jobs=2, python=sys.executable) -> list[FileResult]:
+# spirv-tools validates SPV_KHR_cooperative_matrix without Intel's additions (SPV_INTEL_joint_matrix):
+# the runtime's SPIR-V for a bf16 joint_matrix product carries the operand bit
+# MatrixAAndBBFloat16ComponentsINTEL (0x40), which spirv-val rejects and IGC takes.
+_SPIRV_VAL_INTEL_MATRIX = re.compile(r"Invalid cooperative matrix operands operand: \d+ has invalid mask component")
+
+
+def spirv_val(tc: toolchain.Toolchain, spv: str) -> str:
+    """spirv-val's complaint about spv, "" when it accepts the file (or objects only to Intel's matrix bits)."""
+    r = subprocess.run(tc.spirv_val + [spv], capture_output=True, text=True)
+    err = (r.stdout + r.stderr).strip()
+    if r.returncode == 0 or _SPIRV_VAL_INTEL_MATRIX.search(err):
+        return ""
+    return err or f"exit {r.returncode}"
+
+
+def build(variants, devices=DEVICES, work=None, dump=True, jobs=2, python=sys.executable,
+          tc: toolchain.Toolchain | None = None, keep_dumps: bool = False) -> list[FileResult]:
     """Capture, validate and compile every variant's kernel files; one FileResult per distinct SPIR-V."""
+    tc = tc or toolchain.get()
     work = work or tempfile.mkdtemp(prefix="gdn-isa-")
     by_hash: dict[str, FileResult] = {}
     with ThreadPoolExecutor(jobs) as ex:
@@ -239,10 +289,9 @@ def build(variants, devices=DEVICES, work=None, dump=True, jobs=2, python=sys.ex
     results = list(by_hash.values())
 
     def one(fr: FileResult):
-        val = subprocess.run(["spirv-val", fr.spv], capture_output=True, text=True)
-        fr.spirv_val_error = "" if val.returncode == 0 else (val.stdout + val.stderr).strip() or f"exit {val.returncode}"
+        fr.spirv_val_error = spirv_val(tc, fr.spv)
         for d in devices:
-            kernels, log = ocloc(fr.spv, d, fr.spv[:-4] + "_ocl", dump)
+            kernels, log = ocloc(tc, fr.spv, d, fr.spv[:-4] + "_ocl", dump, keep_dump=keep_dumps)
             fr.isa[d] = kernels
             if log.startswith("exit") or set(fr.kernels) - set(kernels):
                 fr.errors[d] = log
@@ -255,6 +304,11 @@ def short(name: str) -> str:
     return name.removeprefix("__sycl_kernel_")
 
 
+def dpas_cell(k: KernelIsa) -> str:
+    """"no", or "yes" with the DPAS instruction count of the dump when there is one."""
+    return "no" if not k.dpas else f"yes ({k.dpas_insts})" if k.dpas_insts else "yes"
+
+
 def table(results: list[FileResult], devices=DEVICES) -> str:
     """One row per (kernel, variants with that SPIR-V, device), sorted in that order."""
     head = ("kernel", "device", "variants", "SIMD", "GRF", "spill B", "scratch B", "SLM B", "DPAS", "insts")
@@ -265,7 +319,7 @@ def table(results: list[FileResult], devices=DEVICES) -> str:
             for di, d in enumerate(devices):
                 k = fr.isa.get(d, {}).get(name)
                 cells = ("MISSING", "", "", "", "", "", "") if k is None else (
-                    str(k.simd), str(k.grf), str(k.spill), str(k.scratch), str(k.slm), "yes" if k.dpas else "no",
+                    str(k.simd), str(k.grf), str(k.spill), str(k.scratch), str(k.slm), dpas_cell(k),
                     str(k.insts or ""))
                 rows.append(((short(name), vs, di), (short(name), d, vs) + cells))
     rows = [head] + [r for _, r in sorted(rows)]
@@ -275,41 +329,30 @@ def table(results: list[FileResult], devices=DEVICES) -> str:
     return "\n".join(lines)
 
 
-def ocloc_version() -> str:
-    r = subprocess.run(["ocloc", "--version"], capture_output=True, text=True)
-    out = (r.stdout + r.stderr).strip()
-    if r.returncode or not out:
-        try:
-            out = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", "intel-opencl-icd"], capture_output=True,
-                                 text=True).stdout.strip()
-            out = f"intel-opencl-icd {out}"
-        except OSError:
-            out = "unknown"
-    return out.splitlines()[0] if out else "unknown"
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--variant", action="append", help="ACT/STATE/K/LAYOUT[/kda], e.g. bf16/f32/128/vk (repeatable)")
     p.add_argument("--all", action="store_true", help="every act x state x K in {64,128,256} x layout")
-    p.add_argument("--device", action="append", choices=DEVICES)
+    p.add_argument("--device", action="append",
+                   help=f"an ocloc device name (repeatable; default {' '.join(DEVICES)})")
     p.add_argument("--no-dump", action="store_true", help="skip IGC's shader dump (no instruction counts)")
-    p.add_argument("--keep", help="work directory to keep (default: a temporary one, removed)")
+    p.add_argument("--keep", help="work directory to keep, IGC's shader dumps included (default: a temporary one)")
     p.add_argument("--jobs", type=int, default=2)
     args = p.parse_args(argv)
-    for t in ("ocloc", "spirv-val"):
-        if not tool(t):
-            print(f"{t} not found (apt-get install intel-opencl-icd spirv-tools)", file=sys.stderr)
-            return 2
+    try:
+        tc = toolchain.get()
+    except toolchain.Unavailable as e:
+        print(f"no GPU compiler: {e}", file=sys.stderr)
+        return 2
     variants = ALL_VARIANTS if args.all else tuple(args.variant or DEFAULT_VARIANTS)
     devices = tuple(args.device or DEVICES)
     work = args.keep or tempfile.mkdtemp(prefix="gdn-isa-")
     try:
-        results = build(variants, devices, work, not args.no_dump, args.jobs)
+        results = build(variants, devices, work, not args.no_dump, args.jobs, tc=tc, keep_dumps=bool(args.keep))
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    print(f"ocloc: {ocloc_version()}")
+    print(tc.describe())
     print(table(results, devices))
     bad = 0
     for fr in results:

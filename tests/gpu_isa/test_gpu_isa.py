@@ -1,31 +1,53 @@
-"""The generic kernels compiled to Intel GPU ISA (isa_table.py): every kernel of every captured
-variant builds for dg2, pvc and tgllp, and the hot kernels keep their data in registers/SLM
-(docs/gpu.md). Skipped without ocloc and spirv-val (apt-get install intel-opencl-icd spirv-tools)."""
+"""The generic kernels compiled to Intel GPU ISA (isa_table.py) by a current Intel GPU compiler
+(toolchain.py: Debian sid's ocloc, fetched into a cache folder on first use): every kernel of every
+captured variant builds for bmg, lnl-m, pvc and dg2, keeps its data in registers and SLM (no spill,
+no scratch; docs/gpu.md), and the matrix builds' products run on DPAS. Skipped, with the reason,
+where the compiler cannot be fetched (a failure instead with GDN_GPU_ISA_REQUIRED=1, as in CI)."""
+import os
 import sys
 
 import pytest
 
 import isa_table
-
-pytestmark = pytest.mark.skipif(not (isa_table.tool("ocloc") and isa_table.tool("spirv-val")),
-                                reason="ocloc / spirv-val not installed (apt-get install intel-opencl-icd spirv-tools)")
+import toolchain
 
 # Every kernel a warmup of the generic kernels builds (pygdn warmup compiles every kernel a config can launch).
 EXPECTED = {"gdn_conv_non_spec", "gdn_conv_spec", "gdn_prep", "gdn_chunk_plan", "gdn_recurrent", "gdn_chunk_prep",
             "gdn_chunk_scan", "gdn_gated_rmsnorm", "gdn_replay_count"}
-# No spill and no private/scratch memory: the per-token kernels of decode and spec decode (gdn_recurrent
-# also as replay mode's replay and walk).
-NO_SCRATCH = {"gdn_recurrent", "gdn_conv_spec", "gdn_conv_non_spec", "gdn_replay_count"}
-NO_SPILL = NO_SCRATCH | {"gdn_chunk_prep", "gdn_chunk_scan"}
-JUDGED = ("dg2", "pvc")
+# No spill and no private/scratch memory, on every device: all but gdn_chunk_plan (one work-item's
+# serial pass over the sequences) -- decode and spec decode (gdn_recurrent, also as replay mode's
+# replay and walk), the conv, the prep, the chunked prefill and the gated norm.
+HOT = EXPECTED - {"gdn_chunk_plan"}
+# The kernels that must run their products on the matrix engines, per variant (a variant that is not
+# one of isa_table.DEFAULT_VARIANTS is built as well), on every device.
+DPAS: dict[str, set[str]] = {}
+VARIANTS = isa_table.DEFAULT_VARIANTS + tuple(v for v in DPAS if v not in isa_table.DEFAULT_VARIANTS)
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    res = isa_table.build(isa_table.DEFAULT_VARIANTS, isa_table.DEVICES, str(tmp_path_factory.mktemp("isa")))
+def tc():
+    try:
+        return toolchain.get()
+    except toolchain.Unavailable as e:
+        required = os.environ.get("GDN_GPU_ISA_REQUIRED") == "1"
+        (pytest.fail if required else pytest.skip)(f"no current Intel GPU compiler: {e}")
+
+
+@pytest.fixture(scope="module")
+def results(tc, tmp_path_factory):
+    res = isa_table.build(VARIANTS, isa_table.DEVICES, str(tmp_path_factory.mktemp("isa")), tc=tc)
     # The table in the test log (pytest -s, or CI's output of a failure).
-    print(f"\nocloc: {isa_table.ocloc_version()}\n{isa_table.table(res)}", file=sys.stderr)
+    print(f"\n{tc.describe()}\n{isa_table.table(res)}", file=sys.stderr)
     return res
+
+
+def kernels(results, variant):
+    """(kernel short name, device, KernelIsa) of every kernel the variant builds."""
+    for f in results:
+        if variant in f.variants:
+            for d in isa_table.DEVICES:
+                for name, k in f.isa[d].items():
+                    yield isa_table.short(name), d, k
 
 
 def test_every_kernel_file_is_valid_spirv(results):
@@ -34,7 +56,7 @@ def test_every_kernel_file_is_valid_spirv(results):
 
 
 def test_every_expected_kernel_is_captured(results):
-    for variant in isa_table.DEFAULT_VARIANTS:
+    for variant in VARIANTS:
         names = {isa_table.short(k) for f in results if variant in f.variants for k in f.kernels}
         assert names == EXPECTED, variant
 
@@ -50,11 +72,13 @@ def test_every_kernel_compiles_for_every_device(results):
 
 
 def test_hot_kernels_have_no_spill_and_no_scratch(results):
-    bad = []
-    for f in results:
-        for d in JUDGED:
-            for name, k in f.isa[d].items():
-                n = isa_table.short(name)
-                if (n in NO_SPILL and k.spill) or (n in NO_SCRATCH and k.scratch):
-                    bad.append((n, d, ",".join(f.variants), k.spill, k.scratch))
+    bad = [(n, d, v, k.spill, k.scratch) for v in VARIANTS for n, d, k in kernels(results, v)
+           if n in HOT and (k.spill or k.scratch)]
     assert bad == []
+
+
+@pytest.mark.parametrize("variant", sorted(DPAS) or [
+    pytest.param(None, marks=pytest.mark.skip("no variant builds joint_matrix products"))])
+def test_matrix_kernels_use_dpas(results, variant):
+    have = {(n, d) for n, d, k in kernels(results, variant) if k.dpas}
+    assert {(n, d) for n in DPAS[variant] for d in isa_table.DEVICES} - have == set()
