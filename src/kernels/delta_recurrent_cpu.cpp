@@ -56,7 +56,7 @@ static inline void fused_conv(const GdnConvParams &c, const GdnDeltaParams &p, i
   for (int32_t tile = span.j0; tile < span.j0 + span.len; ++tile)
     for (const auto &r : ranges)
       for (int32_t ch = r[0]; ch < r[1]; ch += 16 * GDN_CONV_BLOCKS)
-        conv_non_spec_tile<16, 4, GDN_CONV_BLOCKS, 1>(c, tile, ch, r[1]);
+        conv_non_spec_tile<16, 4, GDN_CONV_BLOCKS>(c, tile, ch, r[1]);
 }
 
 #if GDN_VK_LAYOUT
