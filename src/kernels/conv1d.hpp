@@ -1,9 +1,9 @@
 // conv1d.hpp — depthwise causal conv1d over time (+ SiLU) for GDN: the algorithm, shared by the
 // generic kernels (conv1d.cpp, one channel per work-item: GPUs) and the CPU device's variants
-// (conv1d_cpu.cpp, 16 channels per work-item as one vector), through Lanes<N> (vec16.hpp).
+// (conv1d_cpu.cpp, blocks of 16 channels as one vector each), through Lanes<N> (vec16.hpp).
 // Speculative sequences: one work-item per (sequence, channel) walks the sequence's few tokens
 // in order with the W-1 input window in registers. Non-spec sequences (prefills can be thousands
-// of tokens long) are tiled over time as well, see conv_non_spec_tile. Either way a slot's state
+// of tokens long) are tiled over time as well, see for_tile_parts. Either way a slot's state
 // is read and written by one work-item only, and a slot belongs to one sequence of a call
 // (validated), so no temporary state buffer is needed.
 // Packed input (gdn_xpu.h, gdn_packed_order_t): every read of channel c of x goes to its column
@@ -237,8 +237,8 @@ static inline NonSpecSlots non_spec_slots(const GdnConvParams &p, int32_t seq, i
 // Block checkpoints: the history after each boundary token, stored by the tile that convolves
 // that token (tiles never share a token).
 // A sequence's part of a tile: its compact tokens [j0, j1), the tokens [first, end) the tile
-// convolves, the inputs before `first` (owner && use.init: the read slot's window; owner: zeros;
-// else x's rows first-W+1 .. first-1) and its slots.
+// convolves, its slot and slot use. The inputs before `first` are the read slot's window (owner,
+// use.init), zeros (owner) or x's rows first-W+1 .. first-1.
 struct TilePart {
   int32_t j0, j1, first, end, slot;
   bool owner;
@@ -318,12 +318,13 @@ static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int3
 // The CPU device's tile (gdn_conv_non_spec_cpu), walked row by row: NB blocks of 16 channels from
 // c (fewer where c_end comes first), each token's NB blocks in turn, so loads and stores run along
 // the rows -- GDN_CONV_ROW_BLOCKS blocks, 1024 channels, a 2 KB run of a bf16 row -- and the next
-// token's run is asked for (prefetch_line) while this one computes. Down a column of blocks
-// instead, a token's few lines 16 KB (a bf16 row of Qwen3-Next) past the last token's, the
-// prefill's conv took ~2x as long, most of it waiting for lines. The inputs before a token come
-// from a ring of the last W-1 tokens' floats in private memory (R rows of NB vectors; the token's
-// own input goes in too, its row then the oldest), the weights of all NB blocks stay there for the
-// tile. The formula per element is conv_token's, in the same order: the same bits as the tile.
+// token's run is asked for (prefetch_line) while this one computes. (Walked down a column of
+// blocks, four at a time with their windows in registers, each token's lines a row past the last
+// -- 16 KB at Qwen3-Next's bf16 conv_dim, a walk no hardware prefetcher follows -- a 2048-token
+// prefill's conv took ~2x as long.) The W-1 inputs before a token come from a ring of rows of
+// floats in private memory: R >= W rows of NB vectors, a token's input going into the row of the
+// oldest, no longer needed. The weights of all NB blocks stay there for the tile. The formula per
+// element is conv_token's, in the same order: the same bits as conv_non_spec_tile.
 template <int WIDTH, int NB>
 static inline void conv_non_spec_rows(const GdnConvParams &p, int32_t tile, int32_t c, int32_t c_end) {
   typedef Lanes<16> L;
