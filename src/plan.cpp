@@ -226,21 +226,16 @@ void cpu_options(Plan &p, const Target &t) {
 
 }  // namespace
 
-// Whether this process's CPU has AVX512-BF16, AVX512F (the CPU device runs on it).
-static bool host_has_avx512_bf16() {
+// What this process's CPU has (the CPU device runs on it).
+struct HostIsa {
+  bool avx512_bf16 = false, avx512f = false;
+};
+static HostIsa host_isa() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  static const bool has = __builtin_cpu_supports("avx512bf16");
-  return has;
+  static const HostIsa isa{__builtin_cpu_supports("avx512bf16") != 0, __builtin_cpu_supports("avx512f") != 0};
+  return isa;
 #else
-  return false;
-#endif
-}
-static bool host_has_avx512f() {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  static const bool has = __builtin_cpu_supports("avx512f");
-  return has;
-#else
-  return false;
+  return {};
 #endif
 }
 
@@ -249,8 +244,8 @@ Target target_of(const sycl::queue &q) {
   const char *generic = std::getenv("GDN_XPU_GENERIC_KERNELS"), *soft = std::getenv("GDN_XPU_SOFT_BF16");
   Target t;
   t.cpu_variants = q.get_device().is_cpu() && !(generic && generic[0] == '1');
-  t.bf16_instructions = t.cpu_variants && host_has_avx512_bf16() && !(soft && soft[0] == '1');
-  t.f16_instructions = t.cpu_variants && host_has_avx512f();
+  t.bf16_instructions = t.cpu_variants && host_isa().avx512_bf16 && !(soft && soft[0] == '1');
+  t.f16_instructions = t.cpu_variants && host_isa().avx512f;
 #if defined(__x86_64__)
   t.x86 = t.cpu_variants;
 #endif
