@@ -73,8 +73,8 @@ from cases import H, HV, K, KDA_H, V, W, chunked_flops, make_case, run_case, tra
 from dropin_overhead import measure as glue_overhead
 from machine import c_host_overhead, cpu_model, host_overhead, measure_bandwidth, measure_peak
 from prefill_sweep import CHECKPOINT_INTERVAL, checkpoint_line, run_checkpoint_case, run_sweep, sweep_line
-from report import HEADER, Log, beside_GBps, c_abi_us, plain_call_us, plot, prepared_call_us, replay_lines, row_line, \
-    targets, variants_lines
+from report import HEADER, Log, beside_GBps, c_abi_us, conv_vs_bytes, plain_call_us, plot, prepared_call_us, \
+    replay_lines, row_line, targets, variants_lines
 from table import table_lines, table_rows
 from timing import FOREIGN_FLAG, CpuWatch, wait_quiet
 
@@ -439,8 +439,9 @@ def log_results(title, records, plan, sweep, checkpoints, foreign):
             a = r.get(name, {}).get("agreement_vs_ours")
             if a:
                 ag.append(f"{name} {a['out']:.1e}/{a['ssm']:.1e}{'' if a['ok'] else ' MISMATCH'}")
-        log(f"  {r['label']:<18s} {'; '.join(ag) or 'no peers':<44s} conv {r['ours_conv']['median_s'] * 1e3:8.2f} ms, "
-            f"delta rule {r['ours_delta']['median_s'] * 1e3:8.2f} ms")
+        x = conv_vs_bytes(r, plan["bw"]["reference_GBps"])
+        log(f"  {r['label']:<18s} {'; '.join(ag) or 'no peers':<44s} conv {r['ours_conv']['median_s'] * 1e3:8.2f} ms "
+            f"({x:.1f}x its bytes' time), delta rule {r['ours_delta']['median_s'] * 1e3:8.2f} ms")
 
 
 def log_targets(tg, foreign):

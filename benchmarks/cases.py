@@ -165,6 +165,15 @@ def traffic_split(case, state_dtype="f32", replay=False):
     return read, written
 
 
+def conv_traffic_bytes(case):
+    """Useful memory traffic of the conv alone (pygdn.causal_conv1d): mixed_qkv's rows in, the conv
+    output's rows out, the conv weight, and each sequence's conv state read and written (W-1 columns;
+    a spec step writes its W-2+1+num_spec)."""
+    act = 2 if case.act == "bf16" else 4
+    cols = case.W - 2 + case.num_spec + 1 if case.kind == "spec" else case.W - 1
+    return act * case.C * (2 * case.rows + case.W + case.batch * (case.W - 1 + cols))
+
+
 def chunked_flops(case):
     """FLOPs of the chunked (WY/UT, chunks of CHUNK tokens) gated delta rule + conv of a prefill, per
     v-head and chunk of n tokens (multiply-add = 2, triangular products counted half):
@@ -473,7 +482,7 @@ def run_case(queue, case, peers, plan, log, missing=(), twin=None):
         plan["quiet_left_s"] = plan["retry_left_s"] = 0.0
     rec = {"kind": case.kind, "label": case.label, "batch": case.batch, "num_spec": case.num_spec,
            "tokens": case.rows, "lens": list(case.lens), "act": case.act, "bytes": traffic_bytes(case),
-           "bytes_read_written": traffic_split(case)}
+           "bytes_read_written": traffic_split(case), "bytes_conv": conv_traffic_bytes(case)}
     if case.kind == "spec":
         rec["num_accepted"] = [int(v) for v in case.meta["num_accepted_tokens"]]
     if case.kind == "prefill":
@@ -620,6 +629,8 @@ def run_case(queue, case, peers, plan, log, missing=(), twin=None):
             rec[name]["GBps"] = plan["reference_passes"][kind][1] / rec[name]["min_s"] / 1e9
     if "flops" in rec:
         rec["ours"]["GFLOPs"] = rec["flops"] / t_ours / 1e9
+    if "median_s" in rec.get("ours_conv", {}):
+        rec["ours_conv"]["GBps"] = rec["bytes_conv"] / rec["ours_conv"]["median_s"] / 1e9
     if kda:  # the twin's rates in its own bytes and FLOPs, and its time against ours
         rec[KDA_TWIN] = dict(rec.get(KDA_TWIN, {}), **kda)
         t = rec[KDA_TWIN].get("median_s")

@@ -38,6 +38,7 @@ SPEC_BW_B8 = 0.50      # spec decode at B >= 8, the first bandwidth bar (f32 sta
 SPEC_VS_TORCH = 5.0    # spec decode at B >= 8: torch fallback time / ours
 PREFILL_PEAK = 0.70    # chunked prefill of 2048 tokens: share of the matmul peak
 PREFILL_VS_TORCH = 3.0  # chunked prefill of 2048 tokens: torch fallback time / ours
+CONV_VS_BYTES = 2.0    # the 2048-token prefill's conv alone: its time / its bytes' time at the run's bandwidth
 KV_VS_VK = 1.2         # kv ssm layout's time / vk's, every decode / spec row
 FLAT = 1.2             # prefill per-token cost, largest / smallest
 PLAIN_CALL_US = 40.0   # plain pygdn.attention() per call, tiny padded batch
@@ -421,6 +422,7 @@ def _limit_targets(out, records, plan, ho, sweep, base, bw, peak):
         _target(out, "kv", name, None, "no kv-layout row ran", base)
     _prefill_peak_target(out, "prefill_peak", "chunked prefill", records, "ours", "chunked-form FLOPs",
                          "no 2048-token prefill ran", base, peak)
+    _conv_target(out, records, plan, base, bw)
     _flat_targets(out, sweep, base)
     if ho is not None:
         hf = max(base, ho.get("foreign_cpu", 0.0))
@@ -434,6 +436,27 @@ def _limit_targets(out, records, plan, ho, sweep, base, bw, peak):
             _target(out, "c_abi", name, None, "; ".join(ho.get("c_abi", [])) or "not measured", hf)
         else:
             _target(out, "c_abi", name, c <= C_ABI_US, f"{c:.1f} us", hf, c)
+
+
+def conv_vs_bytes(rec, bw):
+    """A row's conv alone (its "ours_conv" part) against its bytes (cases.conv_traffic_bytes) at bw GB/s:
+    the conv's time / the time those bytes take; None when the part was not timed."""
+    c = rec.get("ours_conv", {})
+    return c["median_s"] * bw * 1e9 / rec["bytes_conv"] if "median_s" in c and "bytes_conv" in rec else None
+
+
+def _conv_target(out, records, plan, base, bw):
+    """The 2048-token prefill's conv, timed alone, against the time its bytes take at the run's bandwidth."""
+    p2k = [r for r in records if r["kind"] == "prefill" and r["tokens"] == 2048 and r["batch"] == 1
+           and conv_vs_bytes(r, bw) is not None]
+    name = f"prefill 2048's conv within {CONV_VS_BYTES}x of its bytes' time at measured bandwidth"
+    if not p2k:
+        return _target(out, "conv_bytes", name, None, "no 2048-token prefill's conv was timed", base)
+    r = p2k[0]
+    x = conv_vs_bytes(r, bw)
+    _target(out, "conv_bytes", name, x <= CONV_VS_BYTES, f"{x:.2f}x ({r['ours_conv']['median_s'] * 1e3:.2f} ms; "
+            f"{r['bytes_conv'] / 1e6:.1f} MB at {bw:.1f} GB/s take {r['bytes_conv'] / bw / 1e6:.2f} ms)",
+            rows_foreign(p2k, base), x, r["label"])
 
 
 def _decode_pass_target(out, tkey, records, plan, key, sd, base):

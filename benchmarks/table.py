@@ -5,9 +5,9 @@ formats, state passes, rounds, the targets' evidence) are report.py's, printed w
 kept in the JSON record."""
 from __future__ import annotations
 
-from report import (BW_B1, BW_B8, C_ABI_US, DECODE_PASS, FLAT, KDA_TWIN, KDA_VS_GDN, KV_VS_VK, PLAIN_CALL_US,
-                    PREFILL_PEAK, PREFILL_VS_TORCH, PREPARED_CALL_US, SPEC_BW_B8, SPEC_VS_TORCH, STATE_PASSES,
-                    base_foreign, row_reference, rows_foreign, state_pass_share, verdict)
+from report import (BW_B1, BW_B8, C_ABI_US, CONV_VS_BYTES, DECODE_PASS, FLAT, KDA_TWIN, KDA_VS_GDN, KV_VS_VK,
+                    PLAIN_CALL_US, PREFILL_PEAK, PREFILL_VS_TORCH, PREPARED_CALL_US, SPEC_BW_B8, SPEC_VS_TORCH,
+                    STATE_PASSES, base_foreign, conv_vs_bytes, row_reference, rows_foreign, state_pass_share, verdict)
 
 COLUMNS = ("case", "time", "rate", "% of bound", "vs peer", "verdict")
 _WIDTHS = (24, 10, 14, 20, 12)
@@ -85,6 +85,21 @@ def _prefill_row(r, plan, base):
                 f"GFLOP/s", _peer(r, "ours"), _verdicts(checks, rows_foreign([r], base)))
 
 
+def _conv_row(r, plan, base):
+    """A prefill row's conv, timed alone (its "ours_conv" part), under the row: its rate in its own bytes
+    (cases.conv_traffic_bytes) against the run's bandwidth, and at 2048 tokens the bar of its time
+    against the time those bytes take."""
+    bw = plan["bw"]["reference_GBps"]
+    x = conv_vs_bytes(r, bw)
+    if x is None:
+        return None
+    c = r["ours_conv"]
+    judged = r["tokens"] == 2048 and r["batch"] == 1
+    checks = [(x <= CONV_VS_BYTES if judged else None, f"<= {CONV_VS_BYTES:.0f}x its bytes' time", f"({x:.2f}x)")]
+    return _row(f"  {r['label']}: conv", _time(c["median_s"]), f"{c['GBps']:.1f} GB/s", f"{100 / x:.0f}% of {bw:.0f} GB/s",
+                "-", _verdicts(checks, rows_foreign([r], base)))
+
+
 def _kda_row(r, plan, base):
     """A row's KDA twin (cases.add_twin), under the row: its time and rate against the row's own bound
     (the bandwidth beside it, or the matmul peak), the bar of the row's kind and size, and its time
@@ -159,6 +174,8 @@ def table_rows(records, plan, tg, run_foreign):
             rows += _state_rows(r, plan, base)
         else:
             rows.append(_prefill_row(r, plan, base))
+            conv = _conv_row(r, plan, base)
+            rows += [conv] if conv else []
         kda = _kda_row(r, plan, base)
         rows += [kda] if kda else []
     return rows + _target_rows(tg)

@@ -73,7 +73,8 @@ void plan_conv(Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b, const Tar
   const int64_t channels = conv_dim_of(cfg) + (z_out ? (int64_t)cfg.num_v_heads * cfg.head_v_dim : 0);
   const bool cpu = t.cpu_variants && conv_blocks(cfg, z_out);
   const Family family = cpu ? Family::Conv1dCpu : Family::Conv1d;
-  const int64_t per_item = GDN_CPU_LANES * GDN_CONV_BLOCKS;  // *_cpu: channels of a work-item, alone in its group
+  // *_cpu: channels of a work-item, alone in its group (the spec kernel's, the non-spec kernel's)
+  const int64_t per_item = GDN_CPU_LANES * GDN_CONV_BLOCKS, row_item = GDN_CPU_LANES * GDN_CONV_ROW_BLOCKS;
   const int64_t non_spec_seqs = (int64_t)b.num_prefills + b.num_decodes;
   if (non_spec_seqs > 0 && b.non_spec_token_count > 0) {
     // Time tiles (conv1d.hpp): long enough to amortize re-reading the W-1 window and a binary
@@ -81,7 +82,7 @@ void plan_conv(Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b, const Tar
     p.conv_tile = cpu ? GDN_CONV_TILE_CPU : GDN_CONV_TILE;
     const int64_t tiles = (b.non_spec_token_count + p.conv_tile - 1) / p.conv_tile;
     p.conv_non_spec = kernel(family, act_option(cfg), cpu ? "gdn_conv_non_spec_cpu" : "gdn_conv_non_spec");
-    if (cpu) shape2(p.conv_non_spec, tiles, (channels + per_item - 1) / per_item, 1);
+    if (cpu) shape2(p.conv_non_spec, tiles, (channels + row_item - 1) / row_item, 1);
     else shape2(p.conv_non_spec, tiles, channels, 64);
   }
   if (b.num_spec_decodes > 0 && b.spec_token_count > 0) {
@@ -212,24 +213,29 @@ auto all_launches(P &p) {
 }
 
 // Every CPU-variant build may round bf16 by AVX512-BF16's instructions (vec16.hpp, to_bf16x32,
-// store_bf16x16) and prefetch by x86 instructions (vec16.hpp, prefetch_bytes).
+// store_bf16x16), convert f16 by AVX-512's (vec16.hpp, load_act16, store_act16) and prefetch by x86
+// instructions (vec16.hpp, prefetch_bytes).
 void cpu_options(Plan &p, const Target &t) {
   for (Launch *l : all_launches(p))
     if (l->on && family_file(l->family).cpu) {
       if (t.bf16_instructions) l->options += " -DGDN_CPU_BF16_INSN";
+      if (t.f16_instructions) l->options += " -DGDN_CPU_F16_INSN";
       if (t.x86) l->options += " -DGDN_CPU_X86";
     }
 }
 
 }  // namespace
 
-// Whether this process's CPU has AVX512-BF16 (the CPU device runs on it).
-static bool host_has_avx512_bf16() {
+// What this process's CPU has (the CPU device runs on it).
+struct HostIsa {
+  bool avx512_bf16 = false, avx512f = false;
+};
+static HostIsa host_isa() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  static const bool has = __builtin_cpu_supports("avx512bf16");
-  return has;
+  static const HostIsa isa{__builtin_cpu_supports("avx512bf16") != 0, __builtin_cpu_supports("avx512f") != 0};
+  return isa;
 #else
-  return false;
+  return {};
 #endif
 }
 
@@ -238,7 +244,8 @@ Target target_of(const sycl::queue &q) {
   const char *generic = std::getenv("GDN_XPU_GENERIC_KERNELS"), *soft = std::getenv("GDN_XPU_SOFT_BF16");
   Target t;
   t.cpu_variants = q.get_device().is_cpu() && !(generic && generic[0] == '1');
-  t.bf16_instructions = t.cpu_variants && host_has_avx512_bf16() && !(soft && soft[0] == '1');
+  t.bf16_instructions = t.cpu_variants && host_isa().avx512_bf16 && !(soft && soft[0] == '1');
+  t.f16_instructions = t.cpu_variants && host_isa().avx512f;
 #if defined(__x86_64__)
   t.x86 = t.cpu_variants;
 #endif

@@ -24,6 +24,9 @@ struct Target {
   // (vec16.hpp, to_bf16x32, store_bf16x16) when the host CPU (the CPU device) has it, unless
   // GDN_XPU_SOFT_BF16=1 asks for the bit operations (tests use it to check those on such a host too).
   bool bf16_instructions = false;
+  // The CPU variants convert f16 activations with the 16-lane vcvtph2ps / vcvtps2ph (vec16.hpp,
+  // load_act16, store_act16) when the host CPU has AVX-512 (AVX512F); else lane by lane.
+  bool f16_instructions = false;
   // The CPU variants issue x86 prefetch instructions inline (vec16.hpp, prefetch_bytes) when the
   // host CPU (the CPU device) is x86-64, as the Intel CPU runtime's is.
   bool x86 = false;

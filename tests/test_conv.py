@@ -22,12 +22,43 @@ def test_conv_modes(queue, dtype, width, mode):
         run_conv(queue, rng, dtype, width, "dim_major" if layout == "time_major" else "time_major", "rolled", mode)
 
 
-# The CPU device's conv kernels give a work-item GDN_CONV_BLOCKS (8) blocks of 16 channels:
-# conv_dim 144 (H=1, K=16, HV=7, V=16) is nine blocks, a full group and a group of one.
+# The CPU device's conv kernels give a work-item blocks of 16 channels: the spec kernel 8
+# (GDN_CONV_BLOCKS), the non-spec kernel 64 (GDN_CONV_ROW_BLOCKS), in runs of 32 for other widths
+# than 4. conv_dim 144 (H=1, K=16, HV=7, V=16) is nine blocks, a full spec group and a group of one;
+# 1040 (HV=63) is 65, a full non-spec work-item and one block (two full runs and one at width 3).
 @pytest.mark.parametrize("mode", ["mixed_padded", "time_tiles"])
 @pytest.mark.parametrize("layout", ["dim_major", "time_major"])
-def test_conv_partial_channel_group(queue, layout, mode):
-    run_conv(queue, np.random.default_rng(9), "f32", 4, layout, "rolled", mode, dims=(1, 7, 16, 16))
+@pytest.mark.parametrize("hv,width", [(7, 4), (63, 4), (63, 3)])
+def test_conv_partial_channel_group(queue, layout, mode, hv, width):
+    run_conv(queue, np.random.default_rng(9), "f32", width, layout, "rolled", mode, dims=(1, hv, 16, 16))
+
+
+# f16 activations on a host with AVX-512: the CPU variants convert 16 lanes by one instruction each way
+# (vec16.hpp, GDN_CPU_F16_INSN), the generic kernels by the scalar bit operations (dtype.hpp). The conv
+# is exact per element, so both give the same bits: every f16 value (subnormals, infinities, NaNs
+# with payloads) as 32 one-token sequences on zero states, times 1 (loaded and stored back) and times
+# 0.7998 (products rounded to f16, to subnormals and zero too), and the windows they leave.
+@pytest.mark.parametrize("scale", [1.0, 0.7998])
+def test_f16_instructions_keep_the_scalar_bits(queue, monkeypatch, scale):
+    h, hv, k, v = 2, 4, 256, 256  # conv_dim 2048: 32 rows of 2048 hold the 65536 patterns
+    cfg = pygdn.Config(num_k_heads=h, num_v_heads=hv, head_k_dim=k, head_v_dim=v, num_slots=32, conv_width=4,
+                       act_dtype="f16", conv_layout="time_major", no_silu=True)
+    meta = make_batch(np.random.default_rng(0), num_slots=32, num_decodes=32, order="grouped", identity_indices=True)
+    C = cfg.conv_dim
+    x = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).reshape(32, C)
+    w = np.zeros((C, 4), np.float16)
+    w[:, 3] = scale
+    got = {}
+    for generic in (False, True):
+        monkeypatch.setenv("GDN_XPU_GENERIC_KERNELS", "1" if generic else "0")
+        d_state, d_out = usm(queue, np.zeros((32, 3, C), np.float16)), usm(queue, np.zeros((32, C), np.float16))
+        pygdn.causal_conv1d(queue, cfg, to_device(meta, queue), mixed_qkv=usm(queue, x), conv_weight=usm(queue, w),
+                            conv_state=d_state, conv_out=d_out)
+        got[generic] = [d_out.to_numpy().view(np.uint16), d_state.to_numpy().view(np.uint16)]
+    for name, cpu, generic in zip(("conv_out", "conv_state"), got[False], got[True]):
+        assert np.array_equal(cpu, generic), f"{name}: {np.count_nonzero(cpu != generic)} values differ"
+    bits, newest = x.view(np.uint16), got[False][1][meta["non_spec_state_indices"], 2]  # each sequence's window
+    assert np.array_equal(newest, np.where(np.isnan(x), (bits & 0x8000) | 0x7e00, bits))  # its input, NaN as 0x7e00
 
 
 # Exactly W-1 = 3 history columns, dim-major (vLLM's conv cache shape): the CPU variants move a

@@ -30,7 +30,7 @@ GDN_SUB_GROUP_KERNEL(2) void gdn_conv_non_spec(GdnConvParams p) {
   const auto it = item2();
   const int32_t c = (int32_t)it.get_global_id(1), tile = (int32_t)it.get_group(0);
   if (c < p.conv_dim)
-    with_width(p.width, [&](auto w) { conv_non_spec_tile<1, decltype(w)::value, 1, 1>(p, tile, c, p.conv_dim); });
+    with_width(p.width, [&](auto w) { conv_non_spec_tile<1, decltype(w)::value, 1>(p, tile, c, p.conv_dim); });
   else if (c < p.conv_dim + p.z_dim)
     copy_z_tile<1>(p, tile, c - p.conv_dim);
 }

@@ -1,9 +1,9 @@
 // conv1d.hpp — depthwise causal conv1d over time (+ SiLU) for GDN: the algorithm, shared by the
 // generic kernels (conv1d.cpp, one channel per work-item: GPUs) and the CPU device's variants
-// (conv1d_cpu.cpp, 16 channels per work-item as one vector), through Lanes<N> (vec16.hpp).
+// (conv1d_cpu.cpp, blocks of 16 channels as one vector each), through Lanes<N> (vec16.hpp).
 // Speculative sequences: one work-item per (sequence, channel) walks the sequence's few tokens
 // in order with the W-1 input window in registers. Non-spec sequences (prefills can be thousands
-// of tokens long) are tiled over time as well, see conv_non_spec_tile. Either way a slot's state
+// of tokens long) are tiled over time as well, see for_tile_parts. Either way a slot's state
 // is read and written by one work-item only, and a slot belongs to one sequence of a call
 // (validated), so no temporary state buffer is needed.
 // Packed input (gdn_xpu.h, gdn_packed_order_t): every read of channel c of x goes to its column
@@ -124,14 +124,15 @@ static inline SeqSpan conv_span(const GdnConvParams &p, int32_t seq, bool spec) 
 // their channels conv_dim .. conv_dim+z_dim-1, each row by the work-item whose tile or sequence
 // holds its token, in the pass that reads the row's q|k|v already.
 template <int N>
+static inline void copy_z_row(const GdnConvParams &p, int64_t row, int64_t zc, int32_t e) {  // zc: e's column
+  act_t v[N];
+  __builtin_memcpy(v, (const act_t *)p.x + row * p.x_stride + zc, sizeof v);
+  __builtin_memcpy((act_t *)p.z_out + row * p.z_out_stride + e, v, sizeof v);
+}
+template <int N>
 static inline void copy_z(const GdnConvParams &p, int32_t j0, int32_t j1, int32_t e) {
   const int64_t zc = gdn_z_col(p.pack, e);
-  for (int32_t j = j0; j < j1; ++j) {
-    const int64_t row = global_row(p.token_indx, j);
-    act_t v[N];
-    __builtin_memcpy(v, (const act_t *)p.x + row * p.x_stride + zc, sizeof v);
-    __builtin_memcpy((act_t *)p.z_out + row * p.z_out_stride + e, v, sizeof v);
-  }
+  for (int32_t j = j0; j < j1; ++j) copy_z_row<N>(p, global_row(p.token_indx, j), zc, e);
 }
 template <int N>
 static inline void copy_z_seq(const GdnConvParams &p, int32_t seq, bool spec, int32_t e) {
@@ -143,6 +144,17 @@ template <int N>
 static inline void copy_z_tile(const GdnConvParams &p, int32_t tile, int32_t e) {
   const int32_t t0 = tile * p.tile_len;
   copy_z<N>(p, t0, sycl::min(t0 + p.tile_len, p.num_tokens), e);
+}
+// ... in the z elements [e, e_end) (at most NB blocks of 16), row by row as conv_non_spec_rows
+// walks (gdn_conv_non_spec_cpu).
+template <int NB>
+static inline void copy_z_rows(const GdnConvParams &p, int32_t tile, int32_t e, int32_t e_end) {
+  const int32_t t0 = tile * p.tile_len, t1 = sycl::min(t0 + p.tile_len, p.num_tokens);
+  const int32_t nb = sycl::min(NB, (e_end - e) / 16);
+  int64_t zc[NB];
+  for (int32_t b = 0; b < nb; ++b) zc[b] = gdn_z_col(p.pack, e + 16 * b);
+  for (int32_t j = t0; j < t1; ++j)
+    for (int32_t b = 0; b < nb; ++b) copy_z_row<16>(p, global_row(p.token_indx, j), zc[b], e + 16 * b);
 }
 
 // Where a speculative sequence's window comes from: ROLLED keeps one line (cols[0]) and reads the
@@ -219,35 +231,32 @@ static inline NonSpecSlots non_spec_slots(const GdnConvParams &p, int32_t seq, i
           checkpoints(p.slots, seq, p.slots.start_pos ? p.slots.start_pos[seq] : 0, t0, p.pad_slot_id)};
 }
 
-// Prefill and plain decode sequences, tiled over time: the work-item of (tile, channel group)
+// Prefill and plain decode sequences are tiled over time: the work-item of (tile, channel group)
 // convolves the compact tokens [tile*tile_len, +tile_len) of every sequence overlapping the tile,
-// for NB blocks of N channels from c (fewer where conv_dim ends), BP blocks at a time (the rest one
-// by one) within each sequence: a decode batch's sequences are one token each, and a sequence's
-// slot rows are then read NB blocks at a time, contiguously, instead of N channels of every
-// sequence in turn.
-// (One work-item per whole sequence strode a long prefill's rows one page apart and ran 5-10x
-// slower on the CPU device; tiles also give a single long prefill parallelism.)
-// Blocks stop at channel c_end (gdn_fused_cpu: one k-head's q, k or v channels; else conv_dim).
+// in its channels. (One work-item per whole sequence strode a long prefill's rows one page apart
+// and ran 5-10x slower on the CPU device; tiles also give a single long prefill parallelism.)
 // A tile re-reads the W-1 inputs before its first token from x, so tiles are independent. The
 // state is touched only by the owner, the tile holding the sequence's first token: it reads the
 // slot, takes the sequence's first W-1 tokens even past its tile end (so later tiles never need
 // the old state) and writes the new state, the last W-1 inputs of [old state, x of the sequence].
-template <int N, int WIDTH, int NB, int BP>
-static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int32_t c, int32_t c_end) {
-  typedef Lanes<N> L;
-  typedef typename L::T T;
+// Block checkpoints: the history after each boundary token, stored by the tile that convolves
+// that token (tiles never share a token).
+// A sequence's part of a tile: its compact tokens [j0, j1), the tokens [first, end) the tile
+// convolves, its slot and slot use. The inputs before `first` are the read slot's window (owner,
+// use.init), zeros (owner) or x's rows first-W+1 .. first-1.
+struct TilePart {
+  int32_t j0, j1, first, end, slot;
+  bool owner;
+  NonSpecSlots use;
+};
+// f(part) for each sequence with tokens to convolve in tile `tile`, from the last sequence
+// starting at or before the tile's first token on (a binary search). A sequence with a pad
+// slot (graph padding) gets zero outputs in channels [c, c + n) instead: no state access.
+template <int N, class F>
+static inline void for_tile_parts(const GdnConvParams &p, int32_t tile, int32_t w1, int32_t c, int32_t n, F f) {
   const int32_t *qsl = p.query_start_loc;
   const int32_t t0 = tile * p.tile_len, t1 = sycl::min(t0 + p.tile_len, p.num_tokens);
-  const int32_t width = WIDTH ? WIDTH : p.width, w1 = width - 1;
-  // (c < c_end, the callers': one channel at a time has a constant count, so w and bias are indexed
-  // by constants, which keeps them in registers on GPUs)
-  const int32_t nb = N == 1 && NB == 1 ? 1 : sycl::min(NB, (c_end - c) / N);
-  T w[NB][GDN_MAX_CONV_WIDTH], bias[NB];
-  for (int32_t b = 0; b < nb; ++b) {
-    load_weights<N, WIDTH>(p.weight, c + N * b, width, w[b]);
-    bias[b] = p.bias ? L::load_act(p.bias, c + N * b, 1) : T(0.0f);
-  }
-  int32_t lo = 0, hi = p.num_seqs;  // the last sequence starting at or before t0 holds token t0
+  int32_t lo = 0, hi = p.num_seqs;
   while (hi - lo > 1) {
     const int32_t mid = (lo + hi) / 2;
     if (qsl[mid] <= t0) lo = mid; else hi = mid;
@@ -261,63 +270,129 @@ static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int3
     const int32_t end = owner ? sycl::max(sycl::min(t1, j1), sycl::min(j1, j0 + w1)) : sycl::min(t1, j1);
     if (first >= end) continue;
     const int32_t slot = p.state_indices[seq];
-    if (gdn_is_pad(slot, p.pad_slot_id)) {  // graph padding: zero outputs, no state access
+    if (gdn_is_pad(slot, p.pad_slot_id)) {
       for (int32_t j = first; j < end; ++j)
-        for (int32_t b = 0; b < nb; ++b) L::store_act(p.out, global_row(p.token_indx, j) * p.out_stride + c + N * b, T(0.0f));
+        for (int32_t e = c; e < c + n; e += N)
+          Lanes<N>::store_act(p.out, global_row(p.token_indx, j) * p.out_stride + e, typename Lanes<N>::T(0.0f));
       continue;
     }
-    // Block checkpoints: the history after each boundary token, stored by the tile that
-    // convolves that token (tiles never share a token).
-    const NonSpecSlots use = non_spec_slots(p, seq, slot, first - j0);
-    // M blocks b0 .. b0+M-1 over the sequence's tokens of this tile, together: one token's row,
-    // checkpoint test and loop control serve them all, and the CPU variant stores each pair's 32
-    // outputs at once (store_act32: bf16 as one 64-byte store). One block at a time made a
-    // prefill's conv ~15% longer than pairs, and pairs a long prefill's conv up to ~25% longer
-    // than four blocks (128 bytes of a bf16 row, two cache lines per token). BP is the caller's:
-    // the fused conv (gdn_fused_cpu, one token a tile) takes one block at a time, a smaller build.
-    // Eight (the whole work-item at once) spilled.
-    auto blocks = [&](auto m, int32_t b0) {
-      constexpr int M = decltype(m)::value;
-      T hist[M][GDN_MAX_CONV_WIDTH];
-      int64_t xc[M];  // the blocks' columns in x
-      for (int q = 0; q < M; ++q) {
-        const int32_t cb = c + N * (b0 + q);
-        xc[q] = gdn_qkv_col(p.pack, cb);
-        if (owner && use.init)
-          load_window<N, WIDTH>(p.state, use.read, cb, 0, w1, hist[q]);
-        else  // zeros, or (not the owner: first >= j0 + W-1) the sequence's inputs before `first`
-          for (int32_t i = 0; i < w1; ++i)
-            hist[q][i] = owner ? T(0.0f) : L::load_act(p.x, global_row(p.token_indx, first - w1 + i) * p.x_stride + xc[q], 1);
-      }
-      Checkpoints ckpt = use.ckpt;
-      for (int32_t j = first; j < end; ++j) {
-        const int64_t row = global_row(p.token_indx, j);
-        T y[M];
-        for (int q = 0; q < M; ++q) {
-          const T x = L::load_act(p.x, row * p.x_stride + xc[q], 1);
-          y[q] = conv_token(w[b0 + q], bias[b0 + q], hist[q], width, x, p.silu);
-        }
-        if constexpr (N == 16 && M % 2 == 0)
-          for (int q = 0; q < M; q += 2) store_act32(p.out, row * p.out_stride + c + N * (b0 + q), y[q], y[q + 1]);
-        else
-          for (int q = 0; q < M; ++q) L::store_act(p.out, row * p.out_stride + c + N * (b0 + q), y[q]);
-        const int32_t to = ckpt.after(j - j0);
-        if (!gdn_is_pad(to, p.pad_slot_id))
-          for (int q = 0; q < M; ++q) store_window<N, WIDTH>(p.state, to, c + N * (b0 + q), w1, hist[q]);
-      }
-      if (!owner) return;
-      for (int q = 0; q < M; ++q) {
-        const int32_t cb = c + N * (b0 + q);
-        for (int32_t j = sycl::max(end, j1 - w1); j < j1; ++j)  // the inputs other tiles convolve
-          push_history(hist[q], width, L::load_act(p.x, global_row(p.token_indx, j) * p.x_stride + xc[q], 1));
-        store_window<N, WIDTH>(p.state, slot, cb, w1, hist[q]);
-      }
-    };
-    int32_t b = 0;
-    if constexpr (BP > 1)
-      for (; b + BP <= nb; b += BP) blocks(std::integral_constant<int, BP>(), b);
-    for (; b < nb; ++b) blocks(std::integral_constant<int, 1>(), b);
+    f(TilePart{j0, j1, first, end, slot, owner, non_spec_slots(p, seq, slot, first - j0)});
   }
+}
+
+// The generic kernel's tile (and gdn_fused_cpu's conv, one token a tile): NB blocks of N channels
+// from c (fewer where c_end comes first: gdn_fused_cpu takes one k-head's q, k or v channels),
+// one block at a time over a sequence's tokens of the tile, its window in registers.
+template <int N, int WIDTH, int NB>
+static inline void conv_non_spec_tile(const GdnConvParams &p, int32_t tile, int32_t c, int32_t c_end) {
+  typedef Lanes<N> L;
+  typedef typename L::T T;
+  const int32_t width = WIDTH ? WIDTH : p.width, w1 = width - 1;
+  // (c < c_end, the callers': one channel at a time has a constant count, so w and bias are indexed
+  // by constants, which keeps them in registers on GPUs)
+  const int32_t nb = N == 1 && NB == 1 ? 1 : sycl::min(NB, (c_end - c) / N);
+  T w[NB][GDN_MAX_CONV_WIDTH], bias[NB];
+  for (int32_t b = 0; b < nb; ++b) {
+    load_weights<N, WIDTH>(p.weight, c + N * b, width, w[b]);
+    bias[b] = p.bias ? L::load_act(p.bias, c + N * b, 1) : T(0.0f);
+  }
+  for_tile_parts<N>(p, tile, w1, c, N * nb, [&](const TilePart &s) {
+    for (int32_t b = 0; b < nb; ++b) {
+      const int32_t cb = c + N * b;
+      const int64_t xc = gdn_qkv_col(p.pack, cb);
+      T hist[GDN_MAX_CONV_WIDTH];
+      if (s.owner && s.use.init)
+        load_window<N, WIDTH>(p.state, s.use.read, cb, 0, w1, hist);
+      else
+        for (int32_t i = 0; i < w1; ++i)
+          hist[i] = s.owner ? T(0.0f) : L::load_act(p.x, global_row(p.token_indx, s.first - w1 + i) * p.x_stride + xc, 1);
+      Checkpoints ckpt = s.use.ckpt;
+      for (int32_t j = s.first; j < s.end; ++j) {
+        const int64_t row = global_row(p.token_indx, j);
+        const T x = L::load_act(p.x, row * p.x_stride + xc, 1);
+        L::store_act(p.out, row * p.out_stride + cb, conv_token(w[b], bias[b], hist, width, x, p.silu));
+        const int32_t to = ckpt.after(j - s.j0);
+        if (!gdn_is_pad(to, p.pad_slot_id)) store_window<N, WIDTH>(p.state, to, cb, w1, hist);
+      }
+      if (!s.owner) continue;
+      for (int32_t j = sycl::max(s.end, s.j1 - w1); j < s.j1; ++j)  // the inputs other tiles convolve
+        push_history(hist, width, L::load_act(p.x, global_row(p.token_indx, j) * p.x_stride + xc, 1));
+      store_window<N, WIDTH>(p.state, s.slot, cb, w1, hist);
+    }
+  });
+}
+
+// The CPU device's tile (gdn_conv_non_spec_cpu), walked row by row: NB blocks of 16 channels from
+// c (fewer where c_end comes first), each token's NB blocks in turn, so loads and stores run along
+// the rows -- GDN_CONV_ROW_BLOCKS blocks, 1024 channels, a 2 KB run of a bf16 row -- and the next
+// token's run is asked for (prefetch_line) while this one computes. (Walked down a column of
+// blocks, four at a time with their windows in registers, each token's lines a row past the last
+// -- 16 KB at Qwen3-Next's bf16 conv_dim, a walk no hardware prefetcher follows -- a 2048-token
+// prefill's conv took ~2x as long.) The W-1 inputs before a token come from a ring of rows of
+// floats in private memory: R >= W rows of NB vectors, a token's input going into the row of the
+// oldest, no longer needed. The weights of all NB blocks stay there for the tile. The formula per
+// element is conv_token's, in the same order: the same bits as conv_non_spec_tile.
+template <int WIDTH, int NB>
+static inline void conv_non_spec_rows(const GdnConvParams &p, int32_t tile, int32_t c, int32_t c_end) {
+  typedef Lanes<16> L;
+  typedef vf16 T;
+  constexpr int WMAX = WIDTH ? WIDTH : GDN_MAX_CONV_WIDTH, R = WIDTH == 4 ? 4 : GDN_MAX_CONV_WIDTH;  // R: 2^k >= W
+  const int32_t width = WIDTH ? WIDTH : p.width, w1 = width - 1;
+  const int32_t nb = sycl::min(NB, (c_end - c) / 16);
+  T w[NB][WMAX], bias[NB], ring[R][NB];
+  int64_t xc[NB];  // the blocks' columns in x
+  for (int32_t b = 0; b < nb; ++b) {
+    load_weights<16, WIDTH>(p.weight, c + 16 * b, width, w[b]);
+    bias[b] = p.bias ? L::load_act(p.bias, c + 16 * b, 1) : T(0.0f);
+    xc[b] = gdn_qkv_col(p.pack, c + 16 * b);
+  }
+  auto at = [&](int32_t k) { return ring[(k + R) & (R - 1)]; };  // input k of the part (k >= -W+1)
+  auto load_row = [&](int32_t j, int32_t k) {  // x's row of token j as input k
+    const int64_t row = global_row(p.token_indx, j) * p.x_stride;
+    for (int32_t b = 0; b < nb; ++b) at(k)[b] = L::load_act(p.x, row + xc[b], 1);
+  };
+  auto store_ring = [&](int32_t to, int32_t k) {  // the window of inputs k-W+2 .. k to slot `to`
+    for (int32_t b = 0; b < nb; ++b) {
+      T hist[WMAX];
+      for (int32_t i = 0; i < w1; ++i) hist[i] = at(k - w1 + 1 + i)[b];
+      store_window<16, WIDTH>(p.state, to, c + 16 * b, w1, hist);
+    }
+  };
+  for_tile_parts<16>(p, tile, w1, c, 16 * nb, [&](const TilePart &s) {
+    if (!s.owner)
+      for (int32_t i = 0; i < w1; ++i) load_row(s.first - w1 + i, i - w1);
+    else
+      for (int32_t b = 0; b < nb; ++b) {
+        T hist[WMAX];
+        if (s.use.init) load_window<16, WIDTH>(p.state, s.use.read, c + 16 * b, 0, w1, hist);
+        for (int32_t i = 0; i < w1; ++i) at(i - w1)[b] = s.use.init ? hist[i] : T(0.0f);
+      }
+    Checkpoints ckpt = s.use.ckpt;
+    for (int32_t j = s.first; j < s.end; ++j) {
+      const int32_t k = j - s.first;
+      const int64_t row = global_row(p.token_indx, j);
+      const act_t *next = j + 1 < s.end ? (const act_t *)p.x + global_row(p.token_indx, j + 1) * p.x_stride : nullptr;
+      auto token = [&](int32_t b) {
+        if (next) prefetch_line(next + xc[b]);
+        T hist[WMAX];
+        for (int32_t i = 0; i < w1; ++i) hist[i] = at(k - w1 + i)[b];
+        const T x = L::load_act(p.x, row * p.x_stride + xc[b], 1);
+        at(k)[b] = x;
+        return conv_token(w[b], bias[b], hist, width, x, p.silu);
+      };
+      int32_t b = 0;
+      for (; b + 2 <= nb; b += 2) {
+        const T y0 = token(b), y1 = token(b + 1);
+        store_act32(p.out, row * p.out_stride + c + 16 * b, y0, y1);
+      }
+      if (b < nb) L::store_act(p.out, row * p.out_stride + c + 16 * b, token(b));
+      const int32_t to = ckpt.after(j - s.j0);
+      if (!gdn_is_pad(to, p.pad_slot_id)) store_ring(to, k);
+    }
+    if (!s.owner) return;
+    for (int32_t j = sycl::max(s.end, s.j1 - w1); j < s.j1; ++j) load_row(j, j - s.first);  // the inputs other tiles convolve
+    store_ring(s.slot, s.j1 - 1 - s.first);
+  });
 }
 
 // A plain decode sequence (exactly one token, conv_span) in the 16-channel blocks [c, c_end), width

@@ -22,16 +22,20 @@ GDN_KERNEL(2) void gdn_conv_spec_cpu(GdnConvParams p) {
 }
 
 // Prefill and decode sequences, tiled over time: global (num tiles, (conv_dim + z_dim) / (16 *
-// GDN_CONV_BLOCKS) rounded up), local (1, 1): GDN_CONV_BLOCKS blocks of 16 channels per work-item,
-// four at a time over a tile's tokens (conv_non_spec_tile); pairs for other widths than 4 (rare:
-// their copy costs cold-compile time, not steps). Blocks past conv_dim copy z elements.
+// GDN_CONV_ROW_BLOCKS) rounded up), local (1, 1): GDN_CONV_ROW_BLOCKS blocks of 16 channels per
+// work-item, walked row by row (conv_non_spec_rows). Other widths than 4 (rare) in runs of 32
+// blocks: their window, weights and ring are up to GDN_MAX_CONV_WIDTH vectors a block in private
+// memory. Blocks past conv_dim copy z elements.
 GDN_KERNEL(2) void gdn_conv_non_spec_cpu(GdnConvParams p) {
+  constexpr int32_t NB = GDN_CONV_ROW_BLOCKS, NB_ANY_WIDTH = 32;
   const auto it = item2();
-  const int32_t c = (int32_t)it.get_group(1) * 16 * GDN_CONV_BLOCKS, tile = (int32_t)it.get_group(0);
-  if (c < p.conv_dim) {
-    if (p.width == 4) conv_non_spec_tile<16, 4, GDN_CONV_BLOCKS, 4>(p, tile, c, p.conv_dim);
-    else conv_non_spec_tile<16, 0, GDN_CONV_BLOCKS, 2>(p, tile, c, p.conv_dim);
+  const int32_t c = (int32_t)it.get_group(1) * 16 * NB, tile = (int32_t)it.get_group(0);
+  const int32_t conv_end = sycl::min(c + 16 * NB, p.conv_dim);
+  if (p.width == 4) {
+    if (c < conv_end) conv_non_spec_rows<4, NB>(p, tile, c, conv_end);
+  } else {
+    for (int32_t cc = c; cc < conv_end; cc += 16 * NB_ANY_WIDTH) conv_non_spec_rows<0, NB_ANY_WIDTH>(p, tile, cc, conv_end);
   }
-  for (int32_t e = sycl::max(c, p.conv_dim); e < sycl::min(c + 16 * GDN_CONV_BLOCKS, p.conv_dim + p.z_dim); e += 16)
-    copy_z_tile<16>(p, tile, e - p.conv_dim);
+  const int32_t z0 = sycl::max(c, p.conv_dim), z1 = sycl::min(c + 16 * NB, p.conv_dim + p.z_dim);
+  if (z0 < z1) copy_z_rows<NB>(p, tile, z0 - p.conv_dim, z1 - p.conv_dim);
 }

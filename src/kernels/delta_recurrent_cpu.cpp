@@ -36,9 +36,8 @@ static inline KHeadChannels k_head_channels(const GdnDeltaParams &p, int32_t h) 
 // for a plain decode's one token conv_decode_blocks (conv1d.hpp), else conv_non_spec_tile with
 // tile_len 1 (tile j is compact token j: the tiles of the sequence's tokens cover it whole, the
 // first, the owner, reading and writing the conv state), one block at a time: that path takes
-// only a step's non-spec sequences of other lengths than one, and each pairing of blocks is
-// another copy of the tile's code in this build (pairs took ~2 s more of its back end at
-// K = 128, a third of it). Conv width 4 only (plan.cpp; Qwen3-Next and Qwen3.5): each width is
+// only a step's non-spec sequences of other lengths than one, and pairs of blocks took ~2 s more
+// of this build's back end at K = 128, a third of it. Conv width 4 only (plan.cpp; Qwen3-Next and Qwen3.5): each width is
 // another copy of the conv in this build.
 static inline void fused_conv(const GdnConvParams &c, const GdnDeltaParams &p, int32_t seq, int32_t h) {
   const KHeadChannels k_head = k_head_channels(p, h);
@@ -56,7 +55,7 @@ static inline void fused_conv(const GdnConvParams &c, const GdnDeltaParams &p, i
   for (int32_t tile = span.j0; tile < span.j0 + span.len; ++tile)
     for (const auto &r : ranges)
       for (int32_t ch = r[0]; ch < r[1]; ch += 16 * GDN_CONV_BLOCKS)
-        conv_non_spec_tile<16, 4, GDN_CONV_BLOCKS, 1>(c, tile, ch, r[1]);
+        conv_non_spec_tile<16, 4, GDN_CONV_BLOCKS>(c, tile, ch, r[1]);
 }
 
 #if GDN_VK_LAYOUT

@@ -67,7 +67,8 @@ static inline int32_t gdn_accepted(const int32_t *num_accepted, int32_t seq, int
 // Shapes of the CPU-device kernel variants, used by the host for launch ranges and by the kernels.
 enum {
   GDN_CPU_LANES = 16,        // channels / state columns per vector (vf16)
-  GDN_CONV_BLOCKS = 8,       // gdn_conv_spec_cpu, gdn_conv_non_spec_cpu: 16-channel blocks per work-item
+  GDN_CONV_BLOCKS = 8,       // gdn_conv_spec_cpu (and gdn_fused_cpu's conv): 16-channel blocks per work-item
+  GDN_CONV_ROW_BLOCKS = 64,  // gdn_conv_non_spec_cpu: 16-channel blocks per work-item (walked row by row)
   GDN_VK_ROWS = 16,          // gdn_recurrent_vk_cpu: state rows per pass (one vector's lanes)
   GDN_VK_ITEM_ROWS = 128,    // ... and per work-item, in passes of GDN_VK_ROWS
   GDN_WALK_TOKENS = 8,       // tokens a CPU recurrent walk prepares once (vk: for all its passes, f32 walks

@@ -37,6 +37,14 @@ static inline void prefetch_bytes(const void *p, size_t n) {
   sycl::address_space_cast<sycl::access::address_space::global_space, sycl::access::decorated::no>((const char *)p).prefetch(n);
 #endif
 }
+// ... the one line holding the byte at p.
+static inline void prefetch_line(const void *p) {
+#if defined(GDN_CPU_X86)
+  asm volatile("prefetcht0 (%0)" : : "r"(p));
+#else
+  prefetch_bytes(p, 1);
+#endif
+}
 
 // The compiler's own vector types, for its builtins (shuffles, non-temporal stores, conversions);
 // bit_cast to/from the sycl::vec types.
@@ -156,6 +164,28 @@ static inline void store_act16(void *p, int64_t i, const vf16 &v) { store_bf16x1
 #elif defined(GDN_ACT_F32)
 static inline vf16 load_act16(const void *p, int64_t i) { return vload((const float *)p + i); }
 static inline void store_act16(void *p, int64_t i, const vf16 &v) { vstore((float *)p + i, v); }
+#elif defined(GDN_ACT_F16) && defined(GDN_CPU_F16_INSN)
+// f16 by AVX-512's conversions (GDN_CPU_F16_INSN, make_plan: a host with AVX512F), one instruction
+// each way; lane by lane they are scalar bit operations (dtype.hpp), ~20 instructions a lane. The
+// same bits as those -- f16 subnormals and the CPU builds' denormals-are-zero included -- except a
+// NaN's, whose payload the instruction keeps in part: the store sets NaN lanes to float_to_f16's
+// 0x7e00 and sign (test_f16_instructions_keep_the_scalar_bits). Assembly, not sycl::half: a kernel
+// using sycl::half needs the fp16 aspect (dtype.hpp).
+static inline vf16 load_act16(const void *p, int64_t i) {
+  native_vu16x16 h;
+  __builtin_memcpy(&h, (const act_t *)p + i, sizeof(h));
+  native_vf16 r;
+  asm("vcvtph2ps %1, %0" : "=v"(r) : "v"(h));
+  return sycl::bit_cast<vf16>(r);
+}
+static inline void store_act16(void *p, int64_t i, const vf16 &v) {
+  const native_vf16 f = sycl::bit_cast<native_vf16>(v);
+  native_vu16x16 h;
+  asm("vcvtps2ph $0, %1, %0" : "=v"(h) : "v"(f));
+  const native_vu16x16 nan = __builtin_convertvector(f != f, native_vu16x16);  // all-ones where NaN
+  h = (h & ~nan) | (((h & 0x8000) | 0x7e00) & nan);
+  __builtin_memcpy((act_t *)p + i, &h, sizeof(h));
+}
 #else
 static inline vf16 load_act16(const void *p, int64_t i) {
   vf16 r;
