@@ -166,9 +166,10 @@ void plan_delta(Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b, const Ta
       shape1(p.chunk_prep, (int64_t)p.chunk_capacity * cfg.num_k_heads, 1);  // per (chunk, k-head)
       const int64_t cols = GDN_CPU_LANES * GDN_SCAN_BLOCKS;  // per work-item, alone in its work-group
       shape2(p.chunk_scan, p.seq_capacity * HV, (V + cols - 1) / cols, 1);
-    } else if (mx) {  // per (chunk, v-head); per (sequence, v-head, GDN_MX_COLS state columns)
+    } else if (mx) {  // per (chunk, v-head); per (sequence, v-head, gdn_mx_cols(K) state columns)
       shape2(p.chunk_prep, p.chunk_capacity * HV, GDN_CHUNK_SIZE, GDN_CHUNK_SIZE);
-      shape2(p.chunk_scan, p.seq_capacity * HV, (V + GDN_MX_COLS - 1) / GDN_MX_COLS * GDN_CHUNK_SIZE, GDN_CHUNK_SIZE);
+      const int64_t cols = gdn_mx_cols(cfg.head_k_dim);
+      shape2(p.chunk_scan, p.seq_capacity * HV, (V + cols - 1) / cols * GDN_CHUNK_SIZE, GDN_CHUNK_SIZE);
     } else {
       shape2(p.chunk_prep, p.chunk_capacity * HV, GDN_CHUNK_SIZE, GDN_CHUNK_SIZE);
       shape_tiles(p.chunk_scan, p.seq_capacity * HV, V, cfg);

@@ -13,15 +13,18 @@
 // chunk_qb, chunk_kb, chunk_aqkb: -r(W), r(q (.) dstart), r(k (.) dend), r(Aqk)); U stays f32 (the
 // accumulator u starts from). Rows of a chunk past its length are zeros in every operand, so a
 // partial chunk's tiles need no masks. Sub-groups of GDN_MX_SG lanes take a product's tiles in turn.
+// Every operand is loaded row-major: a transposed operand (k^T of k k^T, u^T of the state update) is
+// written transposed where it is made (IGC has no column-major bf16 load for dg2's SIMD8 tiles).
 #pragma once
 #include "tiles.hpp"
 
 #define MX_SGS (GDN_CHUNK_SIZE / GDN_MX_SG)  // sub-groups of a work-group (GDN_CHUNK_SIZE work-items)
+#define MX_COLS gdn_mx_cols(kHeadK)          // gdn_chunk_scan's state columns
 #define GDN_MX_KERNEL(dims) GDN_KERNEL(dims) SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::sub_group_size<GDN_MX_SG>))
 static_assert(GDN_CHUNK_SIZE % GDN_MX_SG == 0 && GDN_CHUNK_SIZE % GDN_MX_M == 0 && GDN_CHUNK_SIZE % GDN_MX_N == 0 &&
                   GDN_CHUNK_SIZE % GDN_MX_K == 0, "a chunk is whole tiles");
 static_assert(GDN_MX_DIM % GDN_MX_M == 0 && GDN_MX_DIM % GDN_MX_N == 0 && GDN_MX_DIM % GDN_MX_K == 0 &&
-                  kHeadK % GDN_MX_DIM == 0 && GDN_MX_COLS % GDN_MX_DIM == 0 && GDN_MX_VCOLS % GDN_MX_DIM == 0,
+                  kHeadK % GDN_MX_DIM == 0 && MX_COLS % GDN_MX_DIM == 0 && GDN_MX_VCOLS % GDN_MX_DIM == 0,
               "K, V (a multiple of GDN_MX_DIM: the plan's condition) and the column blocks are whole tiles");
 
 static inline uint16_t mx_round(float x) { return float_to_bf16(x); }
@@ -41,9 +44,9 @@ union MxPrepT {
 
 #if !GDN_CHANNEL_GATE
 // KK = r(k) r(k)^T into KK, QK = r(q) r(k)^T into QK: the tiles on or below the diagonal (the
-// others are not read), from the chunk's rows of r(k) and r(q) in kb and qb.
+// others are not read), from the chunk's rows of r(k) and r(q) in kb and qb and r(k)^T in kt.
 static inline void mx_pair_products(const sycl::sub_group &sg, int32_t me, const uint16_t *kb, const uint16_t *qb,
-                                    float (*KK)[GDN_CHUNK_SIZE], float (*QK)[GDN_CHUNK_SIZE]) {
+                                    const uint16_t *kt, float (*KK)[GDN_CHUNK_SIZE], float (*QK)[GDN_CHUNK_SIZE]) {
   constexpr int RB = GDN_CHUNK_SIZE / GDN_MX_M, CB = GDN_CHUNK_SIZE / GDN_MX_N;
   for (int t = me; t < RB * CB; t += MX_SGS) {
     const int rb = t / CB, cb = t % CB;
@@ -52,11 +55,11 @@ static inline void mx_pair_products(const sycl::sub_group &sg, int32_t me, const
     mx_fill(sg, kk, 0.0f);
     mx_fill(sg, qk, 0.0f);
     for (int k0 = 0; k0 < kHeadK; k0 += GDN_MX_K) {
-      mx_a<MX_ROW> ak, aq;
-      mx_b<MX_COL> bk;  // k^T: column j of the tile is row j of r(k)
+      mx_a ak, aq;
+      mx_b bk;
       mx_load<MX_GLOBAL>(sg, ak, kb + rb * GDN_MX_M * kHeadK + k0, kHeadK);
       mx_load<MX_GLOBAL>(sg, aq, qb + rb * GDN_MX_M * kHeadK + k0, kHeadK);
-      mx_load<MX_GLOBAL>(sg, bk, kb + cb * GDN_MX_N * kHeadK + k0, kHeadK);
+      mx_load<MX_GLOBAL>(sg, bk, kt + k0 * GDN_CHUNK_SIZE + cb * GDN_MX_N, GDN_CHUNK_SIZE);
       mx_mad(sg, kk, ak, bk);
       mx_mad(sg, qk, aq, bk);
     }
@@ -79,8 +82,8 @@ static inline void mx_lower_product(const sycl::sub_group &sg, int32_t me, const
     mx_acc acc;
     mx_fill(sg, acc, 0.0f);
     for (int j0 = 0; j0 <= rb * GDN_MX_M + GDN_MX_M - 1; j0 += GDN_MX_K) {
-      mx_a<MX_ROW> a;
-      mx_b<MX_ROW> b;
+      mx_a a;
+      mx_b b;
       mx_load<MX_LOCAL>(sg, a, &A[rb * GDN_MX_M][j0], GDN_CHUNK_SIZE);
       mx_load<SB>(sg, b, B + j0 * ldb + cb * GDN_MX_N, ldb);
       mx_mad(sg, acc, a, b);
@@ -121,12 +124,13 @@ GDN_MX_KERNEL(2) void gdn_chunk_prep(GdnDeltaParams p) {
   channel_dend(p, r);
 #else
   const HeadDecay hd = head_decays(p, grp, r, P_s, R_s, D_s);
-  for (int k = 0; k < kHeadK; ++k) {
-    kb[i * kHeadK + k] = r.valid ? mx_round(ki[k]) : 0;
+  for (int k = 0; k < kHeadK; ++k) {  // r(k), r(q) and r(k)^T (in wb's rows, which -r(W) replaces at the end)
+    const uint16_t kr = r.valid ? mx_round(ki[k]) : 0;
+    kb[i * kHeadK + k] = wb[k * GDN_CHUNK_SIZE + i] = kr;
     qb[i * kHeadK + k] = r.valid ? mx_round(qi[k]) : 0;
   }
   sycl::group_barrier(grp);
-  mx_pair_products(sg, me, kb, qb, sa.A, st.T);
+  mx_pair_products(sg, me, kb, qb, wb, sa.A, st.T);
   sycl::group_barrier(grp);
   for (int32_t j = 0; j < GDN_CHUNK_SIZE; ++j) {
     const float decay = r.valid && j <= i ? decay_between(hd.P, hd.R, P_s[j], j) : 0.0f;
@@ -166,38 +170,42 @@ GDN_MX_KERNEL(2) void gdn_chunk_prep(GdnDeltaParams p) {
   }
 }
 
-// A work-group's block of state columns v0 .. v0+ncol-1 of (slot, v-head) between SLM (f32, row k
-// of the block at S[k]) and ssm_state; work-item t takes every GDN_CHUNK_SIZE-th element, in the
-// layout's order (vk: k fastest, kv: columns fastest). load: zeros when !init and past ncol.
+// A work-group's block of state columns v0 .. v0+ncol-1 of (slot, v-head) between SLM (f32,
+// transposed: S^T[c][k] = S[k][v0 + c]) and ssm_state; work-item t takes every GDN_CHUNK_SIZE-th
+// element, in the layout's order (vk: k fastest, kv: columns fastest). load: zeros when !init and
+// past ncol.
 static inline void mx_state_block(const GdnDeltaParams &p, int32_t slot, int32_t hv, int32_t v0, int32_t ncol, int32_t t,
-                                  float (*S)[GDN_MX_COLS], bool load, bool init) {
-  for (int32_t x = t; x < kHeadK * GDN_MX_COLS; x += GDN_CHUNK_SIZE) {
-    const int32_t k = GDN_VK_LAYOUT ? x % kHeadK : x / GDN_MX_COLS, c = GDN_VK_LAYOUT ? x / kHeadK : x % GDN_MX_COLS;
-    if (load) S[k][c] = init && c < ncol ? load_state(state_column(p, slot, hv, v0 + c) + k * k_stride(p)) : 0.0f;
-    else if (c < ncol) store_state(state_column(p, slot, hv, v0 + c) + k * k_stride(p), S[k][c]);
+                                  float (*ST)[kHeadK], bool load, bool init) {
+  for (int32_t x = t; x < kHeadK * MX_COLS; x += GDN_CHUNK_SIZE) {
+    const int32_t k = GDN_VK_LAYOUT ? x % kHeadK : x / MX_COLS, c = GDN_VK_LAYOUT ? x / kHeadK : x % MX_COLS;
+    if (load) ST[c][k] = init && c < ncol ? load_state(state_column(p, slot, hv, v0 + c) + k * k_stride(p)) : 0.0f;
+    else if (c < ncol) store_state(state_column(p, slot, hv, v0 + c) + k * k_stride(p), ST[c][k]);
   }
 }
 
 // Global (seq_capacity*HV, column blocks * GDN_CHUNK_SIZE), local (1, GDN_CHUNK_SIZE): a work-group per
-// (sequence, v-head, GDN_MX_COLS state columns), the state block f32 in SLM across the sequence's
-// chunks. Per chunk: S's operand r(S) and S *= dlast; u = U - W r(S) (tiles of the chunk's rows);
-// r(u); then o and the state update, whose tiles the sub-groups take in turn; the outputs.
+// (sequence, v-head, MX_COLS state columns), the state block f32 in SLM across the sequence's
+// chunks, transposed (S^T: the state update is S^T = dlast S^T + r(u)^T r(k (.) dend), row-major
+// operands only). Per chunk: S's operand r(S) and S *= dlast; u = U - W r(S) (tiles of the chunk's
+// rows); r(u) and r(u)^T; then o and the state update, whose tiles the sub-groups take in turn; the
+// outputs.
 GDN_MX_KERNEL(2) void gdn_chunk_scan(GdnDeltaParams p) {
   const auto it = item2();
   const auto grp = it.get_group();
   const auto sg = it.get_sub_group();
   const int32_t e = (int32_t)(it.get_group(0) / p.HV), hv = (int32_t)(it.get_group(0) % p.HV);
-  const int32_t v0 = (int32_t)it.get_group(1) * GDN_MX_COLS, t = (int32_t)it.get_local_id(1);
+  const int32_t v0 = (int32_t)it.get_group(1) * MX_COLS, t = (int32_t)it.get_local_id(1);
   const int32_t me = (int32_t)sg.get_group_linear_id();
-  static syclexp::work_group_static<float[kHeadK][GDN_MX_COLS]> S_s;            // S (f32)
-  static syclexp::work_group_static<uint16_t[kHeadK][GDN_MX_COLS]> Sb_s;        // r(S)
-  static syclexp::work_group_static<float[GDN_CHUNK_SIZE][GDN_MX_COLS]> U_s;    // u, then o
-  static syclexp::work_group_static<uint16_t[GDN_CHUNK_SIZE][GDN_MX_COLS]> Ub_s; // r(u)
+  static syclexp::work_group_static<float[MX_COLS][kHeadK]> ST_s;               // S^T (f32)
+  static syclexp::work_group_static<uint16_t[kHeadK][MX_COLS]> Sb_s;            // r(S)
+  static syclexp::work_group_static<float[GDN_CHUNK_SIZE][MX_COLS]> U_s;        // u, then o
+  static syclexp::work_group_static<uint16_t[GDN_CHUNK_SIZE][MX_COLS]> Ub_s;    // r(u)
+  static syclexp::work_group_static<uint16_t[MX_COLS][GDN_CHUNK_SIZE]> UbT_s;   // r(u)^T
   if (e >= p.seq_capacity || v0 >= p.V) return;
   const int32_t *st = p.seq_table + (int64_t)e * GDN_TABLE_INTS;
   const int32_t seq = st[0], c0 = st[1], nc = st[2];
   if (nc == 0) return;  // an unused row of the table
-  const int32_t ncol = sycl::min((int32_t)GDN_MX_COLS, p.V - v0);
+  const int32_t ncol = sycl::min((int32_t)MX_COLS, p.V - v0);
   const SeqSlots ss = seq_slots(p, seq, false);
   const SeqSpan span = delta_span(p, seq, false);
   if (ss.skip) {
@@ -205,8 +213,8 @@ GDN_MX_KERNEL(2) void gdn_chunk_scan(GdnDeltaParams p) {
     return;
   }
   Checkpoints ckpt = checkpoints(p.slots, seq, ss.start, 0, p.pad_slot_id);
-  mx_state_block(p, ss.read_slot, hv, v0, ncol, t, S_s, true, ss.init);
-  constexpr int RB = GDN_CHUNK_SIZE / GDN_MX_M, KB = kHeadK / GDN_MX_M;
+  mx_state_block(p, ss.read_slot, hv, v0, ncol, t, ST_s, true, ss.init);
+  constexpr int RB = GDN_CHUNK_SIZE / GDN_MX_M, SB = MX_COLS / GDN_MX_M, KB = kHeadK / GDN_MX_N;
   const int CB = ncol / GDN_MX_N;
   for (int32_t c = c0; c < c0 + nc; ++c) {
     const int32_t jfirst = p.chunk_table[(int64_t)c * GDN_TABLE_INTS + 1], len = p.chunk_table[(int64_t)c * GDN_TABLE_INTS + 2];
@@ -216,10 +224,10 @@ GDN_MX_KERNEL(2) void gdn_chunk_scan(GdnDeltaParams p) {
     const uint16_t *ab = p.chunk_aqkb + pos * GDN_CHUNK_SIZE;
     const int rows = (len + GDN_MX_M - 1) / GDN_MX_M;  // row blocks holding the chunk's rows
     sycl::group_barrier(grp);  // the previous chunk's state stores and reads are done
-    for (int32_t x = t; x < kHeadK * GDN_MX_COLS; x += GDN_CHUNK_SIZE) {
-      const int32_t k = x / GDN_MX_COLS, cc = x % GDN_MX_COLS;
-      Sb_s[k][cc] = mx_round(S_s[k][cc]);
-      S_s[k][cc] *= dlast[kGateK > 1 ? k : 0];
+    for (int32_t x = t; x < kHeadK * MX_COLS; x += GDN_CHUNK_SIZE) {
+      const int32_t k = x / MX_COLS, cc = x % MX_COLS;
+      Sb_s[k][cc] = mx_round(ST_s[cc][k]);
+      ST_s[cc][k] *= dlast[kGateK > 1 ? k : 0];
     }
     sycl::group_barrier(grp);
     for (int tt = me; tt < RB * CB; tt += MX_SGS) {  // u = U - W S
@@ -228,53 +236,54 @@ GDN_MX_KERNEL(2) void gdn_chunk_scan(GdnDeltaParams p) {
       mx_acc acc;
       mx_load<MX_GLOBAL>(sg, acc, p.chunk_u + (pos + rb * GDN_MX_M) * p.V + v0 + cb * GDN_MX_N, p.V);
       for (int k0 = 0; k0 < kHeadK; k0 += GDN_MX_K) {
-        mx_a<MX_ROW> a;
-        mx_b<MX_ROW> b;
+        mx_a a;
+        mx_b b;
         mx_load<MX_GLOBAL>(sg, a, wb + rb * GDN_MX_M * kHeadK + k0, kHeadK);
-        mx_load<MX_LOCAL>(sg, b, &Sb_s[k0][cb * GDN_MX_N], GDN_MX_COLS);
+        mx_load<MX_LOCAL>(sg, b, &Sb_s[k0][cb * GDN_MX_N], MX_COLS);
         mx_mad(sg, acc, a, b);
       }
-      mx_store<MX_LOCAL>(sg, acc, &U_s[rb * GDN_MX_M][cb * GDN_MX_N], GDN_MX_COLS);
+      mx_store<MX_LOCAL>(sg, acc, &U_s[rb * GDN_MX_M][cb * GDN_MX_N], MX_COLS);
     }
     sycl::group_barrier(grp);
-    for (int32_t x = t; x < GDN_CHUNK_SIZE * GDN_MX_COLS; x += GDN_CHUNK_SIZE) {
-      const int32_t j = x / GDN_MX_COLS, cc = x % GDN_MX_COLS;
-      Ub_s[j][cc] = j < len ? mx_round(U_s[j][cc]) : 0;
+    for (int32_t x = t; x < GDN_CHUNK_SIZE * MX_COLS; x += GDN_CHUNK_SIZE) {
+      const int32_t j = x / MX_COLS, cc = x % MX_COLS;
+      Ub_s[j][cc] = UbT_s[cc][j] = j < len ? mx_round(U_s[j][cc]) : 0;
     }
     sycl::group_barrier(grp);
     // o = r(q (.) dstart) r(S) + r(Aqk) r(u) into U_s (row blocks of the chunk's rows), and the state
-    // update S = dlast S + r(k (.) dend)^T r(u) (S_s holds dlast S), the tiles of both in one turn.
-    for (int tt = me; tt < rows * CB + KB * CB; tt += MX_SGS) {
+    // update S^T = dlast S^T + r(u)^T r(k (.) dend) (ST_s holds dlast S^T), the tiles of both in one turn.
+    for (int tt = me; tt < rows * CB + SB * KB; tt += MX_SGS) {
       mx_acc acc;
       if (tt < rows * CB) {
         const int rb = tt / CB, cb = tt % CB;
         mx_fill(sg, acc, 0.0f);
         for (int k0 = 0; k0 < kHeadK; k0 += GDN_MX_K) {
-          mx_a<MX_ROW> a;
-          mx_b<MX_ROW> b;
+          mx_a a;
+          mx_b b;
           mx_load<MX_GLOBAL>(sg, a, qb + rb * GDN_MX_M * kHeadK + k0, kHeadK);
-          mx_load<MX_LOCAL>(sg, b, &Sb_s[k0][cb * GDN_MX_N], GDN_MX_COLS);
+          mx_load<MX_LOCAL>(sg, b, &Sb_s[k0][cb * GDN_MX_N], MX_COLS);
           mx_mad(sg, acc, a, b);
         }
         for (int j0 = 0; j0 < sycl::min(len, rb * GDN_MX_M + GDN_MX_M); j0 += GDN_MX_K) {  // Aqk is 0 above the diagonal
-          mx_a<MX_ROW> a;
-          mx_b<MX_ROW> b;
+          mx_a a;
+          mx_b b;
           mx_load<MX_GLOBAL>(sg, a, ab + rb * GDN_MX_M * GDN_CHUNK_SIZE + j0, GDN_CHUNK_SIZE);
-          mx_load<MX_LOCAL>(sg, b, &Ub_s[j0][cb * GDN_MX_N], GDN_MX_COLS);
+          mx_load<MX_LOCAL>(sg, b, &Ub_s[j0][cb * GDN_MX_N], MX_COLS);
           mx_mad(sg, acc, a, b);
         }
-        mx_store<MX_LOCAL>(sg, acc, &U_s[rb * GDN_MX_M][cb * GDN_MX_N], GDN_MX_COLS);
+        mx_store<MX_LOCAL>(sg, acc, &U_s[rb * GDN_MX_M][cb * GDN_MX_N], MX_COLS);
       } else {
-        const int kb0 = (tt - rows * CB) / CB, cb = (tt - rows * CB) % CB;
-        mx_load<MX_LOCAL>(sg, acc, &S_s[kb0 * GDN_MX_M][cb * GDN_MX_N], GDN_MX_COLS);
+        const int sb = (tt - rows * CB) / KB, kb0 = (tt - rows * CB) % KB;
+        if (sb * GDN_MX_M >= ncol) continue;  // (the state block's columns past V)
+        mx_load<MX_LOCAL>(sg, acc, &ST_s[sb * GDN_MX_M][kb0 * GDN_MX_N], kHeadK);
         for (int j0 = 0; j0 < len; j0 += GDN_MX_K) {
-          mx_a<MX_COL> a;  // (k (.) dend)^T: row k of the tile is column k of the chunk's rows
-          mx_b<MX_ROW> b;
-          mx_load<MX_GLOBAL>(sg, a, kb + j0 * kHeadK + kb0 * GDN_MX_M, kHeadK);
-          mx_load<MX_LOCAL>(sg, b, &Ub_s[j0][cb * GDN_MX_N], GDN_MX_COLS);
+          mx_a a;
+          mx_b b;
+          mx_load<MX_LOCAL>(sg, a, &UbT_s[sb * GDN_MX_M][j0], GDN_CHUNK_SIZE);
+          mx_load<MX_GLOBAL>(sg, b, kb + j0 * kHeadK + kb0 * GDN_MX_N, kHeadK);
           mx_mad(sg, acc, a, b);
         }
-        mx_store<MX_LOCAL>(sg, acc, &S_s[kb0 * GDN_MX_M][cb * GDN_MX_N], GDN_MX_COLS);
+        mx_store<MX_LOCAL>(sg, acc, &ST_s[sb * GDN_MX_M][kb0 * GDN_MX_N], kHeadK);
       }
     }
     sycl::group_barrier(grp);
@@ -284,7 +293,7 @@ GDN_MX_KERNEL(2) void gdn_chunk_scan(GdnDeltaParams p) {
     }
     // A block checkpoint is always a chunk end (gdn_chunk_plan aligns the chunks to it).
     const int32_t ck = ckpt.after(jfirst + len - 1 - span.j0);
-    if (ck != p.pad_slot_id) mx_state_block(p, ck, hv, v0, ncol, t, S_s, false, false);
+    if (ck != p.pad_slot_id) mx_state_block(p, ck, hv, v0, ncol, t, ST_s, false, false);
   }
-  mx_state_block(p, ss.cols[0], hv, v0, ncol, t, S_s, false, false);
+  mx_state_block(p, ss.cols[0], hv, v0, ncol, t, ST_s, false, false);
 }

@@ -93,13 +93,16 @@ static inline constexpr int32_t gdn_tile_cols(int32_t K, int32_t gk) {
 // The chunk kernels' matrix form (-DGDN_MX=1 builds of delta_chunk.cpp: cfg->prefill_precision
 // BF16, docs/design.md "The chunk products as tile products"). Tiles come from the device's matrix
 // engine (src/matrix.cpp); where none can be used the same tile products run on FMA units with
-// GDN_MX_EMU_* (Xe2's XMX tile). A gdn_chunk_scan work-group (GDN_CHUNK_SIZE work-items) carries
-// GDN_MX_COLS state columns of a (sequence, v-head); gdn_chunk_prep stages GDN_MX_VCOLS columns of v
-// at a time. K and V must be multiples of GDN_MX_DIM.
+// GDN_MX_EMU_* (Xe2's XMX tile). gdn_chunk_prep stages GDN_MX_VCOLS columns of v at a time. K and V
+// must be multiples of GDN_MX_DIM.
 enum {
   GDN_MX_EMU_M = 8, GDN_MX_EMU_N = 16, GDN_MX_EMU_K = 16, GDN_MX_EMU_SG = 16,
-  GDN_MX_COLS = 32, GDN_MX_VCOLS = 64, GDN_MX_DIM = 16
+  GDN_MX_VCOLS = 64, GDN_MX_DIM = 16
 };
+// State columns of a (sequence, v-head) a gdn_chunk_scan work-group of the matrix form carries
+// (in SLM: K x cols f32, K x cols bf16 and 64 x cols of u thrice, 40 KiB at K = 128 and 32 KiB at
+// K = 256 of dg2's 64 KiB).
+static inline constexpr int32_t gdn_mx_cols(int32_t K) { return K > 128 ? 16 : 32; }
 
 // gdn_recurrent_kv_cpu's 16-column vectors per work-item, V % 16 == 0: whole rows when V is
 // 16 GDN_KV_ROW_VECS, else GDN_KV_VECS when they divide V, else one.

@@ -9,8 +9,8 @@
 //                   and B and a copy of A, C[i][j] += A[i][k] B[k][j] for k in order, one f32 FMA each.
 // Operands are bf16 bit patterns (uint16_t, rounded by dtype.hpp's float_to_bf16: no
 // sycl::ext::oneapi::bfloat16 arithmetic, which would pull in its device library) and the
-// accumulators f32, in global (workspace) or local (SLM) memory, row-major or column-major at a
-// stride in elements. Only fill, load, mad and store: no element of a joint_matrix is touched
+// accumulators f32, in global (workspace) or local (SLM) memory, row-major at a stride in
+// elements (IGC has no column-major bf16 load for dg2's SIMD8 tiles). Only fill, load, mad and store: no element of a joint_matrix is touched
 // (which work-item holds which element is the implementation's), so the emulation, which reads
 // and writes the same addresses with the same strides and layouts, checks the data movement of
 // the joint_matrix build wherever it runs.
@@ -23,16 +23,13 @@
 #endif
 static_assert(GDN_MX_N % GDN_MX_SG == 0, "a lane holds whole columns of a tile");
 
-enum { MX_ROW = 0, MX_COL = 1 };        // an operand's layout in memory
-enum { MX_GLOBAL = 0, MX_LOCAL = 1 };   // where it is
+enum { MX_GLOBAL = 0, MX_LOCAL = 1 };   // where an operand is
 
 #if GDN_MX_JOINT
 #include <sycl/ext/oneapi/matrix/matrix.hpp>
 namespace mxj = sycl::ext::oneapi::experimental::matrix;
 typedef sycl::ext::oneapi::bfloat16 mx_bf16;  // storage only: loaded from bit patterns, never converted here
 
-template <int L>
-constexpr mxj::layout mx_layout() { return L == MX_ROW ? mxj::layout::row_major : mxj::layout::col_major; }
 template <int S, class T>
 static inline auto mx_ptr(T *p) {
   constexpr auto space = S == MX_GLOBAL ? sycl::access::address_space::global_space : sycl::access::address_space::local_space;
@@ -42,30 +39,27 @@ static inline auto mx_ptr(T *p) {
 struct mx_acc {
   mxj::joint_matrix<sycl::sub_group, float, mxj::use::accumulator, GDN_MX_M, GDN_MX_N> m;
 };
-template <int L>
 struct mx_a {
-  mxj::joint_matrix<sycl::sub_group, mx_bf16, mxj::use::a, GDN_MX_M, GDN_MX_K, mx_layout<L>()> m;
+  mxj::joint_matrix<sycl::sub_group, mx_bf16, mxj::use::a, GDN_MX_M, GDN_MX_K, mxj::layout::row_major> m;
 };
-template <int L>
 struct mx_b {
-  mxj::joint_matrix<sycl::sub_group, mx_bf16, mxj::use::b, GDN_MX_K, GDN_MX_N, mx_layout<L>()> m;
+  mxj::joint_matrix<sycl::sub_group, mx_bf16, mxj::use::b, GDN_MX_K, GDN_MX_N, mxj::layout::row_major> m;
 };
 
 static inline void mx_fill(const sycl::sub_group &sg, mx_acc &c, float v) { mxj::joint_matrix_fill(sg, c.m, v); }
-template <int S, int L>
-static inline void mx_load(const sycl::sub_group &sg, mx_a<L> &a, const uint16_t *p, size_t stride) {
+template <int S>
+static inline void mx_load(const sycl::sub_group &sg, mx_a &a, const uint16_t *p, size_t stride) {
   mxj::joint_matrix_load(sg, a.m, mx_ptr<S>(reinterpret_cast<const mx_bf16 *>(p)), stride);
 }
-template <int S, int L>
-static inline void mx_load(const sycl::sub_group &sg, mx_b<L> &b, const uint16_t *p, size_t stride) {
+template <int S>
+static inline void mx_load(const sycl::sub_group &sg, mx_b &b, const uint16_t *p, size_t stride) {
   mxj::joint_matrix_load(sg, b.m, mx_ptr<S>(reinterpret_cast<const mx_bf16 *>(p)), stride);
 }
 template <int S>
 static inline void mx_load(const sycl::sub_group &sg, mx_acc &c, const float *p, size_t stride) {
   mxj::joint_matrix_load(sg, c.m, mx_ptr<S>(p), stride, mxj::layout::row_major);
 }
-template <int LA, int LB>
-static inline void mx_mad(const sycl::sub_group &sg, mx_acc &c, const mx_a<LA> &a, const mx_b<LB> &b) {
+static inline void mx_mad(const sycl::sub_group &sg, mx_acc &c, const mx_a &a, const mx_b &b) {
   mxj::joint_matrix_mad(sg, c.m, a.m, b.m, c.m);
 }
 template <int S>
@@ -79,11 +73,9 @@ static inline void mx_store(const sycl::sub_group &sg, const mx_acc &c, float *p
 struct mx_acc {
   float c[GDN_MX_M][MX_LANE_COLS];  // c[i][n] = C[i][lane + GDN_MX_SG n]
 };
-template <int L>
 struct mx_a {
   float a[GDN_MX_M][GDN_MX_K];      // all of A, in every lane
 };
-template <int L>
 struct mx_b {
   float b[GDN_MX_K][MX_LANE_COLS];  // b[k][n] = B[k][lane + GDN_MX_SG n]
 };
@@ -93,26 +85,22 @@ static inline void mx_fill(const sycl::sub_group &, mx_acc &c, float v) {
   for (int i = 0; i < GDN_MX_M; ++i)
     for (int n = 0; n < MX_LANE_COLS; ++n) c.c[i][n] = v;
 }
-template <int S, int L>
-static inline void mx_load(const sycl::sub_group &, mx_a<L> &a, const uint16_t *p, size_t stride) {
+template <int S>
+static inline void mx_load(const sycl::sub_group &, mx_a &a, const uint16_t *p, size_t stride) {
   for (int i = 0; i < GDN_MX_M; ++i)
-    for (int k = 0; k < GDN_MX_K; ++k) a.a[i][k] = bf16_to_float(p[L == MX_ROW ? i * stride + k : k * stride + i]);
+    for (int k = 0; k < GDN_MX_K; ++k) a.a[i][k] = bf16_to_float(p[i * stride + k]);
 }
-template <int S, int L>
-static inline void mx_load(const sycl::sub_group &sg, mx_b<L> &b, const uint16_t *p, size_t stride) {
+template <int S>
+static inline void mx_load(const sycl::sub_group &sg, mx_b &b, const uint16_t *p, size_t stride) {
   for (int k = 0; k < GDN_MX_K; ++k)
-    for (int n = 0; n < MX_LANE_COLS; ++n) {
-      const size_t j = (size_t)mx_col(sg, n);
-      b.b[k][n] = bf16_to_float(p[L == MX_ROW ? k * stride + j : j * stride + k]);
-    }
+    for (int n = 0; n < MX_LANE_COLS; ++n) b.b[k][n] = bf16_to_float(p[k * stride + (size_t)mx_col(sg, n)]);
 }
 template <int S>
 static inline void mx_load(const sycl::sub_group &sg, mx_acc &c, const float *p, size_t stride) {
   for (int i = 0; i < GDN_MX_M; ++i)
     for (int n = 0; n < MX_LANE_COLS; ++n) c.c[i][n] = p[i * stride + (size_t)mx_col(sg, n)];
 }
-template <int LA, int LB>
-static inline void mx_mad(const sycl::sub_group &, mx_acc &c, const mx_a<LA> &a, const mx_b<LB> &b) {
+static inline void mx_mad(const sycl::sub_group &, mx_acc &c, const mx_a &a, const mx_b &b) {
   for (int i = 0; i < GDN_MX_M; ++i)
     for (int n = 0; n < MX_LANE_COLS; ++n) {
       float s = c.c[i][n];
