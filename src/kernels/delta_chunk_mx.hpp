@@ -13,7 +13,8 @@
 // chunk_qb, chunk_kb, chunk_aqkb: -r(W), r(q (.) dstart), r(k (.) dend), r(Aqk)); U stays f32 (the
 // accumulator u starts from). Rows of a chunk past its length are zeros in every operand, so a
 // partial chunk's tiles need no masks. Sub-groups of GDN_MX_SG lanes take a product's tiles in turn.
-// Every operand is loaded row-major: a transposed operand (k^T of k k^T, u^T of the state update) is
+// The tile loops and the depth loop of the two-product tiles are not unrolled (#pragma unroll 1):
+// unrolled, the depth loop's loads were hoisted ahead of its DPAS and spilled registers on Xe2. Every operand is loaded row-major: a transposed operand (k^T of k k^T, u^T of the state update) is
 // written transposed where it is made (IGC has no column-major bf16 load for dg2's SIMD8 tiles).
 #pragma once
 #include "tiles.hpp"
@@ -48,12 +49,14 @@ union MxPrepT {
 static inline void mx_pair_products(const sycl::sub_group &sg, int32_t me, const uint16_t *kb, const uint16_t *qb,
                                     const uint16_t *kt, float (*KK)[GDN_CHUNK_SIZE], float (*QK)[GDN_CHUNK_SIZE]) {
   constexpr int RB = GDN_CHUNK_SIZE / GDN_MX_M, CB = GDN_CHUNK_SIZE / GDN_MX_N;
+#pragma unroll 1
   for (int t = me; t < RB * CB; t += MX_SGS) {
     const int rb = t / CB, cb = t % CB;
     if (cb * GDN_MX_N > rb * GDN_MX_M + GDN_MX_M - 1) continue;  // above the diagonal
     mx_acc kk, qk;
     mx_fill(sg, kk, 0.0f);
     mx_fill(sg, qk, 0.0f);
+#pragma unroll 1
     for (int k0 = 0; k0 < kHeadK; k0 += GDN_MX_K) {
       mx_a ak, aq;
       mx_b bk;
@@ -77,6 +80,7 @@ static inline void mx_lower_product(const sycl::sub_group &sg, int32_t me, const
                                     const uint16_t *B, size_t ldb, int32_t n, float *C, size_t ldc) {
   constexpr int RB = GDN_CHUNK_SIZE / GDN_MX_M;
   const int CB = n / GDN_MX_N;
+#pragma unroll 1
   for (int t = me; t < RB * CB; t += MX_SGS) {
     const int rb = t / CB, cb = t % CB;
     mx_acc acc;
@@ -230,6 +234,7 @@ GDN_MX_KERNEL(2) void gdn_chunk_scan(GdnDeltaParams p) {
       ST_s[cc][k] *= dlast[kGateK > 1 ? k : 0];
     }
     sycl::group_barrier(grp);
+#pragma unroll 1
     for (int tt = me; tt < RB * CB; tt += MX_SGS) {  // u = U - W S
       const int rb = tt / CB, cb = tt % CB;
       if (rb >= rows) continue;
@@ -252,6 +257,7 @@ GDN_MX_KERNEL(2) void gdn_chunk_scan(GdnDeltaParams p) {
     sycl::group_barrier(grp);
     // o = r(q (.) dstart) r(S) + r(Aqk) r(u) into U_s (row blocks of the chunk's rows), and the state
     // update S^T = dlast S^T + r(u)^T r(k (.) dend) (ST_s holds dlast S^T), the tiles of both in one turn.
+#pragma unroll 1
     for (int tt = me; tt < rows * CB + SB * KB; tt += MX_SGS) {
       mx_acc acc;
       if (tt < rows * CB) {
