@@ -85,6 +85,24 @@ def _prefill_row(r, plan, base):
                 f"GFLOP/s", _peer(r, "ours"), _verdicts(checks, rows_foreign([r], base)))
 
 
+def _precision_rows(r, plan):
+    """A prefill row's other prefill_precision setting (cases.add_prefill_precisions), under the row:
+    its time and rate, the path it took, and in the peer column its time against the row's (which
+    names its own path in the case column)."""
+    rows = []
+    for name, precision in (("ours_prefill_f32", "f32"), ("ours_prefill_bf16", "bf16")):
+        v = r.get(name)
+        if v is None or "median_s" not in v:
+            continue
+        peak = plan["peak"]["numpy_matmul_GFLOPs"]
+        ok = v.get("agreement_vs_ours", {}).get("ok", True)
+        rows.append(_row(f"  prefill_precision {precision}", _time(v["median_s"]), f"{v['GFLOPs']:.0f} GFLOP/s",
+                         f"{100 * v['GFLOPs'] / peak:.0f}% of {peak:.0f} GFLOP/s",
+                         f"{v['vs_ours']:.2f}x row" + ("" if ok else "!"),
+                         r.get(f"path_{name}", ("", ""))[1].split(" (")[0]))
+    return rows
+
+
 def _kda_row(r, plan, base):
     """A row's KDA twin (cases.add_twin), under the row: its time and rate against the row's own bound
     (the bandwidth beside it, or the matmul peak), the bar of the row's kind and size, and its time
@@ -159,6 +177,7 @@ def table_rows(records, plan, tg, run_foreign):
             rows += _state_rows(r, plan, base)
         else:
             rows.append(_prefill_row(r, plan, base))
+            rows += _precision_rows(r, plan)
         kda = _kda_row(r, plan, base)
         rows += [kda] if kda else []
     return rows + _target_rows(tg)

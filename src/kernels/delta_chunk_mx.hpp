@@ -85,13 +85,7 @@ static inline void mx_lower_product(const sycl::sub_group &sg, int32_t me, const
     const int rb = t / CB, cb = t % CB;
     mx_acc acc;
     mx_fill(sg, acc, 0.0f);
-    for (int j0 = 0; j0 <= rb * GDN_MX_M + GDN_MX_M - 1; j0 += GDN_MX_K) {
-      mx_a a;
-      mx_b b;
-      mx_load<MX_LOCAL>(sg, a, &A[rb * GDN_MX_M][j0], GDN_CHUNK_SIZE);
-      mx_load<SB>(sg, b, B + j0 * ldb + cb * GDN_MX_N, ldb);
-      mx_mad(sg, acc, a, b);
-    }
+    mx_mad_depth<MX_LOCAL, SB>(sg, acc, &A[rb * GDN_MX_M][0], GDN_CHUNK_SIZE, B + cb * GDN_MX_N, ldb, rb * GDN_MX_M + GDN_MX_M);
     mx_store<MX_GLOBAL>(sg, acc, C + rb * GDN_MX_M * ldc + cb * GDN_MX_N, ldc);
   }
 }
@@ -240,13 +234,7 @@ GDN_MX_KERNEL(2) void gdn_chunk_scan(GdnDeltaParams p) {
       if (rb >= rows) continue;
       mx_acc acc;
       mx_load<MX_GLOBAL>(sg, acc, p.chunk_u + (pos + rb * GDN_MX_M) * p.V + v0 + cb * GDN_MX_N, p.V);
-      for (int k0 = 0; k0 < kHeadK; k0 += GDN_MX_K) {
-        mx_a a;
-        mx_b b;
-        mx_load<MX_GLOBAL>(sg, a, wb + rb * GDN_MX_M * kHeadK + k0, kHeadK);
-        mx_load<MX_LOCAL>(sg, b, &Sb_s[k0][cb * GDN_MX_N], MX_COLS);
-        mx_mad(sg, acc, a, b);
-      }
+      mx_mad_depth<MX_GLOBAL, MX_LOCAL>(sg, acc, wb + rb * GDN_MX_M * kHeadK, kHeadK, &Sb_s[0][cb * GDN_MX_N], MX_COLS, kHeadK);
       mx_store<MX_LOCAL>(sg, acc, &U_s[rb * GDN_MX_M][cb * GDN_MX_N], MX_COLS);
     }
     sycl::group_barrier(grp);
@@ -263,32 +251,15 @@ GDN_MX_KERNEL(2) void gdn_chunk_scan(GdnDeltaParams p) {
       if (tt < rows * CB) {
         const int rb = tt / CB, cb = tt % CB;
         mx_fill(sg, acc, 0.0f);
-        for (int k0 = 0; k0 < kHeadK; k0 += GDN_MX_K) {
-          mx_a a;
-          mx_b b;
-          mx_load<MX_GLOBAL>(sg, a, qb + rb * GDN_MX_M * kHeadK + k0, kHeadK);
-          mx_load<MX_LOCAL>(sg, b, &Sb_s[k0][cb * GDN_MX_N], MX_COLS);
-          mx_mad(sg, acc, a, b);
-        }
-        for (int j0 = 0; j0 < sycl::min(len, rb * GDN_MX_M + GDN_MX_M); j0 += GDN_MX_K) {  // Aqk is 0 above the diagonal
-          mx_a a;
-          mx_b b;
-          mx_load<MX_GLOBAL>(sg, a, ab + rb * GDN_MX_M * GDN_CHUNK_SIZE + j0, GDN_CHUNK_SIZE);
-          mx_load<MX_LOCAL>(sg, b, &Ub_s[j0][cb * GDN_MX_N], MX_COLS);
-          mx_mad(sg, acc, a, b);
-        }
+        mx_mad_depth<MX_GLOBAL, MX_LOCAL>(sg, acc, qb + rb * GDN_MX_M * kHeadK, kHeadK, &Sb_s[0][cb * GDN_MX_N], MX_COLS, kHeadK);
+        mx_mad_depth<MX_GLOBAL, MX_LOCAL>(sg, acc, ab + rb * GDN_MX_M * GDN_CHUNK_SIZE, GDN_CHUNK_SIZE, &Ub_s[0][cb * GDN_MX_N],
+                                          MX_COLS, sycl::min(len, rb * GDN_MX_M + GDN_MX_M));  // Aqk is 0 above the diagonal
         mx_store<MX_LOCAL>(sg, acc, &U_s[rb * GDN_MX_M][cb * GDN_MX_N], MX_COLS);
       } else {
         const int sb = (tt - rows * CB) / KB, kb0 = (tt - rows * CB) % KB;
         if (sb * GDN_MX_M >= ncol) continue;  // (the state block's columns past V)
         mx_load<MX_LOCAL>(sg, acc, &ST_s[sb * GDN_MX_M][kb0 * GDN_MX_N], kHeadK);
-        for (int j0 = 0; j0 < len; j0 += GDN_MX_K) {
-          mx_a a;
-          mx_b b;
-          mx_load<MX_LOCAL>(sg, a, &UbT_s[sb * GDN_MX_M][j0], GDN_CHUNK_SIZE);
-          mx_load<MX_GLOBAL>(sg, b, kb + j0 * kHeadK + kb0 * GDN_MX_N, kHeadK);
-          mx_mad(sg, acc, a, b);
-        }
+        mx_mad_depth<MX_LOCAL, MX_GLOBAL>(sg, acc, &UbT_s[sb * GDN_MX_M][0], GDN_CHUNK_SIZE, kb + kb0 * GDN_MX_N, kHeadK, len);
         mx_store<MX_LOCAL>(sg, acc, &ST_s[sb * GDN_MX_M][kb0 * GDN_MX_N], kHeadK);
       }
     }

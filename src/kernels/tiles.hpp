@@ -114,3 +114,18 @@ static inline void mx_store(const sycl::sub_group &sg, const mx_acc &c, float *p
     for (int n = 0; n < MX_LANE_COLS; ++n) p[i * stride + (size_t)mx_col(sg, n)] = c.c[i][n];
 }
 #endif
+
+// c += A B over the depth 0 .. depth-1 (rounded up to whole GDN_MX_K tiles: rows of B past the depth
+// must hold zeros or finite values A multiplies by zeros): A's rows at a (stride lda) in SA, B's at b
+// (stride ldb) in SB.
+template <int SA, int SB>
+static inline void mx_mad_depth(const sycl::sub_group &sg, mx_acc &c, const uint16_t *a, size_t lda, const uint16_t *b,
+                                size_t ldb, int depth) {
+  for (int k0 = 0; k0 < depth; k0 += GDN_MX_K) {
+    mx_a ta;
+    mx_b tb;
+    mx_load<SA>(sg, ta, a + k0, lda);
+    mx_load<SB>(sg, tb, b + (size_t)k0 * ldb, ldb);
+    mx_mad(sg, c, ta, tb);
+  }
+}
