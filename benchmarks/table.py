@@ -96,8 +96,8 @@ def _precision_rows(r, plan):
             continue
         peak = plan["peak"]["numpy_matmul_GFLOPs"]
         ok = v.get("agreement_vs_ours", {}).get("ok", True)
-        rows.append(_row(f"  prefill_precision {precision}", _time(v["median_s"]), f"{v['GFLOPs']:.0f} GFLOP/s",
-                         f"{100 * v['GFLOPs'] / peak:.0f}% of {peak:.0f} GFLOP/s",
+        rows.append(_row(f"  prefill_precision {precision}", _time(v["median_s"]), f"{v['GFLOPs']:.3g} GFLOP/s",
+                         f"{100 * v['GFLOPs'] / peak:.2g}% of {peak:.0f} GFLOP/s",
                          f"{v['vs_ours']:.2f}x row" + ("" if ok else "!"),
                          r.get(f"path_{name}", ("", ""))[1].split(" (")[0]))
     return rows
