@@ -31,6 +31,9 @@ One run measures, on Qwen3-Next TP=1 shapes (H=16, HV=32, K=V=128, W=4; bf16 act
     benchmarks/host_overhead.c), and, with torch installed, the host work the vLLM glue adds per
     layer call over its prepared call (benchmarks/dropin_overhead.py: the XPU drop-in and the CPU
     plugin, decode B = 1 and 8);
+  - each prefill row again with the cfg.prefill_precision setting the default ("auto") does not take on
+    the device (f32, or bf16 operands with f32 accumulators: docs/op.md "Prefill precision"), in the
+    row's rounds: the two settings' ratio in one run, and the path each takes (pygdn.prefill_path);
   - KDA (Kimi Linear's per-channel gates: gate_mode "channel", H = HV = 32, the same H*K*V as
     Qwen3-Next's 32 v-heads) beside decode B=8, spec S=2 B=8 and prefill 2048: the same step with
     KDA's inputs, timed in the row's rounds, against the row's own bound (the bandwidth beside it,
@@ -56,6 +59,7 @@ report.py (detailed rows, cache-format table, targets, plot), table.py (the clos
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -147,11 +151,18 @@ def describe_run(queue, args):
     load = os.getloadavg()
     log(f"host: {cpu_model()}, {os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
         f"numpy {np.__version__}; python {platform.python_version()}")
+    paths = {}
+    if hasattr(pygdn, "prefill_path"):  # the prefill rows' chunk products, per cfg.prefill_precision
+        cfg = pygdn.Config(num_k_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V, num_slots=1, act_dtype=args.dtype)
+        for p in ("auto", "f32", "bf16"):
+            paths[p] = pygdn.prefill_path(queue, dataclasses.replace(cfg, prefill_precision=p))[1]
+            log(f"prefill products, prefill_precision {p}: {paths[p]}")
     return {"device": {"name": dev.name, "backend": dev.backend.name, "type": dev.device_type.name,
                        "is_sycl_cpu_device": is_cpu, "compute_units": dev.max_compute_units,
                        "driver": dev.driver_version},
             "host": {"cpu": cpu_model(), "cores": os.cpu_count(), "loadavg_at_start": list(load),
-                     "python": platform.python_version(), "numpy": np.__version__}}
+                     "python": platform.python_version(), "numpy": np.__version__},
+            "prefill_paths": paths}
 
 
 def build_check():
@@ -229,6 +240,8 @@ def compile_kernels(queue, dtype):
             (f"act={dtype} K={K} ssm vk, replay mode", (H, HV, K, V), "vk", "f32", {"replay_tokens": 1}),
             (f"act={dtype} K={K} ssm vk, bf16 state, replay mode", (H, HV, K, V), "vk", "bf16", {"replay_tokens": 1}),
             (f"act={dtype} K={K} ssm vk, KDA (the twins)", (KDA_H, HV, K, V), "vk", "f32", {"gate_mode": "channel"}),
+            (f"act={dtype} K={K} ssm vk, prefill_precision f32", (H, HV, K, V), "vk", "f32", {"prefill_precision": "f32"}),
+            (f"act={dtype} K={K} ssm vk, prefill_precision bf16", (H, HV, K, V), "vk", "f32", {"prefill_precision": "bf16"}),
             (f"act={dtype} K=16 (host-overhead probe)", (1, 1, 16, 16), "vk", "f32", {})):
         t1 = time.perf_counter()
         kw = {} if sd == "f32" else {"state_dtype": sd}

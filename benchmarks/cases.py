@@ -226,7 +226,7 @@ class Ours:
     name = "ours"
 
     def __init__(self, queue, case, ssm_layout="vk", state_dtype="f32", checkpoint_interval=0, own_workspace=False,
-                 replay=False):
+                 replay=False, prefill_precision=None):
         self.q, self.case, self.layout, self.state_dtype, self.replay = queue, case, ssm_layout, state_dtype, replay
         meta, extra = case.meta, 0
         if replay:  # one slot per sequence, holding the state its per-token twin reads
@@ -246,6 +246,10 @@ class Ours:
         dtype_kw = {} if state_dtype == "f32" else {"state_dtype": state_dtype}  # older builds: no such field
         if replay:
             dtype_kw["replay_tokens"] = case.num_spec + 1
+        if prefill_precision is not None:  # (None: the default, "auto"; older builds have no such field)
+            if "prefill_precision" not in {f.name for f in dc.fields(pygdn.Config)}:
+                raise Unsupported("pygdn.Config has no prefill_precision")
+            dtype_kw["prefill_precision"] = prefill_precision
         try:
             self.cfg = pygdn.Config(num_k_heads=case.H, num_v_heads=case.HV, head_k_dim=case.K, head_v_dim=case.V,
                                     num_slots=slots, conv_width=case.W, act_dtype=case.act, ssm_layout=ssm_layout,
@@ -385,13 +389,43 @@ VARIANTS = (("ours_kv_layout", "kv", "f32"), ("ours_bf16_state", "vk", "bf16"), 
 # Spec rows also in replay mode (gdn_xpu.h "Replay mode"), f32 and bf16 state, vk layout: (record
 # key, state dtype). Timed in the same rounds as the per-token step.
 REPLAY_VARIANTS = (("ours_replay", "f32"), ("ours_replay_bf16_state", "bf16"))
+# Prefill rows also with each cfg.prefill_precision the default ("auto") does not take on the device:
+# (record key, setting); its time against ours ("vs_ours") is the two settings' ratio in one run.
+PREFILL_VARIANTS = (("ours_prefill_f32", "f32"), ("ours_prefill_bf16", "bf16"))
 # Timed in interleaved rounds (timing.timed_blocks): the variants, and the state passes and the
 # reference's stream kernels their times are read against.
-TOGETHER = ("ours", KDA_TWIN) + tuple(v[0] for v in VARIANTS + REPLAY_VARIANTS) \
+TOGETHER = ("ours", KDA_TWIN) + tuple(v[0] for v in VARIANTS + REPLAY_VARIANTS + PREFILL_VARIANTS) \
     + tuple(p[0] for p in STATE_PASSES + REPLAY_PASSES + REFERENCE_PASSES)
 # A bf16 state cache is rounded once per stored state (relative 2^-9): its outputs and states
 # against the f32-state step, max |diff| / max |f32|, must stay well inside this.
 STATE_TOL = 2e-2
+# bf16 operands of the chunk products (docs/op.md "Prefill precision"): the two settings' outputs and
+# states against each other, max |diff| / max |one|.
+PREFILL_TOL = 5e-2
+
+
+def add_prefill_precisions(queue, case, cfg, rec, impls, agreement, ref_out, ref_ssm, plan, log, reps):
+    """A prefill row's step with the prefill_precision setting the default (ours, config cfg) does
+    not take here (PREFILL_VARIANTS; the default's path in rec["prefill_path"]), checked against
+    ours, timed with it."""
+    if not hasattr(pygdn, "prefill_path"):  # an older build
+        plan["unsupported"]["prefill_precision"] = "pygdn has no prefill_path"
+        return
+    rec["prefill_path"] = pygdn.prefill_path(queue, cfg)
+    for name, precision in PREFILL_VARIANTS:
+        if rec["prefill_path"][0] == "f32" and precision == "f32" or rec["prefill_path"][0] != "f32" and precision != "f32":
+            continue  # what ours runs
+        try:
+            o = Ours(queue, case, prefill_precision=precision)
+            impls[name] = (o.step, reps, first_call_s(o.step))
+            rec[f"path_{name}"] = pygdn.prefill_path(queue, o.cfg)
+        except (Unsupported, pygdn.GdnError) as e:
+            log(f"  prefill_precision {precision}: not run ({type(e).__name__}: {e})")
+            continue
+        out, ssm = o.result()
+        a = {"out": rel_err(out, ref_out), "ssm": rel_err(ssm, ref_ssm)}
+        a["ok"] = bool(a["out"] <= PREFILL_TOL and a["ssm"] <= PREFILL_TOL)
+        agreement[name] = a
 
 
 def add_replay(queue, case, rec, impls, agreement, ref_out, plan, log, reps):
@@ -512,6 +546,8 @@ def run_case(queue, case, peers, plan, log, missing=(), twin=None):
     ref_out, ref_ssm = ours.result()
     impls = {"ours": (step, reps_ours, first)}
     kda = add_twin(queue, twin, impls, reps_ours, tol) if twin is not None else None
+    if case.kind == "prefill" and "prefill_precision" not in plan["unsupported"]:
+        add_prefill_precisions(queue, case, ours.cfg, rec, impls, agreement, ref_out, ref_ssm, plan, log, reps_ours)
     if kda and "error" in kda:
         log(f"  {kda['label']}: not run ({kda['error']})")
     if case.kind != "prefill":
@@ -631,6 +667,9 @@ def run_case(queue, case, peers, plan, log, missing=(), twin=None):
         rec["ours"]["GFLOPs"] = rec["flops"] / t_ours / 1e9
     if "median_s" in rec.get("ours_conv", {}):
         rec["ours_conv"]["GBps"] = rec["bytes_conv"] / rec["ours_conv"]["median_s"] / 1e9
+    for name, _ in PREFILL_VARIANTS:
+        if "median_s" in rec.get(name, {}):
+            rec[name].update(GFLOPs=rec["flops"] / rec[name]["median_s"] / 1e9, vs_ours=rec[name]["median_s"] / t_ours)
     if kda:  # the twin's rates in its own bytes and FLOPs, and its time against ours
         rec[KDA_TWIN] = dict(rec.get(KDA_TWIN, {}), **kda)
         t = rec[KDA_TWIN].get("median_s")

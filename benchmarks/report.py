@@ -122,6 +122,9 @@ def row_line(rec, plan):
     kv, b16 = rec.get("ours_kv_layout", {}), rec.get("ours_bf16_state", {})
     extra += f"  kv {kv['vs_ours']:.2f}x" if "vs_ours" in kv else ""
     extra += f"  bf16 state {b16['median_s'] * 1e3:.2f} ms {100 * b16['GBps'] / bw:.0f}%" if "GBps" in b16 else ""
+    for name, precision in (("ours_prefill_f32", "f32"), ("ours_prefill_bf16", "bf16")):
+        v = rec.get(name, {})
+        extra += f"  {precision} prefill {v['median_s'] * 1e3:.2f} ms ({v['vs_ours']:.2f}x ours)" if "vs_ours" in v else ""
     kda = rec.get(KDA_TWIN, {})
     if "vs_gdn" in kda:
         rate = (f"{100 * kda['GFLOPs'] / plan['peak']['numpy_matmul_GFLOPs']:.0f}% of peak" if "GFLOPs" in kda

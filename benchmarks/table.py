@@ -98,6 +98,22 @@ def _conv_row(r, plan, base):
     checks = [(x <= CONV_VS_BYTES if judged else None, f"<= {CONV_VS_BYTES:.0f}x its bytes' time", f"({x:.2f}x)")]
     return _row(f"  {r['label']}: conv", _time(c["median_s"]), f"{c['GBps']:.1f} GB/s", f"{100 / x:.0f}% of {bw:.0f} GB/s",
                 "-", _verdicts(checks, rows_foreign([r], base)))
+def _precision_rows(r, plan):
+    """A prefill row's other prefill_precision setting (cases.add_prefill_precisions), under the row:
+    its time and rate, the path it took, and in the peer column its time against the row's (which
+    names its own path in the case column)."""
+    rows = []
+    for name, precision in (("ours_prefill_f32", "f32"), ("ours_prefill_bf16", "bf16")):
+        v = r.get(name)
+        if v is None or "median_s" not in v:
+            continue
+        peak = plan["peak"]["numpy_matmul_GFLOPs"]
+        ok = v.get("agreement_vs_ours", {}).get("ok", True)
+        rows.append(_row(f"  prefill_precision {precision}", _time(v["median_s"]), f"{v['GFLOPs']:.3g} GFLOP/s",
+                         f"{100 * v['GFLOPs'] / peak:.2g}% of {peak:.0f} GFLOP/s",
+                         f"{v['vs_ours']:.2f}x row" + ("" if ok else "!"),
+                         r.get(f"path_{name}", ("", ""))[1].split(" (")[0]))
+    return rows
 
 
 def _kda_row(r, plan, base):
@@ -176,6 +192,7 @@ def table_rows(records, plan, tg, run_foreign):
             rows.append(_prefill_row(r, plan, base))
             conv = _conv_row(r, plan, base)
             rows += [conv] if conv else []
+            rows += _precision_rows(r, plan)
         kda = _kda_row(r, plan, base)
         rows += [kda] if kda else []
     return rows + _target_rows(tg)

@@ -64,7 +64,8 @@
  *    Versions of gdn_config_t and gdn_tensors_t: 1 (0.1.0, ending after flags / workspace_bytes),
  *    2 (adds the packed projections -- packed_order; qkvz through z_out_stride -- and replay mode
  *    -- replay_tokens; replay_ring, replay_count: "Replay mode" below), 3 (adds the gate modes --
- *    gate_mode, out_gate, gate_lower_bound; b_stride). gdn_tensors_t version 4 adds dt_bias_dtype.
+ *    gate_mode, out_gate, gate_lower_bound; b_stride). gdn_tensors_t version 4 adds dt_bias_dtype;
+ *    gdn_config_t version 4 adds prefill_precision (and reserved1).
  *
  * Python (pygdn) reads the text between GDN_CDEF_BEGIN and GDN_CDEF_END with cffi, so that
  * region holds plain C declarations only: no #if, no function-like macros.
@@ -210,6 +211,40 @@ typedef enum gdn_out_gate {
 /* Tokens per chunk of the chunked (WY/UT) prefill form; checkpoint_interval is a multiple of it. */
 #define GDN_CHUNK_SIZE 64
 
+/* How the chunked prefill computes its dense products (gdn_config_t.prefill_precision; docs/op.md
+ * "Prefill precision" says what each setting rounds). The products are those of the chunk form:
+ * k k^T, q k^T, W and U (the triangular solve's result times k and v), W S, q S, Aqk u and
+ * K^T u (the state update). Decodes, spec decodes and token-recurrent prefills are f32 in every
+ * setting.
+ *  AUTO: BF16 for bf16 and f16 activations on a device whose matrix engine the library can use
+ *        (an Intel GPU's XMX: joint_matrix with the tile shape the device reports); F32 otherwise:
+ *        f32 activations, the CPU device (its AMX would take the generic kernels' matrix form; the
+ *        CPU kernels have no matrix form), a device without a matrix engine. The default.
+ *  F32:  every product in f32 on FMA units.
+ *  BF16: every product with bf16 operands and f32 accumulators (FLA's chunk kernels round alike):
+ *        A = k k^T and Aqk accumulate in f32, the triangular solve and the carried state are f32,
+ *        the state and the solve's result are rounded to bf16 only as operands. Runs on the matrix
+ *        engine where the library can use one (XMX; AMX on a CPU device whose compiler targets an
+ *        AMX CPU, docs/usage.md), else on FMA units with the same operand rounding. Needs K and V
+ *        multiples of 16; other dims take F32.
+ * Whether a matrix engine can be used is decided before anything is built, from what the device
+ * reports and, on the CPU device, the host CPU (CPUID, XCR0) and the JIT's target
+ * (CL_CONFIG_CPU_TARGET_ARCH): a device that cannot take it gets the FMA form, never a failed build.
+ * gdn_prefill_path says which form a config takes on a queue. */
+typedef enum gdn_prefill_precision {
+  GDN_PREFILL_AUTO = 0,
+  GDN_PREFILL_F32 = 1,
+  GDN_PREFILL_BF16 = 2
+} gdn_prefill_precision_t;
+
+/* What runs a prefill's chunk products (gdn_prefill_path). */
+typedef enum gdn_prefill_engine {
+  GDN_PREFILL_ENGINE_F32 = 0,      /* f32 products on FMA units (GDN_PREFILL_F32, or AUTO resolved so) */
+  GDN_PREFILL_ENGINE_XMX = 1,      /* bf16 products on an Intel GPU's XMX (joint_matrix)              */
+  GDN_PREFILL_ENGINE_AMX = 2,      /* bf16 products on the CPU's AMX (joint_matrix)                   */
+  GDN_PREFILL_ENGINE_EMULATED = 3  /* bf16 operands, f32 accumulators, on FMA units                   */
+} gdn_prefill_engine_t;
+
 /* gdn_batch_t.validate */
 enum {
   GDN_VALIDATE_FULL = 0,  /* default: also read metadata arrays to the host and check them  */
@@ -337,6 +372,9 @@ typedef struct gdn_config {
   int32_t out_gate;         /* gdn_out_gate_t of the fused gated RMSNorm                      */
   float gate_lower_bound;   /* 0: g = -exp(A_log)*softplus(x); < 0 (finite): the lower-bound form
                                g = lb*sigmoid(exp(A_log)*x) (Kimi Linear: -5)                 */
+  /* ---- version 4: prefill precision (a version-3 caller gets GDN_PREFILL_AUTO) ---- */
+  int32_t prefill_precision; /* gdn_prefill_precision_t of the chunked prefill's products      */
+  int32_t reserved1;        /* 0 (version 4 ends past version 3's padded size, 112 bytes on LP64) */
 } gdn_config_t;
 
 /* One step's mixed batch: prefills + plain decodes (the "non-spec" sequences) and speculative
@@ -543,6 +581,14 @@ GDN_API gdn_status_t gdn_malloc_shared(void *queue, size_t bytes, void **ptr);
 GDN_API void gdn_free(void *queue, void *ptr);
 /* Name of the queue's device, written into buf (truncated to len-1 characters). */
 GDN_API gdn_status_t gdn_device_name(void *queue, char *buf, size_t len);
+
+/* The path a prefill with this config takes on the queue's device, decided as a call decides it
+ * (cfg->prefill_precision, the activation dtype, K and V, the device's matrix engine and whether
+ * the library can use it; GDN_XPU_GENERIC_KERNELS): *engine gets a gdn_prefill_engine_t, buf a
+ * text naming the path and why (e.g. "bf16 operands on XMX (joint_matrix 8x16x16, sub-group 16)";
+ * truncated to len-1 characters). engine or buf may be NULL (len is then not read). Builds and
+ * runs nothing. GDN_FLAG_FORCE_RECURRENT configs report the f32 path (no chunk kernels). */
+GDN_API gdn_status_t gdn_prefill_path(void *queue, const gdn_config_t *cfg, int32_t *engine, char *buf, size_t len);
 
 /* ---- replay mode ("Replay mode" above) ----
  * gdn_replay_token_floats: f32 values of one ring entry, H*K + HV*V + HV*G + HV (G = 1, or K

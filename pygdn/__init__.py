@@ -37,10 +37,10 @@ from ._usm import UsmArray, from_bf16_bits, to_bf16_bits  # noqa: E402
 from ._c import GdnError  # noqa: E402
 from .batch import Batch  # noqa: E402
 from .config import Config  # noqa: E402
-from .ops import (PreparedCall, attention, causal_conv1d, flush_replay, gated_delta_rule, prepare,  # noqa: E402
-                  warmup, workspace_size)
+from .ops import (PreparedCall, attention, causal_conv1d, flush_replay, gated_delta_rule, prefill_path,  # noqa: E402
+                  prepare, warmup, workspace_size)
 from .graph import Graph  # noqa: E402
 
 __version__ = version()
 __all__ = ["Batch", "Config", "GdnError", "Graph", "UsmArray", "attention", "causal_conv1d", "flush_replay", "gated_delta_rule",
-           "PreparedCall", "prepare", "warmup", "workspace_size", "to_bf16_bits", "from_bf16_bits", "version"]
+           "PreparedCall", "prefill_path", "prepare", "warmup", "workspace_size", "to_bf16_bits", "from_bf16_bits", "version"]

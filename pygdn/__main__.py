@@ -3,7 +3,7 @@
   demo    a Qwen3-Next MTP layer step on the default SYCL device, checked and timed
           (--model kimi-linear: a Kimi-Linear KDA layer step)
   warmup  compile the kernels of a deployment into the library's disk cache ahead of time
-  info    the library version and the default device
+  info    the library version, the default device and the path a prefill takes there (f32, XMX, AMX, emulated bf16)
   bench   the benchmark; it is not part of the package: this runs benchmarks/bench.py of the
           source checkout the current directory is in (= python benchmarks/bench.py)
 """

@@ -22,6 +22,9 @@ CONV_SPEC = {"snapshot": _lib.GDN_CONV_SPEC_SNAPSHOT, "rolled": _lib.GDN_CONV_SP
 PACKED = {"none": _lib.GDN_PACKED_NONE, "grouped": _lib.GDN_PACKED_GROUPED, "contiguous": _lib.GDN_PACKED_CONTIGUOUS}
 GATE_MODES = {"head": _lib.GDN_GATE_HEAD, "channel": _lib.GDN_GATE_CHANNEL}
 OUT_GATES = {"silu": _lib.GDN_OUT_GATE_SILU, "sigmoid": _lib.GDN_OUT_GATE_SIGMOID}
+PREFILL_PRECISIONS = {"auto": _lib.GDN_PREFILL_AUTO, "f32": _lib.GDN_PREFILL_F32, "bf16": _lib.GDN_PREFILL_BF16}
+PREFILL_ENGINES = {_lib.GDN_PREFILL_ENGINE_F32: "f32", _lib.GDN_PREFILL_ENGINE_XMX: "xmx",
+                   _lib.GDN_PREFILL_ENGINE_AMX: "amx", _lib.GDN_PREFILL_ENGINE_EMULATED: "bf16-emulated"}
 
 
 class GdnError(RuntimeError):

@@ -7,6 +7,7 @@ import dataclasses as _dc
 from ._lib import ffi as _ffi, lib as _lib
 from ._c import (DTYPES as _DTYPES, SSM_LAYOUTS as _SSM_LAYOUTS, CONV_LAYOUTS as _CONV_LAYOUTS,
                  CONV_SPEC as _CONV_SPEC, PACKED as _PACKED, GATE_MODES as _GATE_MODES, OUT_GATES as _OUT_GATES,
+                 PREFILL_PRECISIONS as _PREFILL_PRECISIONS,
                  choice as _choice, int32 as _int32, int64 as _int64, float_field as _float)
 
 
@@ -51,6 +52,11 @@ class Config:
     gate_mode: str = "head"
     out_gate: str = "silu"
     gate_lower_bound: float = 0.0      # < 0: g = lb * sigmoid(exp(A_log) * (a + dt_bias))
+    # The chunked prefill's products (gdn_xpu.h gdn_prefill_precision_t, docs/op.md "Prefill
+    # precision"): "f32", "bf16" (bf16 operands, f32 accumulators: on the device's matrix engine where
+    # the library can use one, else emulated) or "auto" (bf16 for bf16 / f16 activations on XMX, else f32).
+    # pygdn.prefill_path(queue, cfg) says which a config takes on a device.
+    prefill_precision: str = "auto"
 
     @property
     def gate_k(self) -> int:
@@ -138,6 +144,7 @@ class Config:
         c.gate_mode = _choice(_GATE_MODES, self.gate_mode, "gate_mode")
         c.out_gate = _choice(_OUT_GATES, self.out_gate, "out_gate")
         c.gate_lower_bound = _float(self.gate_lower_bound, "cfg.gate_lower_bound")
+        c.prefill_precision = _choice(_PREFILL_PRECISIONS, self.prefill_precision, "prefill_precision")
         for f in ("conv_slot_stride", "ssm_slot_stride"):
             setattr(c, f, _int64(getattr(self, f), f"cfg.{f}"))
         c.scale, c.l2norm_eps, c.norm_eps = (_float(getattr(self, f), f"cfg.{f}") for f in ("scale", "l2norm_eps", "norm_eps"))

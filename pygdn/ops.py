@@ -21,7 +21,8 @@ import math as _math
 
 from ._lib import ffi as _ffi, lib as _lib
 from . import _dlpack
-from ._c import (VOIDP as _VOIDP, TENSORS_P as _TENSORS_P, new as _new, check as _check, int32 as _int32)
+from ._c import (VOIDP as _VOIDP, TENSORS_P as _TENSORS_P, PREFILL_ENGINES as _PREFILL_ENGINES, new as _new,
+                 check as _check, int32 as _int32)
 from ._marshal import (TENSORS_INIT as _TENSORS_INIT, marshal as _marshal, marshal_arrays as _marshal_arrays,
                        view as _view)
 from ._usm import as_queue as _as_queue
@@ -256,6 +257,17 @@ def warmup(queue, cfg: Config) -> None:
     """Compile (or load from cache) every kernel cfg needs, so later calls start at once."""
     q = _as_queue(queue)  # held through the call: an int or capsule queue becomes a dpctl copy, freed with it
     _check(_lib.gdn_warmup(_ffi.cast("void *", q.addressof_ref()), cfg._to_c()))
+
+
+def prefill_path(queue, cfg: Config) -> tuple:
+    """(engine, text): what runs a prefill's chunk products with cfg on the queue's device, decided as
+    a call decides it (gdn_prefill_path). engine: "f32" (f32 FMAs), "xmx" or "amx" (bf16 operands on
+    the matrix engine, joint_matrix), "bf16-emulated" (bf16 operands, f32 accumulators, on FMA units);
+    text names it, its tile shape and why."""
+    q = _as_queue(queue)
+    engine, buf = _ffi.new("int32_t *"), _ffi.new("char[]", 512)
+    _check(_lib.gdn_prefill_path(_ffi.cast("void *", q.addressof_ref()), cfg._to_c(), engine, buf, 512))
+    return _PREFILL_ENGINES[engine[0]], _ffi.string(buf).decode()
 
 
 def workspace_size(cfg: Config, batch: Batch) -> int:

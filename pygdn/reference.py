@@ -412,3 +412,76 @@ def chunked_gated_delta_rule(q, k, v, g, beta, S0, chunk=64):
         o[sl] = d[:, None] * (qc @ S) + ((qc @ kc.T) * D) @ u
         S = d[-1] * S + (D[-1][:, None] * kc).T @ u
     return o, S
+
+
+def _bf16(x):
+    """x rounded to bf16 (nearest even) as float64: a product's operand in prefill_precision "bf16"."""
+    return round_state(x, "bf16")
+
+
+def _channel_decays(g):
+    """Per-channel decays of one chunk (KDA: g [n, K], log-decays): alpha = e^g and, as products in
+    linear space (a zero alpha zeroes every product across it, on its channel only),
+    between[i, j] = prod_{t=j+1..i} alpha_t (j <= i, else 0), start[i] = prod_{t<=i} alpha_t,
+    end[j] = prod_{t=j+1..n-1} alpha_t. Returns (between [n, n, K], start [n, K], end [n, K])."""
+    alpha = np.exp(_f64(g))
+    n, K = alpha.shape
+    between = np.zeros((n, n, K))
+    for i in range(n):
+        d = np.ones(K)
+        for j in range(i, -1, -1):
+            between[i, j] = d
+            d = d * alpha[j]
+    return between, np.cumprod(alpha, axis=0), between[n - 1]
+
+
+def chunked_gated_delta_rule_bf16(q, k, v, g, beta, S0, chunk=64, first=None):
+    """The chunked form as prefill_precision "bf16" computes it (docs/op.md "Prefill precision"), in
+    float64 with every product's operands rounded to bf16 (r below) and nothing else rounded: a model
+    of that path's rounding. Inputs as recurrent_single (g [T] per head, or [T, K] per key channel:
+    KDA); first: the length of the first chunk (block checkpoints align chunks to the request's
+    positions), the others `chunk` tokens. Per chunk, D and d the decays of _chunk_decays
+    (_channel_decays for KDA):
+      GDN  A = tril(beta_i D (r(k) r(k)^T), -1),  Aqk = tril(D (r(q) r(k)^T)),
+           T = (I + A)^-1,  W = r(T diag(beta d)) r(k),  U = r(T diag(beta)) r(v)
+      KDA  A[i, j] = beta_i sum_c k_i k_j D[i, j] (j < i),  Aqk[i, j] = sum_c q_i k_j D[i, j] (j <= i),
+           T = (I + A)^-1,  W = r(T diag(beta)) r(k (.) d),  U = r(T diag(beta)) r(v)
+      u = U - r(W) r(S),  o = r(q (.) d) r(S) + r(Aqk) r(u),  S = d_last S + r(k (.) d_end)^T r(u)
+    (d_end[j]: the decay from token j to the chunk's last). Returns (o [T, V], S_final, ends): ends
+    lists (index of a chunk's last token, the state after it) for every chunk."""
+    q, k, v, beta = _f64(q), _f64(k), _f64(v), _f64(beta)
+    g = _f64(g)
+    per_channel = g.ndim == 2
+    S = _f64(S0)
+    T_len = q.shape[0]
+    o = np.zeros((T_len, v.shape[1]))
+    ends = []
+    c0 = 0
+    while c0 < T_len:
+        n = min(first if (c0 == 0 and first) else chunk, T_len - c0)
+        sl = slice(c0, c0 + n)
+        qc, kc, vc, bc = q[sl], k[sl], v[sl], beta[sl]
+        if per_channel:
+            D, d, d_end = _channel_decays(g[sl])
+            Amat = np.tril(bc[:, None] * np.einsum("ic,jc,ijc->ij", kc, kc, D), -1)
+            Aqk = np.tril(np.einsum("ic,jc,ijc->ij", qc, kc, D))
+            Tm = np.linalg.inv(np.eye(n) + Amat)
+            W = _bf16(Tm * bc[None, :]) @ _bf16(kc * d)
+            d_last = d[-1][:, None]
+        else:
+            D, dd = _chunk_decays(g[sl])
+            kr = _bf16(kc)
+            Amat = bc[:, None] * np.tril(D, -1) * (kr @ kr.T)
+            Aqk = D * (_bf16(qc) @ kr.T)
+            Tm = np.linalg.inv(np.eye(n) + Amat)
+            W = _bf16(Tm * (bc * dd)[None, :]) @ kr
+            d, d_end, d_last = dd[:, None], D[-1][:, None], dd[-1]
+        U = _bf16(Tm * bc[None, :]) @ _bf16(vc)
+        Sr = _bf16(S)
+        u = U - _bf16(W) @ Sr
+        ur = _bf16(u)
+        o[sl] = _bf16(qc * d) @ Sr + _bf16(Aqk) @ ur
+        S = d_last * S + _bf16(kc * d_end).T @ ur
+        c0 += n
+        ends.append((c0 - 1, S.copy()))
+    return o, S, ends

@@ -1,7 +1,8 @@
 """python -m pygdn warmup: fill the library's disk cache of compiled kernels for a deployment.
 
     python -m pygdn warmup [--config NAME ...] [--dtype bf16|f16|f32 ...] [--ssm-layout vk|kv ...]
-                           [--state-dtype f32|bf16|f16 ...] [--device FILTER]
+                           [--state-dtype f32|bf16|f16 ...] [--prefill-precision auto|f32|bf16 ...]
+                           [--device FILTER]
 
 Compiles (or finds in the cache) every kernel a config can launch on the device, as the C call
 gdn_warmup does, and says for each config how long it took. Run it where the cache will be used
@@ -38,20 +39,25 @@ def main(argv=None) -> int:
     p.add_argument("--ssm-layout", action="append", choices=["vk", "kv"], help="ssm_state layout (default vk)")
     p.add_argument("--state-dtype", action="append", choices=["f32", "bf16", "f16"],
                    help="ssm_state dtype (default f32); repeatable")
+    p.add_argument("--prefill-precision", action="append", choices=["auto", "f32", "bf16"],
+                   help="the chunked prefill's products (default auto: the form the device takes); repeatable")
     p.add_argument("--device", default=None, help="dpctl filter string (default: the default SYCL device)")
     args = p.parse_args(argv)
     q = dpctl.SyclQueue(args.device, property="in_order") if args.device else dpctl.SyclQueue(property="in_order")
     print(f"warming up libgdn_xpu kernels on {q.sycl_device.name}", flush=True)
     total = time.perf_counter()
-    for name, dtype, layout, state in itertools.product(args.config or ["demo"], args.dtype or ["bf16"],
-                                                        args.ssm_layout or ["vk"], args.state_dtype or ["f32"]):
+    for name, dtype, layout, state, precision in itertools.product(
+            args.config or ["demo"], args.dtype or ["bf16"], args.ssm_layout or ["vk"], args.state_dtype or ["f32"],
+            args.prefill_precision or ["auto"]):
         H, HV, K, V, W, gate_mode = PRESETS[name]
         cfg = Config(num_k_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V, num_slots=1, conv_width=W,
-                     act_dtype=dtype, ssm_layout=layout, state_dtype=state, gate_mode=gate_mode)
+                     act_dtype=dtype, ssm_layout=layout, state_dtype=state, gate_mode=gate_mode,
+                     prefill_precision=precision)
         t0 = time.perf_counter()
         warmup(q, cfg)
-        print(f"  {name} {dtype} {layout}{'' if state == 'f32' else f' {state} state'}: ready in "
-              f"{time.perf_counter() - t0:.2f} s", flush=True)
+        print(f"  {name} {dtype} {layout}{'' if state == 'f32' else f' {state} state'}"
+              f"{'' if precision == 'auto' else f' {precision} prefill'}: ready in {time.perf_counter() - t0:.2f} s",
+              flush=True)
     print(f"done in {time.perf_counter() - total:.2f} s", flush=True)
     return 0
 

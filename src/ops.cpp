@@ -1,5 +1,8 @@
 // ops.cpp — the C entry points: validate, plan, then enqueue the plan's kernels in one dependency
 // chain (no host wait inside it).
+#include <algorithm>
+#include <cstring>
+
 #include "errors.hpp"
 #include "kernels/params.hpp"
 #include "launch.hpp"
@@ -125,6 +128,12 @@ void enqueue_delta(Chain &ch, Checked &c, const Plan &plan, const Kernels &ks, c
       p.chunk_aqk = reinterpret_cast<float *>(ws + l.caqk);
       p.chunk_dstart = reinterpret_cast<float *>(ws + l.cdstart);
       p.chunk_dend = reinterpret_cast<float *>(ws + l.cdend);
+      if (plan.prefill.engine != GDN_PREFILL_ENGINE_F32) {  // the matrix form's bf16 operands
+        p.chunk_wb = reinterpret_cast<uint16_t *>(ws + l.cwb);
+        p.chunk_qb = reinterpret_cast<uint16_t *>(ws + l.cqb);
+        p.chunk_kb = reinterpret_cast<uint16_t *>(ws + l.ckb);
+        p.chunk_aqkb = reinterpret_cast<uint16_t *>(ws + l.caqkb);
+      }
       p.chunk_capacity = plan.chunk_capacity;
       p.seq_capacity = plan.seq_capacity;
       launch(ch, ks, plan.chunk_plan, p);
@@ -228,8 +237,23 @@ GDN_API gdn_status_t gdn_warmup(void *queue, const gdn_config_t *cfg) {
     b.num_spec = 1;
     b.non_spec_token_count = 3, b.spec_token_count = 2, b.num_actual_tokens = 5;
     const bool z_out = c.packed_order != GDN_PACKED_NONE;  // (packed callers take z: the conv variant may depend on it)
-    const gdn::Plan plan = gdn::make_plan(c, b, gdn::PlanInputs{gdn::Op::Attention, false, true, z_out}, gdn::target_of(q));
+    const gdn::Plan plan =
+        gdn::make_plan(c, b, gdn::PlanInputs{gdn::Op::Attention, false, true, z_out}, gdn::warmup_target_of(q));
     const gdn::Kernels kernels(q, plan.launches());
+  });
+}
+
+GDN_API gdn_status_t gdn_prefill_path(void *queue, const gdn_config_t *cfg, int32_t *engine, char *buf, size_t len) {
+  return gdn::guarded([&] {
+    if (!queue) gdn::fail(GDN_ERROR_BAD_QUEUE, "queue is NULL");
+    const gdn_config_t c = gdn::validate_config(cfg);
+    const gdn::PrefillPath path = gdn::prefill_path(c, gdn::target_of(*static_cast<sycl::queue *>(queue)));
+    if (engine) *engine = path.engine;
+    if (buf && len > 0) {
+      const size_t n = std::min(len - 1, path.text.size());
+      std::memcpy(buf, path.text.data(), n);
+      buf[n] = '\0';
+    }
   });
 }
 

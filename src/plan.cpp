@@ -3,8 +3,12 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <cstdlib>
+#include <mutex>
+#include <utility>
 
+#include "errors.hpp"
 #include "kernels/params.hpp"
 
 namespace gdn {
@@ -30,6 +34,14 @@ std::string head_option(const gdn_config_t &cfg) {
 std::string state_option(const gdn_config_t &cfg) {
   const char *dtype = cfg.state_dtype == GDN_DTYPE_BF16 ? " -DGDN_STATE_BF16" : cfg.state_dtype == GDN_DTYPE_F16 ? " -DGDN_STATE_F16" : "";
   return head_option(cfg) + " -DGDN_VK_LAYOUT=" + (cfg.ssm_layout == GDN_SSM_VK ? "1" : "0") + dtype;
+}
+
+// The chunk kernels' matrix form (delta_chunk_mx.hpp): its tile, and joint_matrix or the emulation.
+std::string matrix_option(const PrefillPath &pp) {
+  const MatrixTile &t = pp.tile;
+  return " -DGDN_MX=1 -DGDN_MX_M=" + std::to_string(t.m) + " -DGDN_MX_N=" + std::to_string(t.n) +
+         " -DGDN_MX_K=" + std::to_string(t.k) + " -DGDN_MX_SG=" + std::to_string(t.sub_group) +
+         " -DGDN_MX_JOINT=" + (pp.engine == GDN_PREFILL_ENGINE_EMULATED ? "0" : "1");
 }
 
 Launch kernel(Family family, std::string options, const char *name) {
@@ -140,17 +152,25 @@ void plan_delta(Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b, const Ta
       p.chunk_capacity = b.non_spec_token_count / GDN_CHUNK_SIZE + p.seq_capacity * (b.checkpoint_interval > 0 ? 2 : 1);
     }
   }
+  p.prefill = prefill_path(cfg, t);
   if (p.seq_capacity > 0) {
     p.chunk_plan = kernel(Family::DeltaPrep, head_option(cfg), "gdn_chunk_plan");
     shape1(p.chunk_plan, GDN_SUB_GROUP, GDN_SUB_GROUP);  // work-item 0 works
-    const bool cpu = t.cpu_variants && cfg.head_k_dim % GDN_CPU_LANES == 0 && V % GDN_CPU_LANES == 0;
+    // The matrix form (prefill_precision BF16) is a build of the generic file on every device.
+    const bool mx = p.prefill.engine != GDN_PREFILL_ENGINE_F32;
+    const bool cpu = !mx && t.cpu_variants && cfg.head_k_dim % GDN_CPU_LANES == 0 && V % GDN_CPU_LANES == 0;
     const Family family = cpu ? Family::DeltaChunkCpu : Family::DeltaChunk;
-    p.chunk_prep = kernel(family, state_option(cfg), cpu ? "gdn_chunk_prep_cpu" : "gdn_chunk_prep");
-    p.chunk_scan = kernel(family, state_option(cfg), cpu ? "gdn_chunk_scan_cpu" : "gdn_chunk_scan");
+    const std::string options = state_option(cfg) + (mx ? matrix_option(p.prefill) : "");
+    p.chunk_prep = kernel(family, options, cpu ? "gdn_chunk_prep_cpu" : "gdn_chunk_prep");
+    p.chunk_scan = kernel(family, options, cpu ? "gdn_chunk_scan_cpu" : "gdn_chunk_scan");
     if (cpu) {
       shape1(p.chunk_prep, (int64_t)p.chunk_capacity * cfg.num_k_heads, 1);  // per (chunk, k-head)
       const int64_t cols = GDN_CPU_LANES * GDN_SCAN_BLOCKS;  // per work-item, alone in its work-group
       shape2(p.chunk_scan, p.seq_capacity * HV, (V + cols - 1) / cols, 1);
+    } else if (mx) {  // per (chunk, v-head); per (sequence, v-head, gdn_mx_cols(K) state columns)
+      shape2(p.chunk_prep, p.chunk_capacity * HV, GDN_CHUNK_SIZE, GDN_CHUNK_SIZE);
+      const int64_t cols = gdn_mx_cols(cfg.head_k_dim);
+      shape2(p.chunk_scan, p.seq_capacity * HV, (V + cols - 1) / cols * GDN_CHUNK_SIZE, GDN_CHUNK_SIZE);
     } else {
       shape2(p.chunk_prep, p.chunk_capacity * HV, GDN_CHUNK_SIZE, GDN_CHUNK_SIZE);
       shape_tiles(p.chunk_scan, p.seq_capacity * HV, V, cfg);
@@ -194,11 +214,18 @@ Layout plan_layout(const Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b,
     l.chunk_table = take((size_t)p.chunk_capacity * GDN_TABLE_INTS * 4);
     l.seq_table = take((size_t)p.seq_capacity * GDN_TABLE_INTS * 4);
     l.chunked = take(((size_t)b.num_prefills + (size_t)b.num_decodes) * 4);
-    l.cw = take(chunk_rows * K * 4);
+    l.cw = take(chunk_rows * K * 4);  // (the matrix form: W before it becomes cwb)
     l.cu = take(chunk_rows * V * 4);
-    l.caqk = take(chunk_rows * GDN_CHUNK_SIZE * 4);
+    const bool mx = p.prefill.engine != GDN_PREFILL_ENGINE_F32;
+    if (!mx) l.caqk = take(chunk_rows * GDN_CHUNK_SIZE * 4);
     l.cdstart = take(chunk_rows * (size_t)gate_k_of(cfg) * 4);  // (a decay per key channel with GDN_GATE_CHANNEL)
     l.cdend = take(chunk_rows * (size_t)gate_k_of(cfg) * 4);
+    if (mx) {  // the bf16 operands (delta_chunk_mx.hpp)
+      l.cwb = take(chunk_rows * K * 2);
+      l.cqb = take(chunk_rows * K * 2);
+      l.ckb = take(chunk_rows * K * 2);
+      l.caqkb = take(chunk_rows * GDN_CHUNK_SIZE * 2);
+    }
   }
   l.total = std::max<size_t>(at, 256) + GDN_SCRATCH_ALIGN;  // + the slack to align its start (params.hpp)
   return l;
@@ -239,6 +266,32 @@ static HostIsa host_isa() {
 #endif
 }
 
+// What a device reports for the matrix decision (matrix.hpp), asked once per device: the
+// runtime's queries cost more than a call should spend on them.
+static MatrixFacts device_matrix_facts(const sycl::device &dev) {
+  static std::mutex &m = *new std::mutex;  // (never destroyed: see kernel_cache.cpp)
+  static auto &known = *new std::vector<std::pair<sycl::device, MatrixFacts>>;
+  std::lock_guard<std::mutex> lock(m);
+  for (const auto &k : known)
+    if (k.first == dev) return k.second;
+  namespace mx = sycl::ext::oneapi::experimental::matrix;
+  MatrixFacts f;
+  const sycl::backend be = dev.get_backend();
+  if (be == sycl::backend::ext_oneapi_level_zero || be == sycl::backend::opencl)
+    f.device = dev.is_gpu() ? DeviceKind::Gpu : dev.is_cpu() ? DeviceKind::Cpu : DeviceKind::Other;
+  f.aspect = dev.has(sycl::aspect::ext_intel_matrix);
+  try {
+    for (const auto &c : dev.get_info<sycl::ext::oneapi::experimental::info::device::matrix_combinations>())
+      if (c.atype == mx::matrix_type::bf16 && c.btype == mx::matrix_type::bf16 && c.ctype == mx::matrix_type::fp32 &&
+          c.dtype == mx::matrix_type::fp32)
+        f.bf16.push_back(MatrixCombination{c.max_msize, c.max_nsize, c.max_ksize, c.msize, c.nsize, c.ksize});
+  } catch (const sycl::exception &) {  // a device the query does not know: no combinations
+  }
+  f.sub_groups = dev.get_info<sycl::info::device::sub_group_sizes>();
+  known.emplace_back(dev, f);
+  return f;
+}
+
 Target target_of(const sycl::queue &q) {
   // Both read per call: tests compare both ways.
   const char *generic = std::getenv("GDN_XPU_GENERIC_KERNELS"), *soft = std::getenv("GDN_XPU_SOFT_BF16");
@@ -249,7 +302,63 @@ Target target_of(const sycl::queue &q) {
 #if defined(__x86_64__)
   t.x86 = t.cpu_variants;
 #endif
+  MatrixFacts f = device_matrix_facts(q.get_device());
+  host_cpu_facts(f);  // (the JIT target read per call, as the variables above)
+  t.matrix = decide_matrix(f);
   return t;
+}
+
+Target warmup_target_of(const sycl::queue &q) {
+  Target t = target_of(q);
+  const char *v = std::getenv("GDN_XPU_MATRIX_BUILD");
+  if (!v || !v[0]) return t;
+  MatrixTile tile;
+  char end = 0;
+  if (std::sscanf(v, "%dx%dx%d/%d%c", &tile.m, &tile.n, &tile.k, &tile.sub_group, &end) != 4 || tile.m <= 0 || tile.n <= 0 ||
+      tile.k <= 0 || tile.sub_group <= 0)
+    fail(GDN_ERROR_UNSUPPORTED, std::string("GDN_XPU_MATRIX_BUILD=") + v + ": expected MxNxK/SG, e.g. 8x16x16/16");
+  MatrixFacts f = device_matrix_facts(q.get_device());
+  host_cpu_facts(f);
+  if (f.device == DeviceKind::Cpu && !jit_target_has_amx(f.jit_target))
+    fail(GDN_ERROR_UNSUPPORTED, std::string("GDN_XPU_MATRIX_BUILD=") + v + " on the CPU device needs CL_CONFIG_CPU_TARGET_ARCH naming "
+                                "an AMX CPU (e.g. sapphirerapids): at the JIT's own target a joint_matrix build can abort the process");
+  t.matrix.engine = f.device == DeviceKind::Cpu ? MatrixEngine::Amx : MatrixEngine::Xmx;
+  t.matrix.tile = tile;
+  t.force_matrix_build = true;
+  return t;
+}
+
+PrefillPath prefill_path(const gdn_config_t &cfg, const Target &t) {
+  PrefillPath pp;
+  const int32_t asked = t.force_matrix_build ? GDN_PREFILL_BF16 : cfg.prefill_precision;
+  const bool low = cfg.act_dtype == GDN_DTYPE_BF16 || cfg.act_dtype == GDN_DTYPE_F16;
+  const MatrixDecision &m = t.matrix;
+  const bool bf16 = asked == GDN_PREFILL_BF16 || (asked == GDN_PREFILL_AUTO && low && m.engine == MatrixEngine::Xmx);
+  const std::string f32 = "f32 products on FMA units";
+  if (cfg.flags & GDN_FLAG_FORCE_RECURRENT) {
+    pp.text = f32 + " (GDN_FLAG_FORCE_RECURRENT: the token recurrence, no chunk products)";
+  } else if (!bf16) {
+    pp.text = f32 + (asked == GDN_PREFILL_F32 ? " (prefill_precision f32)"
+                     : !low ? " (auto: f32 activations)"
+                     : m.engine == MatrixEngine::Amx ? " (auto: the CPU device keeps its f32 kernels, which have no AMX form)"
+                     : m.engine == MatrixEngine::None ? " (auto: no matrix engine the library can use: " + m.why + ")"
+                                                      : "");
+  } else if (cfg.head_k_dim % GDN_MX_DIM || cfg.head_v_dim % GDN_MX_DIM) {
+    pp.text = f32 + " (bf16 needs K and V multiples of " + std::to_string(GDN_MX_DIM) + "; K = " +
+              std::to_string(cfg.head_k_dim) + ", V = " + std::to_string(cfg.head_v_dim) + ")";
+  } else {
+    pp.engine = m.engine == MatrixEngine::Xmx ? GDN_PREFILL_ENGINE_XMX
+                : m.engine == MatrixEngine::Amx ? GDN_PREFILL_ENGINE_AMX
+                                                : GDN_PREFILL_ENGINE_EMULATED;
+    pp.tile = pp.engine == GDN_PREFILL_ENGINE_EMULATED ? emulation_tile() : m.tile;
+    const std::string tile = std::to_string(pp.tile.m) + "x" + std::to_string(pp.tile.n) + "x" + std::to_string(pp.tile.k) +
+                             ", sub-group " + std::to_string(pp.tile.sub_group);
+    pp.text = pp.engine == GDN_PREFILL_ENGINE_EMULATED
+                  ? "bf16 operands, f32 accumulators, emulated on FMA units (tiles " + tile + "; no matrix engine: " + m.why + ")"
+                  : "bf16 operands, f32 accumulators on " + std::string(pp.engine == GDN_PREFILL_ENGINE_XMX ? "XMX" : "AMX") +
+                        " (joint_matrix " + tile + ")";
+  }
+  return pp;
 }
 
 Plan make_plan(const gdn_config_t &cfg, const gdn_batch_t &b, const PlanInputs &in, const Target &t) {

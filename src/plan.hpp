@@ -11,6 +11,7 @@
 
 #include "gdn_xpu.h"
 #include "kernels/families.hpp"
+#include "matrix.hpp"
 #include "validate/call.hpp"
 
 namespace gdn {
@@ -30,8 +31,28 @@ struct Target {
   // The CPU variants issue x86 prefetch instructions inline (vec16.hpp, prefetch_bytes) when the
   // host CPU (the CPU device) is x86-64, as the Intel CPU runtime's is.
   bool x86 = false;
+  // The device's matrix engine, when the library can use it (matrix.hpp): the chunk kernels'
+  // matrix form runs on it (joint_matrix), else that form is emulated on FMA units.
+  MatrixDecision matrix;
+  // gdn_warmup under GDN_XPU_MATRIX_BUILD: build the matrix form with `matrix`'s tile as
+  // joint_matrix whatever the precision setting (a tool's build for inspecting the ISA; nothing runs).
+  bool force_matrix_build = false;
 };
 Target target_of(const sycl::queue &q);
+// target_of for gdn_warmup: GDN_XPU_MATRIX_BUILD=MxNxK/SG (e.g. 8x16x16/16) makes the warmup build
+// the matrix form with that joint_matrix tile, where building it cannot abort the process: a GPU,
+// or the CPU device with CL_CONFIG_CPU_TARGET_ARCH naming an AMX CPU (matrix.hpp). Calls ignore it.
+Target warmup_target_of(const sycl::queue &q);
+
+// How a plan's prefill computes its chunk products (gdn_prefill_path).
+struct PrefillPath {
+  int32_t engine = GDN_PREFILL_ENGINE_F32;  // gdn_prefill_engine_t
+  MatrixTile tile;                          // engine != F32
+  std::string text;                         // what gdn_prefill_path reports
+};
+// The path of a prefill with this config on the target: cfg->prefill_precision resolved (AUTO:
+// BF16 for bf16 / f16 activations on XMX), and the matrix form only where K and V allow it.
+PrefillPath prefill_path(const gdn_config_t &cfg, const Target &t);
 
 // One kernel launch: which kernel of which build, and its nd_range (dims 1 or 2).
 struct Launch {
@@ -48,6 +69,7 @@ struct Layout {
   size_t conv_out = 0, qn = 0, kn = 0, g = 0, beta = 0;         // conv output, prep outputs
   size_t chunk_table = 0, seq_table = 0, chunked = 0;            // the chunk plan (int32)
   size_t cw = 0, cu = 0, caqk = 0, cdstart = 0, cdend = 0;        // chunk matrices (f32)
+  size_t cwb = 0, cqb = 0, ckb = 0, caqkb = 0;                    // the matrix form's operands (bf16; caqk unused)
   size_t total = 0;
 };
 
@@ -68,6 +90,7 @@ struct Plan {
   int32_t seq_capacity = 0;       // rows of its sequence table
   bool prep_inline = false;       // no gdn_prep: the recurrent CPU kernels prepare their tokens
   bool conv_out_in_workspace = false;
+  PrefillPath prefill;            // the chunk kernels' form (engine F32: the f32 form)
   Layout layout;
 
   // Every launch the call makes, in order (the kernels to compile before anything runs).

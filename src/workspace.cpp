@@ -1,6 +1,7 @@
 // workspace.cpp — see workspace.hpp; and gdn_attention_workspace_size, the workspace a call's plan lays out.
 #include "workspace.hpp"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -99,14 +100,19 @@ void release_workspaces() {
 
 extern "C" {
 
-// The plan of a gdn_attention call without conv_out: its workspace (any target: the layout does
-// not depend on the kernel variants).
+// The plan of a gdn_attention call without conv_out: its workspace on any target. The layout does
+// not depend on the kernel variants, only on the chunk kernels' form, which prefill_precision AUTO
+// picks by the device: the larger of the two forms' layouts (a device with XMX and one without).
 GDN_API gdn_status_t gdn_attention_workspace_size(const gdn_config_t *cfg, const gdn_batch_t *batch, size_t *bytes) {
   return gdn::guarded([&] {
     if (!bytes) gdn::fail(GDN_ERROR_NULL_POINTER, "bytes is NULL");
     const gdn_config_t c = gdn::validate_config(cfg);
     const gdn_batch_t b = gdn::validate_batch_counts(batch);
-    *bytes = gdn::make_plan(c, b, gdn::PlanInputs{gdn::Op::Attention, false, false}, gdn::Target{}).layout.total;
+    const gdn::PlanInputs in{gdn::Op::Attention, false, false};
+    gdn::Target xmx;
+    xmx.matrix.engine = gdn::MatrixEngine::Xmx;
+    xmx.matrix.tile = gdn::emulation_tile();
+    *bytes = std::max(gdn::make_plan(c, b, in, gdn::Target{}).layout.total, gdn::make_plan(c, b, in, xmx).layout.total);
   });
 }
 

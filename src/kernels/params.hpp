@@ -96,6 +96,20 @@ static inline constexpr int32_t gdn_tile_cols(int32_t K, int32_t gk) {
              : GDN_TILE_FLOATS / (gk > 1 ? 2 : 1) / ((K + GDN_SUB_GROUP - 1) / GDN_SUB_GROUP);
 }
 
+// The chunk kernels' matrix form (-DGDN_MX=1 builds of delta_chunk.cpp: cfg->prefill_precision
+// BF16, docs/design.md "The chunk products as tile products"). Tiles come from the device's matrix
+// engine (src/matrix.cpp); where none can be used the same tile products run on FMA units with
+// GDN_MX_EMU_* (Xe2's XMX tile). gdn_chunk_prep stages GDN_MX_VCOLS columns of v at a time. K and V
+// must be multiples of GDN_MX_DIM.
+enum {
+  GDN_MX_EMU_M = 8, GDN_MX_EMU_N = 16, GDN_MX_EMU_K = 16, GDN_MX_EMU_SG = 16,
+  GDN_MX_VCOLS = 64, GDN_MX_DIM = 16
+};
+// State columns of a (sequence, v-head) a gdn_chunk_scan work-group of the matrix form carries
+// (in SLM: K x cols f32, K x cols bf16 and 64 x cols of u thrice, 40 KiB at K = 128 and 32 KiB at
+// K = 256 of dg2's 64 KiB).
+static inline constexpr int32_t gdn_mx_cols(int32_t K) { return K > 128 ? 16 : 32; }
+
 // gdn_recurrent_kv_cpu's 16-column vectors per work-item, V % 16 == 0: whole rows when V is
 // 16 GDN_KV_ROW_VECS, else GDN_KV_VECS when they divide V, else one.
 static inline int32_t gdn_kv_cpu_vecs(int32_t V) {
@@ -218,6 +232,10 @@ struct GdnDeltaParams {
   int32_t *ring_count;
   int64_t ring_floats;                      // gdn_ring_floats of the config (ring offsets: kGateK, delta.hpp)
   int32_t ring_tokens, replay;              // entries per slot; GDN_REPLAY_*
+  // The chunk kernels' matrix form (GDN_MX builds): bf16 operands (bit patterns), rows by chunk as
+  // chunk_w: chunk_wb = -W [.][K], chunk_qb = q (.) dstart [.][K], chunk_kb = k (.) dend [.][K],
+  // chunk_aqkb = Aqk [.][GDN_CHUNK_SIZE] (delta_chunk_mx.hpp). Null in the f32 form.
+  uint16_t *chunk_wb, *chunk_qb, *chunk_kb, *chunk_aqkb;
 };
 
 // gdn_fused_cpu (delta_recurrent_cpu.cpp, the CPU device): one token group's conv and

@@ -24,22 +24,32 @@ std::string fstr(float v) {  // shortest round-trip-ish text: -0.5, 0, 1e-06
   return buf;
 }
 
-// Struct versions (gdn_xpu.h, "Structs are versioned"): the sizes of every version of each struct
-// this library knows, oldest first. Version 1 is the layout libgdn_xpu 0.1.0 shipped, the oldest
-// caller accepted; gdn_batch_t's version 1 ends where its first version-2 field begins. On LP64
-// platforms (x86-64, aarch64 Linux) version 1 was 88 (config), 112 (batch) and 184 (tensors) bytes.
+// Struct versions (gdn_xpu.h, "Structs are versioned"): where the fields of every version of each
+// struct this library knows end, oldest first; the last is the struct's own size. Version 1 is the
+// layout libgdn_xpu 0.1.0 shipped, the oldest caller accepted; gdn_batch_t's version 1 ends where its
+// first version-2 field begins. On LP64 platforms (x86-64, aarch64 Linux) version 1 was 88 (config),
+// 112 (batch) and 184 (tensors) bytes. A caller passes its header's sizeof: a version's fields' end
+// rounded up to the struct's alignment (gdn_config_t version 3: fields end at 108 bytes, sizeof 112),
+// and only the fields are read (the padding after them is the caller's, not a newer field).
 constexpr size_t kConfigVersions[] = {offsetof(gdn_config_t, packed_order), offsetof(gdn_config_t, gate_mode),
-                                      sizeof(gdn_config_t)};
+                                      offsetof(gdn_config_t, prefill_precision), sizeof(gdn_config_t)};
 constexpr size_t kBatchVersions[] = {offsetof(gdn_batch_t, non_spec_read_state_indices), sizeof(gdn_batch_t)};
 constexpr size_t kTensorsVersions[] = {offsetof(gdn_tensors_t, qkvz), offsetof(gdn_tensors_t, b_stride),
                                        offsetof(gdn_tensors_t, dt_bias_dtype), sizeof(gdn_tensors_t)};
 static_assert(sizeof(void *) != 8 || (kConfigVersions[0] == 88 && kBatchVersions[0] == 112 && kTensorsVersions[0] == 184),
               "a version-1 struct layout changed: that breaks every caller built against 0.1.0 (ABI 1)");
+static_assert(sizeof(void *) != 8 || (kConfigVersions[2] == 108 && sizeof(gdn_config_t) == 120),
+              "gdn_config_t version 4 must end past version 3's padded size (112 bytes on LP64)");
 
-// Copies a caller's versioned struct. An older caller (struct_size = the size of an earlier
+template <class T>
+constexpr size_t padded(size_t end) {
+  return (end + alignof(T) - 1) / alignof(T) * alignof(T);
+}
+
+// Copies a caller's versioned struct. An older caller (struct_size = the padded size of an earlier
 // version) gets the defaults of `init` for the fields its header did not have; a newer (larger)
 // struct is accepted only if the fields this library does not know are zero (their defaults).
-// Only the caller's struct_size bytes are read.
+// Only the caller's fields are read.
 template <class T, size_t N>
 T copy_versioned(const T *in, const char *name, void (*init)(T *), const size_t (&versions)[N]) {
   if (!in) fail(GDN_ERROR_NULL_POINTER, std::string(name) + " is NULL");
@@ -50,16 +60,21 @@ T copy_versioned(const T *in, const char *name, void (*init)(T *), const size_t 
   if (size < versions[0])
     fail(GDN_ERROR_BAD_STRUCT_SIZE, what() + " is older than the oldest version this library accepts (" +
                                         str((int64_t)versions[0]) + " bytes, gdn_xpu.h of libgdn_xpu 0.1.0)");
-  if (size < sizeof(T) && std::find(versions, versions + N, size) == versions + N) {
-    std::string sizes;
-    for (size_t v : versions) sizes += (sizes.empty() ? "" : ", ") + str((int64_t)v);
-    fail(GDN_ERROR_BAD_STRUCT_SIZE, what() + " is the size of no version of this struct (" + sizes + " bytes)");
+  size_t fields = sizeof(T);  // the bytes of the caller's fields
+  if (size < sizeof(T)) {
+    const size_t *v = std::find_if(versions, versions + N, [&](size_t end) { return padded<T>(end) == size; });
+    if (v == versions + N) {
+      std::string sizes;
+      for (size_t end : versions) sizes += (sizes.empty() ? "" : ", ") + str((int64_t)padded<T>(end));
+      fail(GDN_ERROR_BAD_STRUCT_SIZE, what() + " is the size of no version of this struct (" + sizes + " bytes)");
+    }
+    fields = *v;
   }
   const unsigned char *tail = reinterpret_cast<const unsigned char *>(in) + sizeof(T);
   for (size_t i = 0; i + sizeof(T) < size; ++i)
     if (tail[i])
       fail(GDN_ERROR_UNSUPPORTED, what() + ": the caller sets fields newer than this library (version " + gdn_version() + ")");
-  std::memcpy(&out, in, std::min(size, sizeof(T)));
+  std::memcpy(&out, in, fields);
   out.struct_size = sizeof(T);
   return out;
 }
@@ -138,6 +153,10 @@ gdn_config_t validate_config(const gdn_config_t *in) {
             "cfg->packed_order = " + str(cfg.packed_order) + " with GDN_GATE_CHANNEL: packed projections are "
                 "Qwen3-Next / Qwen3.5's (GDN_GATE_HEAD)");
   }
+  GDN_REQUIRE(cfg.prefill_precision >= GDN_PREFILL_AUTO && cfg.prefill_precision <= GDN_PREFILL_BF16, GDN_ERROR_BAD_DTYPE,
+          "cfg->prefill_precision = " + str(cfg.prefill_precision) +
+              " is not a gdn_prefill_precision_t (GDN_PREFILL_AUTO 0, GDN_PREFILL_F32 1, GDN_PREFILL_BF16 2)");
+  GDN_REQUIRE(cfg.reserved1 == 0, GDN_ERROR_UNSUPPORTED, "cfg->reserved1 = " + str(cfg.reserved1) + " must be 0");
   GDN_REQUIRE(cfg.replay_tokens == 0 || cfg.conv_spec_layout == GDN_CONV_SPEC_ROLLED, GDN_ERROR_UNSUPPORTED,
           "cfg->conv_spec_layout = GDN_CONV_SPEC_SNAPSHOT with replay_tokens = " + str(cfg.replay_tokens) +
               ": replay mode keeps one slot per spec sequence and needs GDN_CONV_SPEC_ROLLED");
