@@ -122,8 +122,9 @@ static inline bool replay_seq(const GdnDeltaParams &p, int32_t seq, RecurrentSeq
   r->cols = p.state_indices + (int64_t)seq * p.slot_cols;
   const int32_t c = r->cols[0];
   if (gdn_is_pad(c, p.pad_slot_id)) return false;
-  r->read_slot = p.slots.read_indices ? p.slots.read_indices[seq] : c;
-  r->init = !gdn_is_pad(r->read_slot, p.pad_slot_id);
+  const int32_t read = p.slots.read_indices ? p.slots.read_indices[seq] : c;
+  r->read_slot = read < 0 ? p.pad_slot_id : read;  // any pad as pad_slot_id (gdn_is_pad)
+  r->init = r->read_slot != p.pad_slot_id;
   const int32_t R = r->init ? sycl::clamp(p.ring_count[r->read_slot], 0, p.ring_tokens) : 0;
   // A step's A (clamped as every reader's); gdn_flush_replay (no start locations) binds its
   // num_tokens here, 0..R, checked on the host. A <= R: checked under GDN_VALIDATE_FULL.
