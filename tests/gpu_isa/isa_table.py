@@ -46,7 +46,14 @@ DEVICES = ("bmg", "lnl-m", "pvc", "dg2")
 # The representative set the test compiles: the demo's deployment (bf16, K = V = 128, vk) with
 # f32 and bf16 state, the kv layout, f16 activations with an f16 state, and KDA's deployment (Kimi
 # Linear: K = V = 128, a decay per key channel).
-DEFAULT_VARIANTS = ("bf16/f32/128/vk", "bf16/bf16/128/vk", "bf16/f32/128/kv", "f16/f16/128/vk", "bf16/f32/128/vk/kda")
+# The matrix form of the chunk kernels (prefill_precision bf16 on a GPU with XMX) as joint_matrix with
+# a device's tile, captured on the CPU device by a warmup with GDN_XPU_MATRIX_BUILD and the CPU
+# runtime's JIT targeting an AMX CPU (it then compiles joint_matrix without running anything; docs/gpu.md
+# "Matrix engines"): the extra "xmx16" is the 8x16x16 tile in sub-groups of 16 (Xe2, Xe-HPC), "xmx8"
+# 8x8x16 in sub-groups of 8 (Xe-HPG), each compiled for the devices that take its tile only.
+MATRIX_TILES = {"xmx16": ("8x16x16/16", ("bmg", "lnl-m", "pvc")), "xmx8": ("8x8x16/8", ("dg2",))}
+DEFAULT_VARIANTS = ("bf16/f32/128/vk", "bf16/bf16/128/vk", "bf16/f32/128/kv", "f16/f16/128/vk", "bf16/f32/128/vk/kda",
+                    "bf16/f32/128/vk/xmx16", "bf16/f32/128/vk/xmx8")
 # --all: every activation dtype x state dtype x K = V in {64, 128, 256} x layout.
 ALL_VARIANTS = tuple(f"{a}/{s}/{k}/{l}" for a in ("f32", "f16", "bf16") for s in ("f32", "bf16", "f16")
                      for k in (64, 128, 256) for l in ("vk", "kv"))
@@ -63,7 +70,8 @@ warmup(q, Config(**json.loads(sys.argv[1])))
 
 
 def variant_setup(variant: str) -> tuple[dict, dict]:
-    """The Config fields and the environment variables of a variant (see the module's doc)."""
+    """The Config fields and the environment variables of a variant (see the module's doc and
+    MATRIX_TILES)."""
     act, state, k, layout, *extras = variant.split("/")
     cfg = dict(num_k_heads=2, num_v_heads=4, head_k_dim=int(k), head_v_dim=int(k), num_slots=1, conv_width=4,
                act_dtype=act, state_dtype=state, ssm_layout=layout, replay_tokens=2, gate_mode="head")
@@ -72,13 +80,21 @@ def variant_setup(variant: str) -> tuple[dict, dict]:
         name, eq, value = e.partition("=")
         if e == "kda":
             cfg.update(gate_mode="channel", num_v_heads=2)
+        elif e in MATRIX_TILES:
+            env.update(CL_CONFIG_CPU_TARGET_ARCH="sapphirerapids", GDN_XPU_MATRIX_BUILD=MATRIX_TILES[e][0])
         elif eq and name.isupper():
             env[name] = value
         elif eq:
             cfg[name] = int(value) if re.fullmatch(r"-?\d+", value) else value
         else:
-            raise ValueError(f"variant {variant}: unknown extra {e!r} (kda, name=value or NAME=value)")
+            raise ValueError(f"variant {variant}: unknown extra {e!r} (kda, {', '.join(MATRIX_TILES)}, name=value or NAME=value)")
     return cfg, env
+
+
+def variant_devices(variant: str, devices=DEVICES) -> tuple[str, ...]:
+    """The devices of `devices` that a variant is compiled for: those its matrix tile is for, else all."""
+    tiles = [MATRIX_TILES[e][1] for e in variant.split("/")[4:] if e in MATRIX_TILES]
+    return tuple(d for d in devices if all(d in t for t in tiles))
 
 
 @dataclass
@@ -290,7 +306,7 @@ def build(variants, devices=DEVICES, work=None, dump=True, jobs=2, python=sys.ex
 
     def one(fr: FileResult):
         fr.spirv_val_error = spirv_val(tc, fr.spv)
-        for d in devices:
+        for d in (d for d in devices if any(d in variant_devices(v, devices) for v in fr.variants)):
             kernels, log = ocloc(tc, fr.spv, d, fr.spv[:-4] + "_ocl", dump, keep_dump=keep_dumps)
             fr.isa[d] = kernels
             if log.startswith("exit") or set(fr.kernels) - set(kernels):
@@ -317,7 +333,9 @@ def table(results: list[FileResult], devices=DEVICES) -> str:
         vs = ",".join(fr.variants) if len(fr.variants) < 4 else f"{fr.variants[0]} +{len(fr.variants) - 1}"
         for name in fr.kernels:
             for di, d in enumerate(devices):
-                k = fr.isa.get(d, {}).get(name)
+                if d not in fr.isa:  # (a matrix tile's file: compiled for the devices of that tile only)
+                    continue
+                k = fr.isa[d].get(name)
                 cells = ("MISSING", "", "", "", "", "", "") if k is None else (
                     str(k.simd), str(k.grf), str(k.spill), str(k.scratch), str(k.slm), dpas_cell(k),
                     str(k.insts or ""))

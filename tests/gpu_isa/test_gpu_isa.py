@@ -19,8 +19,10 @@ EXPECTED = {"gdn_conv_non_spec", "gdn_conv_spec", "gdn_prep", "gdn_chunk_plan", 
 # replay and walk), the conv, the prep, the chunked prefill and the gated norm.
 HOT = EXPECTED - {"gdn_chunk_plan"}
 # The kernels that must run their products on the matrix engines, per variant (a variant that is not
-# one of isa_table.DEFAULT_VARIANTS is built as well), on every device.
-DPAS: dict[str, set[str]] = {}
+# one of isa_table.DEFAULT_VARIANTS is built as well), on every device the variant is compiled for
+# (isa_table.variant_devices: a matrix tile's devices). Together the two tiles cover bmg, lnl-m, pvc, dg2.
+DPAS: dict[str, set[str]] = {v: {"gdn_chunk_prep", "gdn_chunk_scan"}
+                             for v in ("bf16/f32/128/vk/xmx16", "bf16/f32/128/vk/xmx8")}
 VARIANTS = isa_table.DEFAULT_VARIANTS + tuple(v for v in DPAS if v not in isa_table.DEFAULT_VARIANTS)
 
 
@@ -45,8 +47,8 @@ def kernels(results, variant):
     """(kernel short name, device, KernelIsa) of every kernel the variant builds."""
     for f in results:
         if variant in f.variants:
-            for d in isa_table.DEVICES:
-                for name, k in f.isa[d].items():
+            for d in isa_table.variant_devices(variant):
+                for name, k in f.isa.get(d, {}).items():
                     yield isa_table.short(name), d, k
 
 
@@ -65,7 +67,9 @@ def test_every_kernel_compiles_for_every_device(results):
     # A zero exit code is not enough: every kernel the SPIR-V declares must be in the zebin.
     for f in results:
         assert f.errors == {}, f.spv
-        for d in isa_table.DEVICES:
+        devices = {d for v in f.variants for d in isa_table.variant_devices(v)}
+        assert devices and devices <= set(f.isa), f.spv
+        for d in devices:
             assert set(f.kernels) <= set(f.isa[d]), (f.spv, d)  # (the zebin may add a symbol-table entry)
             for name in f.kernels:
                 assert f.isa[d][name].simd in (8, 16, 32), (name, d)
@@ -77,8 +81,11 @@ def test_hot_kernels_have_no_spill_and_no_scratch(results):
     assert bad == []
 
 
-@pytest.mark.parametrize("variant", sorted(DPAS) or [
-    pytest.param(None, marks=pytest.mark.skip("no variant builds joint_matrix products"))])
+@pytest.mark.parametrize("variant", sorted(DPAS))
 def test_matrix_kernels_use_dpas(results, variant):
     have = {(n, d) for n, d, k in kernels(results, variant) if k.dpas}
-    assert {(n, d) for n in DPAS[variant] for d in isa_table.DEVICES} - have == set()
+    assert {(n, d) for n in DPAS[variant] for d in isa_table.variant_devices(variant)} - have == set()
+
+
+def test_matrix_tiles_cover_every_device():
+    assert {d for v in DPAS for d in isa_table.variant_devices(v)} == set(isa_table.DEVICES)
