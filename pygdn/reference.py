@@ -12,10 +12,10 @@ Every function returns fresh arrays and never mutates its inputs. Plain loops, f
 State caches as engines keep them (gdn_xpu.h "State caches", docs/op.md "State caches as engines
 keep them"): read slots (non_spec_read_state_indices, spec_read_state_indices), block checkpoints
 (checkpoint_interval, checkpoint_cols, non_spec_start_pos, checkpoint_state_indices) and the SSM
-state dtype: a stored state is rounded to state_dtype (round to nearest even) once per store --
-each spec write-back, each checkpoint, the final state of a non-spec sequence -- while the
-computation of the call goes on from the unrounded float64 state; a later call starts from the
-stored (rounded) value.
+state dtype: a stored state is rounded to state_dtype (round to nearest even; "i8" and "f8e4m3"
+with a fresh scale per state row, round_state) once per store -- each spec write-back, each
+checkpoint, the final state of a non-spec sequence -- while the computation of the call goes on
+from the unrounded float64 state; a later call starts from the stored (rounded) value.
 """
 import numpy as np
 
@@ -101,20 +101,125 @@ def gated_rmsnorm(o, z, w, eps=1e-6, act="silu"):
 
 # ----------------------------------------------------------------------------- state dtype
 _FORMATS = {"f32": (24, -125, 128), "bf16": (8, -125, 128), "f16": (11, -13, 16)}  # bits, min exponent, overflow
+_QMAX = {"i8": 127.0, "f8e4m3": 448.0}  # the largest code magnitude of an 8-bit state
 
 
-def round_state(x, dtype):
-    """x rounded to nearest even in `dtype` ("f32" | "bf16" | "f16"; None = no rounding), as float64.
-    Exact from float64: x = m 2^e (0.5 <= |m| < 1) has `bits` significant bits, subnormals share the
-    spacing of the smallest normal binade, magnitudes rounding to >= 2^overflow become inf."""
-    x = _f64(x)
-    if dtype is None:
-        return x
-    bits, emin, emax = _FORMATS[dtype]
+def _to_grid(x, bits, emin, rng=None):
+    """x on the grid of a binary format with `bits` significant bits whose subnormals share the
+    spacing of the smallest normal binade (x = m 2^e, 0.5 <= |m| < 1, e >= emin): round to nearest
+    even, or with rng floor(x / ulp + u) * ulp, u ~ U[0, 1) (one of the two neighbours, unbiased).
+    No overflow handling; non-finite x gives NaN."""
     _, e = np.frexp(x)
     ulp = np.ldexp(1.0, np.maximum(e, emin) - bits)
     with np.errstate(invalid="ignore", over="ignore"):
-        r = np.rint(x / ulp) * ulp
+        if rng is None:
+            return np.rint(x / ulp) * ulp
+        return np.floor(x / ulp + rng.random(np.shape(x))) * ulp
+
+
+def round_e4m3(y, rng=None):
+    """y rounded to an OCP E4M3 ("fn") value as float64: 1 sign, 4 exponent bits (bias 7), 3 mantissa
+    bits, subnormals spaced 2^-9 below 2^-6, largest finite 448, no inf. Round to nearest even
+    (stochastic with rng: the lower or upper neighbour with probability proportional to the
+    distance), then saturate to +-448. The sign of y is kept (-0.0 for small negative y)."""
+    y = _f64(y)
+    r = np.clip(_to_grid(y, 4, -5, rng), -448.0, 448.0)
+    return np.copysign(r, y)
+
+
+def e4m3_to_float(codes):
+    """The float64 value of each OCP E4M3 bit pattern (uint8; all 256): sign bit 7, exponent bits
+    6..3 (bias 7; 0 = subnormal m 2^-9), mantissa bits 2..0. 0x7F and 0xFF are NaN; 0x80 is -0.0."""
+    c = np.asarray(codes).astype(np.int64)
+    e, m = (c >> 3) & 15, (c & 7).astype(np.float64)
+    mag = np.where(e == 0, np.ldexp(m, -9), np.ldexp(1.0 + m / 8.0, e - 7))
+    mag = np.where((c & 0x7F) == 0x7F, np.nan, mag)
+    return np.where(c & 0x80, -mag, mag)
+
+
+def float_to_e4m3(y, rng=None):
+    """The OCP E4M3 bit pattern (uint8) of round_e4m3(y, rng). NaN y is not encoded (ValueError)."""
+    r = round_e4m3(y, rng)
+    if np.isnan(r).any():
+        raise ValueError("float_to_e4m3: NaN has no code here")
+    a = np.abs(r)
+    _, e = np.frexp(a)
+    normal = a >= 2.0 ** -6
+    exp_field = np.where(normal, e + 6, 0)
+    mant = np.where(normal, np.ldexp(a, 4 - e) - 8.0, np.ldexp(a, 9))
+    code = (np.signbit(r).astype(np.int64) << 7) | (exp_field.astype(np.int64) << 3) | mant.astype(np.int64)
+    return code.astype(np.uint8)
+
+
+def quantize_state(x, dtype, rng=None, scale_dtype=np.float64):
+    """An 8-bit state with one scale per row: (codes, scales). x [..., K, V]: a row is the K values
+    of one v (axis -2), so scales is [..., V]. dtype "i8" (codes int8) or "f8e4m3" (codes uint8,
+    OCP E4M3 bit patterns). Per row: amax = max_k |x_k|, Q = 127 (i8) or 448 (f8e4m3),
+    scale = amax / Q, y_k = x_k (Q / amax), code = y rounded to nearest even (i8: an integer,
+    clamped to [-127, 127]; f8e4m3: round_e4m3, saturating at +-448); amax == 0: scale 0, codes 0.
+    With rng (a numpy Generator) y is rounded stochastically (floor(y / spacing + u) * spacing).
+    value = code * scale (dequantize_state).
+    scale_dtype np.float32 does the arithmetic of the kernels, in f32: amax of f32(x),
+    scale = f32(amax / Q), y = f32(f32(x) * f32(Q / amax)); the scales come back as float32 (a kernel
+    input). A row holding inf or NaN gets scale NaN and codes 0."""
+    if dtype not in _QMAX:
+        raise ValueError("quantize_state: dtype must be 'i8' or 'f8e4m3'")
+    Q = _QMAX[dtype]
+    if scale_dtype == np.float32:
+        x32 = np.asarray(x, dtype=np.float32)
+        amax = np.max(np.abs(x32), axis=-2)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            scale = (amax / np.float32(Q)).astype(np.float32)
+            inv = (np.float32(Q) / amax).astype(np.float32)
+            y = (x32 * inv[..., None, :]).astype(np.float64)
+    elif scale_dtype == np.float64:
+        x = _f64(x)
+        amax = np.max(np.abs(x), axis=-2)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            scale = amax / Q
+            y = x * (Q / amax)[..., None, :]
+    else:
+        raise ValueError("quantize_state: scale_dtype must be np.float64 or np.float32")
+    bad = ~np.isfinite(amax)
+    zero = (amax == 0) | bad
+    y = np.where(zero[..., None, :], 0.0, y)
+    scale = np.where(bad, np.nan, np.where(amax == 0, 0.0, scale)).astype(scale.dtype)
+    if dtype == "i8":
+        r = np.floor(y + rng.random(y.shape)) if rng is not None else np.rint(y)
+        codes = np.clip(r, -Q, Q).astype(np.int8)
+    else:
+        codes = float_to_e4m3(y, rng)
+    return codes, scale
+
+
+def dequantize_state(codes, scales, dtype):
+    """The float64 values of an 8-bit state: code * scale, codes [..., K, V], scales [..., V]
+    (the kernels take the product in f32)."""
+    if dtype == "i8":
+        c = np.asarray(codes).astype(np.float64)
+    elif dtype == "f8e4m3":
+        c = e4m3_to_float(codes)
+    else:
+        raise ValueError("dequantize_state: dtype must be 'i8' or 'f8e4m3'")
+    return c * np.asarray(scales, dtype=np.float64)[..., None, :]
+
+
+def round_state(x, dtype, rng=None):
+    """x as stored in `dtype`, as float64 (None = no rounding).
+    "f32" | "bf16" | "f16": rounded to nearest even, exact from float64: x = m 2^e (0.5 <= |m| < 1)
+    has `bits` significant bits, subnormals share the spacing of the smallest normal binade,
+    magnitudes rounding to >= 2^overflow become inf.
+    "i8" | "f8e4m3": x [..., K, V] quantized with one scale per row (axis -2, the K values of one v)
+    and dequantized: dequantize_state(*quantize_state(x, dtype, rng), dtype).
+    rng (a numpy Generator): stochastic rounding instead of round to nearest even."""
+    x = _f64(x)
+    if dtype is None:
+        return x
+    if dtype in _QMAX:
+        return dequantize_state(*quantize_state(x, dtype, rng), dtype)
+    bits, emin, emax = _FORMATS[dtype]
+    r = _to_grid(x, bits, emin, rng)
+    with np.errstate(invalid="ignore"):
         r = np.where(np.abs(r) >= 2.0 ** emax, np.copysign(np.inf, x), r)
     return np.where(np.isfinite(x), r, x)
 
@@ -277,7 +382,7 @@ def _delta_step(S, q, k, v, g, beta):
 
 
 def gated_delta_rule(qkv, g, beta, ssm_state, batch, H, HV, K, V, scale=None, l2norm_qk=True,
-                     l2_mode="rsqrt", eps=1e-6, state_dtype=None):
+                     l2_mode="rsqrt", eps=1e-6, state_dtype=None, state_rng=None):
     """Gated delta rule over the mixed batch (plain token recurrence everywhere).
 
     qkv [rows, 2*H*K + HV*V] (conv output); g, beta [rows, HV] (KDA: g [rows, HV, K], a decay per
@@ -289,7 +394,9 @@ def gated_delta_rule(qkv, g, beta, ssm_state, batch, H, HV, K, V, scale=None, l2
     boundary token. Spec: initial = ssm[read slot] if spec_read_state_indices is given (pad:
     zeros), else ssm[cols[A-1]] (pad: sequence skipped, outputs zero, no writes); the state after
     token t is written to cols[t] unless pad. Reads use the input ssm_state. Every stored state
-    is round_state(S, state_dtype); the recurrence continues from the unrounded S.
+    is round_state(S, state_dtype, state_rng) (S [HV, K, V]: an 8-bit state has a scale per
+    (v-head, v)); the recurrence continues from the unrounded S. state_rng (a numpy Generator):
+    stochastic rounding of the stores.
     """
     qkv, g, beta = _f64(qkv), _f64(g), _f64(beta)
     rows_n = qkv.shape[0]
@@ -311,7 +418,7 @@ def gated_delta_rule(qkv, g, beta, ssm_state, batch, H, HV, K, V, scale=None, l2
             o[r, h] = _delta_step(S[h], q[r, h // grp], k[r, h // grp], v[r, h], g[r, h],
                                   beta[r, h])
 
-    store = lambda S: round_state(S, state_dtype)  # noqa: E731
+    store = lambda S: round_state(S, state_dtype, state_rng)  # noqa: E731
     for _, slot, read, rows, hs, checkpoints in _non_spec_sequences(batch):
         if is_pad(slot) or len(rows) == 0:  # graph padding / zero-length: nothing read, nothing written
             continue
@@ -340,16 +447,18 @@ def gated_delta_rule(qkv, g, beta, ssm_state, batch, H, HV, K, V, scale=None, l2
 def gdn_attention(mixed_qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_state, ssm_state,
                   batch, H, HV, K, V, spec_layout="snapshot", z=None, norm_weight=None,
                   norm_eps=1e-6, silu=True, scale=None, l2norm_qk=True, l2_mode="rsqrt",
-                  l2_eps=1e-6, state_dtype=None, lower_bound=0.0, out_gate="silu"):
+                  l2_eps=1e-6, state_dtype=None, lower_bound=0.0, out_gate="silu", state_rng=None):
     """The whole op: causal_conv1d -> gates -> gated delta rule (-> gated RMSNorm if z given).
-    z [rows, HV*V] or [rows, HV, V]; norm_weight [V]; state_dtype rounds the stored SSM states.
+    z [rows, HV*V] or [rows, HV, V]; norm_weight [V]; state_dtype rounds the stored SSM states
+    (state_rng: stochastically).
     KDA: a [rows, HV*K] and dt_bias [HV*K] (gates), out_gate "sigmoid".
     Returns (out [rows, HV, V], new_conv_state, new_ssm_state)."""
     conv_out, new_conv = causal_conv1d(mixed_qkv, conv_weight, conv_bias, conv_state, batch,
                                        spec_layout=spec_layout, silu=silu)
     g, beta = gates(a, b, A_log, dt_bias, lower_bound)
     o, new_ssm = gated_delta_rule(conv_out, g, beta, ssm_state, batch, H, HV, K, V, scale=scale,
-                                  l2norm_qk=l2norm_qk, l2_mode=l2_mode, eps=l2_eps, state_dtype=state_dtype)
+                                  l2norm_qk=l2norm_qk, l2_mode=l2_mode, eps=l2_eps, state_dtype=state_dtype,
+                                  state_rng=state_rng)
     if z is not None:
         o = gated_rmsnorm(o, _f64(z).reshape(o.shape), norm_weight, norm_eps, out_gate)
     return o, new_conv, new_ssm

@@ -1,10 +1,12 @@
 """pygdn/reference.py checked against itself, so that the suite's float64 reference is a reference:
 its chunked and recurrent forms, its batched op and its single-head walks, MTP steps against one
-prefill, and the state-cache rules (read slots, block checkpoints, rounding once per store)."""
+prefill, the state-cache rules (read slots, block checkpoints, rounding once per store) and the
+8-bit state formats (i8 and OCP E4M3 codes with a scale per state row)."""
 import numpy as np
 
-from pygdn.reference import (causal_conv1d, chunked_gated_delta_rule, gated_delta_rule, gated_rmsnorm, gates,
-                             gdn_attention, l2norm, recurrent_single, round_state)
+from pygdn.reference import (causal_conv1d, chunked_gated_delta_rule, dequantize_state, e4m3_to_float,
+                             float_to_e4m3, gated_delta_rule, gated_rmsnorm, gates, gdn_attention, l2norm,
+                             quantize_state, recurrent_single, round_e4m3, round_state)
 
 
 def test_reference_self_consistency():
@@ -229,3 +231,171 @@ def _state_caches(rng):
     oo, cc, ss = run("rolled", [7, 8], dict(num_spec_decodes=1, num_spec=NS, num_actual_tokens=2, spec_query_start_loc=[0, 2],
                                             spec_state_indices=[[0, 5, 6]], num_accepted_tokens=[1]), conv0, ssm0)
     assert np.abs(oo - o[7:9]).max() < 1e-12 and np.abs(ss[5] - s1[5]).max() < 1e-12
+
+
+class _Edge:
+    """A stand-in for a numpy Generator whose random() is always `u`: stochastic rounding then picks
+    the lower neighbour (u = 0) or, for any value off the grid, the upper one (u just below 1)."""
+    def __init__(self, u):
+        self.u = u
+
+    def random(self, shape):
+        return np.full(shape, self.u)
+
+
+def test_e4m3_codes():
+    """Every OCP E4M3 bit pattern: its value, and the pattern back from the value."""
+    c = np.arange(256, dtype=np.uint8)
+    v = e4m3_to_float(c)
+    nan = np.isnan(v)
+    assert list(np.flatnonzero(nan)) == [0x7F, 0xFF]
+    assert np.array_equal(float_to_e4m3(v[~nan]), c[~nan]), "every code round-trips"
+    assert np.array_equal(round_e4m3(v[~nan]), v[~nan]) and np.array_equal(e4m3_to_float(c[0x80:]), -e4m3_to_float(c[:0x80]), equal_nan=True)
+    expect = {0x00: 0.0, 0x01: 2.0 ** -9, 0x07: 7 * 2.0 ** -9, 0x08: 2.0 ** -6, 0x09: 1.125 * 2.0 ** -6, 0x38: 1.0,
+              0x39: 1.125, 0x3F: 1.875, 0x40: 2.0, 0x77: 240.0, 0x78: 256.0, 0x7E: 448.0, 0xFE: -448.0, 0xB8: -1.0}
+    for code, value in expect.items():
+        assert v[code] == value, hex(code)
+    assert v[0x80] == 0.0 and np.signbit(v[0x80]) and float_to_e4m3(-0.0) == 0x80
+    assert np.all(np.diff(v[:0x7F]) > 0), "codes 0x00..0x7E increase"
+    assert len(np.unique(v[~nan])) == 253
+
+
+def test_e4m3_rounding():
+    """Round to nearest, ties to the even mantissa, in the normal and the subnormal range; saturation
+    at +-448 (no inf); stochastic rounding lands on a neighbour."""
+    s = 2.0 ** -9
+    cases = [(1 + 1 / 16, 1.0), (1.125 + 1 / 16, 1.25), (1 + 1 / 16 + 1e-12, 1.125), (-(1 + 3 / 16), -1.25),
+             (0.5 * s, 0.0), (0.5 * s + 1e-15, s), (1.5 * s, 2 * s), (2.5 * s, 2 * s), (7.5 * s, 2.0 ** -6),
+             (400.0, 384.0), (432.0, 448.0), (440.0, 448.0), (464.0, 448.0), (500.0, 448.0), (1e30, 448.0),
+             (-1e30, -448.0), (np.inf, 448.0), (-np.inf, -448.0), (2.0 ** -12, 0.0)]
+    x = np.array([c[0] for c in cases])
+    assert np.array_equal(round_e4m3(x), [c[1] for c in cases])
+    assert np.signbit(round_e4m3(-2.0 ** -12))
+    y = np.array([1.03, 1.0, -1.03, 300.0, 0.3 * s, 447.0])
+    assert np.array_equal(round_e4m3(y, _Edge(0.0)), [1.0, 1.0, -1.125, 288.0, 0.0, 416.0])
+    assert np.array_equal(round_e4m3(y, _Edge(1 - 2.0 ** -40)), [1.125, 1.0, -1.0, 320.0, s, 448.0])
+
+
+def test_quantize_state_i8():
+    """i8 rows: ties to even, a zero row, the amax element at exactly +-127 (never -128), the clamp."""
+    x = np.zeros((2, 8, 1))
+    x[0, :, 0] = [127.0, 0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5]  # scale 1: y = x
+    codes, scales = quantize_state(x, "i8")
+    assert codes.dtype == np.int8 and scales.shape == (2, 1)
+    assert list(codes[0, :, 0]) == [127, 0, 2, 2, 0, -2, -2, 126] and scales[0, 0] == 1.0
+    assert not codes[1].any() and scales[1, 0] == 0.0, "amax 0: scale 0, codes 0"
+    assert np.array_equal(round_state(x, "i8"), np.rint(x))
+    xn = np.array([[-3.0], [1.0], [2.0]])
+    c, sc = quantize_state(xn, "i8")
+    assert list(c[:, 0]) == [-127, 42, 85] and sc[0] == 3.0 / 127
+    # amax = 1.01134: x * (127 / amax) is 127 + 2^-46 in float64; u near 1 would give 128
+    a = 1.01134
+    assert a * (127.0 / a) > 127.0
+    c, _ = quantize_state(np.array([[a], [-a], [a / 3]]), "i8", rng=_Edge(1 - 2.0 ** -40))
+    assert list(c[:, 0]) == [127, -127, 43]
+
+
+def test_quantize_state_rows():
+    """One scale per (..., v) over axis -2; a power-of-two factor on one column scales only that
+    column's scale; dequantize_state inverts the codes; the float32 path (the kernels' f32
+    arithmetic) gives f32 scales and the same codes up to one step."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 3, 16, 5))
+    f = 2.0 ** np.array([-20, 0, 3, 40, -3])
+    for dt, Q in (("i8", 127.0), ("f8e4m3", 448.0)):
+        codes, scales = quantize_state(x, dt)
+        assert codes.shape == x.shape and scales.shape == (2, 3, 5)
+        assert np.array_equal(scales, np.abs(x).max(axis=-2) / Q)
+        codes2, scales2 = quantize_state(x * f, dt)
+        assert np.array_equal(codes2, codes) and np.array_equal(scales2, scales * f)
+        assert np.array_equal(round_state(x * f, dt), round_state(x, dt) * f)
+        vals = dequantize_state(codes, scales, dt)
+        assert np.array_equal(vals, round_state(x, dt))
+        # the largest error: half the largest code step, relative to amax (i8: 0.5 / 127, e4m3: 16 / 448),
+        # and for e4m3 also half a step relative to the value itself above the subnormals (2^-4)
+        err = np.abs(vals - x) / np.abs(x).max(axis=-2, keepdims=True)
+        assert err.max() <= (0.5 / 127 if dt == "i8" else 16 / 448) * (1 + 1e-12), err.max()
+        if dt == "f8e4m3":
+            normal = np.abs(x) / scales[..., None, :] >= 2.0 ** -6
+            assert (np.abs(vals - x) / np.abs(x))[normal].max() <= 2.0 ** -4 * (1 + 1e-12)
+        c32, s32 = quantize_state(x, dt, scale_dtype=np.float32)
+        assert s32.dtype == np.float32
+        assert np.array_equal(s32, np.abs(x.astype(np.float32)).max(axis=-2) / np.float32(Q))
+        v32 = dequantize_state(c32, s32, dt)
+        assert np.abs(v32 - vals).max() <= np.max(scales) * (1 if dt == "i8" else 32) + 1e-12
+        assert np.mean(c32 != codes) < 0.01
+    # a column's outlier leaves the other columns' codes alone
+    y = x.copy()
+    y[..., 4, 2] = 1e6
+    for dt in ("i8", "f8e4m3"):
+        c1, _ = quantize_state(x, dt)
+        c2, _ = quantize_state(y, dt)
+        cols = [0, 1, 3, 4]
+        assert np.array_equal(c1[..., cols], c2[..., cols])
+
+
+def test_stochastic_rounding_unbiased():
+    """Stochastic rounding: every result is one of the two neighbours of x; the mean of n draws
+    is x within 5 standard deviations of a mean of n Bernoulli draws (p = distance / spacing);
+    round to nearest is one of the neighbours as well."""
+    rng = np.random.default_rng(11)
+    n, K, V = 4000, 16, 4
+    row = rng.standard_normal((K, V))
+    row[3, 1] = 0.0
+    finite = np.sort(np.unique(e4m3_to_float(np.arange(256))[~np.isnan(e4m3_to_float(np.arange(256)))]))
+    for dt, Q in (("i8", 127.0), ("f8e4m3", 448.0)):
+        x = np.broadcast_to(row, (n, K, V))
+        vals = round_state(x, dt, rng=rng)
+        scale = np.abs(row).max(axis=0) / Q
+        y = row / scale
+        if dt == "i8":
+            lo, hi = np.floor(y), np.ceil(y)
+        else:
+            lo = finite[np.searchsorted(finite, y, side="right") - 1]
+            hi = finite[np.searchsorted(finite, y, side="left")]
+        lo, hi = lo * scale, hi * scale
+        assert np.all((vals == lo) | (vals == hi)), dt
+        width = hi - lo
+        p = np.where(width > 0, (row - lo) / np.where(width > 0, width, 1), 0)
+        sigma = width * np.sqrt(p * (1 - p) / n)
+        assert np.all(np.abs(vals.mean(axis=0) - row) <= 5 * sigma + 1e-12), dt
+        assert np.all(vals[:, 3, 1] == 0.0)
+        rne = round_state(row, dt)
+        assert np.all((rne == lo) | (rne == hi))
+        # both neighbours occur wherever the value is off the grid
+        off = width > 0
+        assert np.all((vals == lo[None]).any(axis=0)[off] & (vals == hi[None]).any(axis=0)[off])
+    b = round_state(np.full(n, 1 + 2.0 ** -9), "bf16", rng=rng)  # a quarter of the way from 1 to 1 + 2^-7
+    assert set(b) == {1.0, 1 + 2.0 ** -7} and abs(b.mean() - (1 + 2.0 ** -9)) < 5 * 2.0 ** -7 * np.sqrt(3 / 16 / n)
+
+
+def test_delta_rule_8bit_states():
+    """gated_delta_rule with an 8-bit state: outputs of the call as without rounding, each stored state
+    the exact one rounded once with a scale per (v-head, v), a later call from the stored value;
+    with state_rng the stored state is one of the two neighbours per element."""
+    rng = np.random.default_rng(5)
+    H, HV, K, V, T = 1, 2, 8, 4, 5
+    qkv = rng.standard_normal((T, 2 * H * K + HV * V))
+    g, beta = -rng.uniform(0.01, 1, (T, HV)), rng.uniform(0, 1, (T, HV))
+    ssm0 = rng.standard_normal((3, HV, K, V))
+    pre = dict(num_prefills=1, num_actual_tokens=T, non_spec_query_start_loc=[0, T], non_spec_state_indices=[1],
+               non_spec_read_state_indices=[0], has_initial_state=[1])
+    o, s = gated_delta_rule(qkv, g, beta, ssm0, pre, H, HV, K, V)
+    for dt, Q in (("i8", 127.0), ("f8e4m3", 448.0)):
+        o8, s8 = gated_delta_rule(qkv, g, beta, ssm0, pre, H, HV, K, V, state_dtype=dt)
+        assert np.array_equal(o8, o) and np.array_equal(s8[[0, 2]], ssm0[[0, 2]])
+        assert np.array_equal(s8[1], round_state(s[1], dt))
+        codes, scales = quantize_state(s[1], dt)
+        assert scales.shape == (HV, V) and np.array_equal(scales, np.abs(s[1]).max(axis=1) / Q)
+        assert np.abs(s8[1] - s[1]).max() > 0
+        # a decode from the stored state: its first token sees the rounded state
+        dec = dict(num_decodes=1, num_actual_tokens=1, non_spec_query_start_loc=[0, 1], non_spec_state_indices=[2],
+                   non_spec_read_state_indices=[1])
+        od, _ = gated_delta_rule(qkv[:1], g[:1], beta[:1], s8, dec, H, HV, K, V, state_dtype=dt)
+        oe, _ = gated_delta_rule(qkv[:1], g[:1], beta[:1], s8, dec, H, HV, K, V)
+        assert np.array_equal(od, oe)
+        osr, ssr = gated_delta_rule(qkv, g, beta, ssm0, pre, H, HV, K, V, state_dtype=dt, state_rng=rng)
+        assert np.array_equal(osr, o)
+        lo = round_state(s[1], dt, rng=_Edge(0.0))
+        hi = round_state(s[1], dt, rng=_Edge(1 - 2.0 ** -40))
+        assert np.all((ssr[1] == lo) | (ssr[1] == hi)) and np.all(lo <= s[1] + 1e-12) and np.all(s[1] <= hi + 1e-12)
