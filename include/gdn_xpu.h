@@ -65,7 +65,9 @@
  *    2 (adds the packed projections -- packed_order; qkvz through z_out_stride -- and replay mode
  *    -- replay_tokens; replay_ring, replay_count: "Replay mode" below), 3 (adds the gate modes --
  *    gate_mode, out_gate, gate_lower_bound; b_stride). gdn_tensors_t version 4 adds dt_bias_dtype;
- *    gdn_config_t version 4 adds prefill_precision (and reserved1).
+ *    gdn_config_t version 4 adds prefill_precision (and reserved1). Version 5 of both adds the 8-bit
+ *    SSM state: gdn_config_t ssm_scale_slot_stride, state_rounding (and reserved2); gdn_tensors_t
+ *    ssm_scale.
  *
  * Python (pygdn) reads the text between GDN_CDEF_BEGIN and GDN_CDEF_END with cffi, so that
  * region holds plain C declarations only: no #if, no function-like macros.
@@ -132,8 +134,20 @@ typedef enum gdn_status {
 typedef enum gdn_dtype {
   GDN_DTYPE_F32 = 1,
   GDN_DTYPE_F16 = 2,
-  GDN_DTYPE_BF16 = 3
+  GDN_DTYPE_BF16 = 3,
+  /* 8-bit SSM states (state_dtype only), one f32 scale per state row in tensors->ssm_scale
+   * ("State dtype" below): */
+  GDN_DTYPE_I8 = 4,      /* int8, symmetric: codes -127..127                                  */
+  GDN_DTYPE_F8E4M3 = 5   /* OCP FP8 E4M3 (finite, saturating: |value| <= 448 x scale), bytes  */
 } gdn_dtype_t;
+
+/* How an 8-bit state is rounded when stored (gdn_config_t.state_rounding). */
+typedef enum gdn_state_rounding {
+  GDN_ROUND_NEAREST = 0,    /* round to nearest even (the default)                             */
+  GDN_ROUND_STOCHASTIC = 1  /* down or up with probability by distance; the random bits a pure
+                               function of (v-head, state row, element, the row's new scale):
+                               deterministic, batch invariant, the same in graph replays     */
+} gdn_state_rounding_t;
 
 /* ssm_state layout, per slot and v-head. */
 typedef enum gdn_ssm_layout {
@@ -294,11 +308,19 @@ enum {
  * checkpoint (read slot = that slot, start_pos = its position; a spec continuation with A = 1)
  * continues exactly as the unbroken run. Spec sequences store no checkpoints.
  *
- * State dtype (gdn_config_t.state_dtype: F32, BF16 or F16 for ssm_state; conv_state is always in
- * act_dtype). The math is f32: a state is widened when loaded and rounded to nearest even when
- * stored, once per stored state (each spec write-back, each checkpoint, the final state of a
+ * State dtype (gdn_config_t.state_dtype: F32, BF16, F16, I8 or F8E4M3 for ssm_state; conv_state is
+ * always in act_dtype). The math is f32: a state is widened when loaded and rounded to nearest even
+ * when stored, once per stored state (each spec write-back, each checkpoint, the final state of a
  * decode or prefill), never per chunk or per token inside a call. F16 states overflow to inf
- * above 65504; BF16 keeps f32's range with 8 significant bits. */
+ * above 65504; BF16 keeps f32's range with 8 significant bits.
+ * 8-bit states (I8, F8E4M3) hold codes with one f32 scale per state ROW -- the K values of one v
+ * index: a row S[v, :] of the vk layout, a column S[:, v] of kv -- in tensors->ssm_scale,
+ * [num_slots, HV, V] f32 with slot stride cfg->ssm_scale_slot_stride (0 = HV*V); value = code x
+ * scale. Each store of a row takes a fresh scale from that row's largest magnitude m: scale =
+ * m / 127 (I8) or m / 448 (F8E4M3), codes = the row x (127 or 448) / m rounded to int8 or to E4M3
+ * (cfg->state_rounding: nearest even, or stochastic), m = 0: scale 0 and zero codes. A row's scale
+ * is written with its codes and read with them: a pad slot's neither. Replay mode
+ * (cfg->replay_tokens > 0) takes no 8-bit state (GDN_ERROR_UNSUPPORTED). */
 
 /* Replay mode ("lazy commit" spec decoding: cfg->replay_tokens > 0; docs/op.md "Replay mode")
  * -------------------------------------------------------------------------------------------
@@ -375,6 +397,10 @@ typedef struct gdn_config {
   /* ---- version 4: prefill precision (a version-3 caller gets GDN_PREFILL_AUTO) ---- */
   int32_t prefill_precision; /* gdn_prefill_precision_t of the chunked prefill's products      */
   int32_t reserved1;        /* 0 (version 4 ends past version 3's padded size, 112 bytes on LP64) */
+  /* ---- version 5: 8-bit SSM states ("State dtype" above; a version-4 caller gets 0, NEAREST) ---- */
+  int64_t ssm_scale_slot_stride; /* f32 elements between ssm_scale slots; 0 = HV*V             */
+  int32_t state_rounding;   /* gdn_state_rounding_t of 8-bit state stores (others: NEAREST only) */
+  int32_t reserved2;        /* 0                                                              */
 } gdn_config_t;
 
 /* One step's mixed batch: prefills + plain decodes (the "non-spec" sequences) and speculative
@@ -489,6 +515,10 @@ typedef struct gdn_tensors {
                                   (vLLM keeps dt_bias in the model's dtype, as vllm-xpu-kernels
                                   takes it); any other value: GDN_ERROR_BAD_DTYPE. The kernels read
                                   it where they read the gates: no conversion launch             */
+  /* ---- version 5 (a version-4 caller gets NULL) ---- */
+  float *ssm_scale;            /* [num_slots, HV, V] f32, slot stride cfg->ssm_scale_slot_stride:
+                                  the scales of an I8 / F8E4M3 ssm_state (read and written with
+                                  it); NULL with other state dtypes                            */
 } gdn_tensors_t;
 
 /* ---- library information ---- */

@@ -15,7 +15,9 @@ TENSORS_P = _ffi.typeof("gdn_tensors_t *")
 # the types above on the per-step paths (rebind, a bound batch): ~0.3 µs a call less each.
 cast, new = _ffi._backend.cast, _ffi._backend.newp
 
-DTYPES = {"f32": _lib.GDN_DTYPE_F32, "f16": _lib.GDN_DTYPE_F16, "bf16": _lib.GDN_DTYPE_BF16}
+DTYPES = {"f32": _lib.GDN_DTYPE_F32, "f16": _lib.GDN_DTYPE_F16, "bf16": _lib.GDN_DTYPE_BF16, "i8": _lib.GDN_DTYPE_I8,
+          "f8e4m3": _lib.GDN_DTYPE_F8E4M3}  # (i8, f8e4m3: state dtypes only)
+STATE_ROUNDING = {"nearest": _lib.GDN_ROUND_NEAREST, "stochastic": _lib.GDN_ROUND_STOCHASTIC}
 SSM_LAYOUTS = {"kv": _lib.GDN_SSM_KV, "vk": _lib.GDN_SSM_VK}
 CONV_LAYOUTS = {"dim_major": _lib.GDN_CONV_DIM_MAJOR, "time_major": _lib.GDN_CONV_TIME_MAJOR}
 CONV_SPEC = {"snapshot": _lib.GDN_CONV_SPEC_SNAPSHOT, "rolled": _lib.GDN_CONV_SPEC_ROLLED}

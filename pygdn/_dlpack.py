@@ -42,7 +42,7 @@ _DEVICE_NAMES = {1: "kDLCPU", 2: "kDLCUDA", 3: "kDLCUDAHost", 4: "kDLOpenCL", 7:
 # (type code, bits) -> pygdn dtype name. Codes: kDLInt 0, kDLUInt 1, kDLFloat 2, kDLBfloat 4, kDLBool 6.
 # uint16 is taken as bf16 bit patterns, as on the SUAI path.
 # int64 is named only to be refused by name (the ABI's index arrays are int32).
-DTYPES = {(2, 32): "f32", (2, 16): "f16", (4, 16): "bf16", (1, 16): "bf16", (0, 32): "i32", (1, 8): "u8", (6, 8): "u8",
+DTYPES = {(2, 32): "f32", (2, 16): "f16", (4, 16): "bf16", (1, 16): "bf16", (0, 32): "i32", (0, 8): "i8", (1, 8): "u8", (6, 8): "u8",
           (0, 64): "i64"}
 
 # Own prototypes of the capsule API (ctypes.pythonapi's function objects are shared process-wide:
@@ -227,7 +227,7 @@ def torch_host_view(obj, queue):
             or obj.layout is not torch.strided or obj.is_conj() or obj.is_neg() or not host_memory_ok(queue)):
         return None
     if not _TORCH_DTYPES:
-        _TORCH_DTYPES.update({torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.int32: "i32",
+        _TORCH_DTYPES.update({torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.int32: "i32", torch.int8: "i8",
                               torch.uint8: "u8", torch.bool: "u8", torch.int64: "i64"})
     dtype = _TORCH_DTYPES.get(obj.dtype)
     if dtype is None:

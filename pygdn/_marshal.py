@@ -55,14 +55,14 @@ _lib.gdn_tensors_init(TENSORS_INIT)
 
 
 # The arrays a call writes (but gdn_gated_delta_rule reads conv_out).
-WRITTEN = frozenset(("conv_state", "conv_out", "ssm_state", "core_attn_out", "workspace", "z_out", "replay_ring",
+WRITTEN = frozenset(("conv_state", "conv_out", "ssm_state", "ssm_scale", "core_attn_out", "workspace", "z_out", "replay_ring",
                       "replay_count"))
 # Arrays whose leading stride is free: token arrays (their gdn_tensors_t row-stride field) and the
 # caches (the slot stride of the config, which the array must match: engines page their caches).
 ROW_STRIDES = {"mixed_qkv": "mixed_qkv_stride", "conv_out": "conv_out_stride", "a": "ab_stride", "b": "b_stride",
                 "core_attn_out": "out_stride", "z": "z_stride", "qkvz": "qkvz_stride", "ba": "ba_stride",
                 "z_out": "z_out_stride"}
-SLOT_STRIDES = {"conv_state": "conv_slot_stride", "ssm_state": "ssm_slot_stride"}
+SLOT_STRIDES = {"conv_state": "conv_slot_stride", "ssm_state": "ssm_slot_stride", "ssm_scale": "ssm_scale_slot_stride"}
 
 
 def marshal(fn, queue, cfg: Config, batch, arrays: dict):
@@ -132,6 +132,8 @@ def marshal_arrays(fn, queue, cfg: Config, rows: int, arrays: dict, c_t, bound: 
                 elif got != dtype:
                     raise TypeError(f"dt_bias: dtype {got}, expected f32 or act_dtype ({cfg.act_dtype!r})")
                 c_t.dt_bias_dtype = _DTYPES[dtype]
+            if dtype == "f8e4m3" and got == "u8":  # (E4M3 codes: uint8 bit patterns, as bf16's are uint16)
+                got = dtype
             if got != dtype:
                 if field in ("A_log", "g", "beta"):
                     raise TypeError(f"{field}: dtype {got}, expected f32 (the ABI's gate parameters are f32 whatever "

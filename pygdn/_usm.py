@@ -21,7 +21,7 @@ from . import _dlpack
 # uint16, made with to_bf16_bits(). Typestrs are compared as dtypes: producers differ in the
 # byte-order character (dpnp 0.20 writes '|i4', numpy '<i4').
 DTYPE_NAMES = {_np.dtype(_np.float32): "f32", _np.dtype(_np.float16): "f16", _np.dtype(_np.uint16): "bf16",
-               _np.dtype(_np.int32): "i32", _np.dtype(_np.uint8): "u8", _np.dtype(_np.bool_): "u8",
+               _np.dtype(_np.int32): "i32", _np.dtype(_np.int8): "i8", _np.dtype(_np.uint8): "u8", _np.dtype(_np.bool_): "u8",
                _np.dtype(_np.int64): "i64"}  # (i64: named only to be refused by name; the ABI's indices are int32)
 NUMPY_DTYPES = {name: dt for dt, name in DTYPE_NAMES.items() if dt.kind != "b"}  # gdn dtype name -> numpy
 

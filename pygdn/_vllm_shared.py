@@ -31,6 +31,17 @@ def vllm_conventions():
     return _vllm["null"], "dim_major" if dim_first is not None and dim_first() else "time_major"
 
 
+# Why the vLLM bindings take no 8-bit SSM cache (pygdn's own calls do: Config(state_dtype="i8" or "f8e4m3")).
+STATE_8BIT_REFUSED = ("an 8-bit SSM cache needs one f32 scale per state row beside it (ssm_scale [slots, HV, V], "
+                      "updated with the state), and vLLM passes none to this op (vLLM #52962 proposes such a cache): "
+                      "serve with a float32, float16 or bfloat16 mamba_ssm_cache_dtype")
+
+
+def state_8bit(dtype):
+    """Whether a torch dtype is one of the 8-bit state dtypes the library has (int8, float8 e4m3)."""
+    return str(dtype) in ("torch.int8", "torch.float8_e4m3fn")
+
+
 def dtype_name(dtype):
     """pygdn's name of a torch dtype ("f32", "f16", "bf16"), None for the others."""
     return _TORCH_DTYPES.get(str(dtype))

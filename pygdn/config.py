@@ -7,7 +7,7 @@ import dataclasses as _dc
 from ._lib import ffi as _ffi, lib as _lib
 from ._c import (DTYPES as _DTYPES, SSM_LAYOUTS as _SSM_LAYOUTS, CONV_LAYOUTS as _CONV_LAYOUTS,
                  CONV_SPEC as _CONV_SPEC, PACKED as _PACKED, GATE_MODES as _GATE_MODES, OUT_GATES as _OUT_GATES,
-                 PREFILL_PRECISIONS as _PREFILL_PRECISIONS,
+                 PREFILL_PRECISIONS as _PREFILL_PRECISIONS, STATE_ROUNDING as _STATE_ROUNDING,
                  choice as _choice, int32 as _int32, int64 as _int64, float_field as _float)
 
 
@@ -29,7 +29,7 @@ class Config:
     num_slots: int
     conv_width: int = 4
     act_dtype: str = "bf16"            # "f32" | "f16" | "bf16" (bf16 arrays hold uint16 bit patterns)
-    state_dtype: str = "f32"           # of ssm_state: "f32" | "bf16" | "f16"
+    state_dtype: str = "f32"           # of ssm_state: "f32" | "bf16" | "f16" | "i8" | "f8e4m3" (8-bit: + ssm_scale)
     ssm_layout: str = "vk"             # "kv": [slots, HV, K, V]; "vk": [slots, HV, V, K]
     conv_layout: str = "time_major"    # "dim_major": [slots, conv_dim, state_len]; "time_major": transposed
     conv_spec_layout: str = "rolled"   # "snapshot" | "rolled"
@@ -57,6 +57,11 @@ class Config:
     # the library can use one, else emulated) or "auto" (bf16 for bf16 / f16 activations on XMX, else f32).
     # pygdn.prefill_path(queue, cfg) says which a config takes on a device.
     prefill_precision: str = "auto"
+    # 8-bit states (state_dtype "i8" / "f8e4m3"; gdn_xpu.h "State dtype"): the calls take ssm_scale
+    # [num_slots, HV, V] f32 (ssm_scale_shape), one scale per state row; slot stride (0 = dense) and
+    # the stores' rounding, "nearest" or "stochastic".
+    ssm_scale_slot_stride: int = 0
+    state_rounding: str = "nearest"
 
     @property
     def gate_k(self) -> int:
@@ -82,6 +87,11 @@ class Config:
         k, v = self.head_k_dim, self.head_v_dim
         inner = (k, v) if self.ssm_layout == "kv" else (v, k)
         return (self.num_slots, self.num_v_heads) + inner
+
+    @property
+    def ssm_scale_shape(self):
+        """Shape of ssm_scale (f32) for 8-bit states: [num_slots, HV, V], one scale per state row."""
+        return (self.num_slots, self.num_v_heads, self.head_v_dim)
 
     @property
     def replay_token_floats(self) -> int:
@@ -145,7 +155,8 @@ class Config:
         c.out_gate = _choice(_OUT_GATES, self.out_gate, "out_gate")
         c.gate_lower_bound = _float(self.gate_lower_bound, "cfg.gate_lower_bound")
         c.prefill_precision = _choice(_PREFILL_PRECISIONS, self.prefill_precision, "prefill_precision")
-        for f in ("conv_slot_stride", "ssm_slot_stride"):
+        c.state_rounding = _choice(_STATE_ROUNDING, self.state_rounding, "state_rounding")
+        for f in ("conv_slot_stride", "ssm_slot_stride", "ssm_scale_slot_stride"):
             setattr(c, f, _int64(getattr(self, f), f"cfg.{f}"))
         c.scale, c.l2norm_eps, c.norm_eps = (_float(getattr(self, f), f"cfg.{f}") for f in ("scale", "l2norm_eps", "norm_eps"))
         c.flags = ((_lib.GDN_FLAG_NO_SILU if self.no_silu else 0) | (_lib.GDN_FLAG_NO_QK_L2NORM if self.no_qk_l2norm else 0)
@@ -166,6 +177,7 @@ def _tensor_specs(cfg: Config, rows: int):
         "conv_out": (act, rows, cfg.conv_dim), "a": (act, rows, hv * gk), "b": (act, rows, hv),
         "A_log": ("f32", hv, 1), "dt_bias": ("f32", hv * gk, 1), "g": ("f32", rows, hv * gk), "beta": ("f32", rows, hv),
         "ssm_state": (cfg.state_dtype, cfg.num_slots, per_slot_ssm), "core_attn_out": (act, rows, hv * v),
+        "ssm_scale": ("f32", cfg.num_slots, hv * v),
         "z": (act, rows, hv * v), "norm_weight": (act, v, 1), "workspace": (None, None, None),
         "qkvz": (act, rows, cfg.conv_dim + hv * v), "ba": (act, rows, 2 * hv), "z_out": (act, rows, hv * v),
         "replay_ring": ("f32", cfg.num_slots, cfg.replay_tokens * _lib.gdn_replay_token_floats(cfg._to_c())),

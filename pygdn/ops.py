@@ -46,10 +46,11 @@ def causal_conv1d(queue, cfg: Config, batch: Batch, *, conv_weight, conv_state, 
 
 def gated_delta_rule(queue, cfg: Config, batch: Batch, *, conv_out, ssm_state, core_attn_out, a=None, b=None,
                      A_log=None, dt_bias=None, g=None, beta=None, workspace=None, ba=None, replay_ring=None,
-                     replay_count=None, wait=True):
+                     replay_count=None, ssm_scale=None, wait=True):
     """Gated delta rule over q|k|v rows of conv_out; gates from a/b (packed: ba)/A_log/dt_bias or given g/beta.
-    replay_ring / replay_count: the rings of replay mode (cfg.replay_tokens > 0)."""
-    _call(_lib.gdn_gated_delta_rule, queue, cfg, batch, dict(conv_out=conv_out, ssm_state=ssm_state,
+    replay_ring / replay_count: the rings of replay mode (cfg.replay_tokens > 0); ssm_scale: the row
+    scales of an 8-bit state (cfg.state_dtype "i8" / "f8e4m3", cfg.ssm_scale_shape)."""
+    _call(_lib.gdn_gated_delta_rule, queue, cfg, batch, dict(conv_out=conv_out, ssm_state=ssm_state, ssm_scale=ssm_scale,
                                                               core_attn_out=core_attn_out, a=a, b=b, A_log=A_log,
                                                               dt_bias=dt_bias, g=g, beta=beta, workspace=workspace,
                                                               ba=ba, replay_ring=replay_ring,
@@ -58,16 +59,17 @@ def gated_delta_rule(queue, cfg: Config, batch: Batch, *, conv_out, ssm_state, c
 
 def attention(queue, cfg: Config, batch: Batch, *, conv_weight, A_log, dt_bias, conv_state, ssm_state, core_attn_out,
               mixed_qkv=None, a=None, b=None, conv_bias=None, z=None, norm_weight=None, conv_out=None, workspace=None,
-              qkvz=None, ba=None, z_out=None, replay_ring=None, replay_count=None, wait=True):
+              qkvz=None, ba=None, z_out=None, replay_ring=None, replay_count=None, ssm_scale=None, wait=True):
     """The whole GDN op of one step: conv -> gates -> gated delta rule (-> gated RMSNorm with z).
 
     Unpacked (cfg.packed_order == "none"): mixed_qkv, a, b (and z for the norm). Packed: qkvz and
     ba as the in-projections produce them (include/gdn_xpu.h, gdn_packed_order_t); the norm runs
     with norm_weight on qkvz's z columns, and z_out, if given, receives those columns [rows, HV, V].
-    replay_ring / replay_count: the rings of replay mode (cfg.replay_tokens > 0)."""
+    replay_ring / replay_count: the rings of replay mode (cfg.replay_tokens > 0); ssm_scale: the row
+    scales of an 8-bit state (cfg.state_dtype "i8" / "f8e4m3", cfg.ssm_scale_shape)."""
     _call(_lib.gdn_attention, queue, cfg, batch, dict(mixed_qkv=mixed_qkv, a=a, b=b, conv_weight=conv_weight,
                                                        A_log=A_log, dt_bias=dt_bias, conv_state=conv_state,
-                                                       ssm_state=ssm_state, core_attn_out=core_attn_out,
+                                                       ssm_state=ssm_state, ssm_scale=ssm_scale, core_attn_out=core_attn_out,
                                                        conv_bias=conv_bias, z=z, norm_weight=norm_weight,
                                                        conv_out=conv_out, workspace=workspace, qkvz=qkvz, ba=ba,
                                                        z_out=z_out, replay_ring=replay_ring,

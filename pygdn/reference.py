@@ -151,17 +151,8 @@ def float_to_e4m3(y, rng=None):
     return code.astype(np.uint8)
 
 
-def quantize_state(x, dtype, rng=None, scale_dtype=np.float64):
-    """An 8-bit state with one scale per row: (codes, scales). x [..., K, V]: a row is the K values
-    of one v (axis -2), so scales is [..., V]. dtype "i8" (codes int8) or "f8e4m3" (codes uint8,
-    OCP E4M3 bit patterns). Per row: amax = max_k |x_k|, Q = 127 (i8) or 448 (f8e4m3),
-    scale = amax / Q, y_k = x_k (Q / amax), code = y rounded to nearest even (i8: an integer,
-    clamped to [-127, 127]; f8e4m3: round_e4m3, saturating at +-448); amax == 0: scale 0, codes 0.
-    With rng (a numpy Generator) y is rounded stochastically (floor(y / spacing + u) * spacing).
-    value = code * scale (dequantize_state).
-    scale_dtype np.float32 does the arithmetic of the kernels, in f32: amax of f32(x),
-    scale = f32(amax / Q), y = f32(f32(x) * f32(Q / amax)); the scales come back as float32 (a kernel
-    input). A row holding inf or NaN gets scale NaN and codes 0."""
+def _quantize_rows(x, dtype, rng, scale_dtype):
+    """(y rounded to the code grid as float64, scales): quantize_state without the encoding."""
     if dtype not in _QMAX:
         raise ValueError("quantize_state: dtype must be 'i8' or 'f8e4m3'")
     Q = _QMAX[dtype]
@@ -186,10 +177,23 @@ def quantize_state(x, dtype, rng=None, scale_dtype=np.float64):
     scale = np.where(bad, np.nan, np.where(amax == 0, 0.0, scale)).astype(scale.dtype)
     if dtype == "i8":
         r = np.floor(y + rng.random(y.shape)) if rng is not None else np.rint(y)
-        codes = np.clip(r, -Q, Q).astype(np.int8)
-    else:
-        codes = float_to_e4m3(y, rng)
-    return codes, scale
+        return np.clip(r, -Q, Q), scale
+    return round_e4m3(y, rng), scale
+
+
+def quantize_state(x, dtype, rng=None, scale_dtype=np.float64):
+    """An 8-bit state with one scale per row: (codes, scales). x [..., K, V]: a row is the K values
+    of one v (axis -2), so scales is [..., V]. dtype "i8" (codes int8) or "f8e4m3" (codes uint8,
+    OCP E4M3 bit patterns). Per row: amax = max_k |x_k|, Q = 127 (i8) or 448 (f8e4m3),
+    scale = amax / Q, y_k = x_k (Q / amax), code = y rounded to nearest even (i8: an integer,
+    clamped to [-127, 127]; f8e4m3: round_e4m3, saturating at +-448); amax == 0: scale 0, codes 0.
+    With rng (a numpy Generator) y is rounded stochastically (floor(y / spacing + u) * spacing).
+    value = code * scale (dequantize_state).
+    scale_dtype np.float32 does the arithmetic of the kernels, in f32: amax of f32(x),
+    scale = f32(amax / Q), y = f32(f32(x) * f32(Q / amax)); the scales come back as float32 (a kernel
+    input). A row holding inf or NaN gets scale NaN and codes 0."""
+    r, scale = _quantize_rows(x, dtype, rng, scale_dtype)
+    return (r.astype(np.int8) if dtype == "i8" else float_to_e4m3(r)), scale
 
 
 def dequantize_state(codes, scales, dtype):
@@ -215,8 +219,9 @@ def round_state(x, dtype, rng=None):
     x = _f64(x)
     if dtype is None:
         return x
-    if dtype in _QMAX:
-        return dequantize_state(*quantize_state(x, dtype, rng), dtype)
+    if dtype in _QMAX:  # the values of dequantize_state(*quantize_state(x, dtype, rng), dtype)
+        r, scale = _quantize_rows(x, dtype, rng, np.float64)
+        return r * scale[..., None, :]
     bits, emin, emax = _FORMATS[dtype]
     r = _to_grid(x, bits, emin, rng)
     with np.errstate(invalid="ignore"):

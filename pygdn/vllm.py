@@ -117,9 +117,11 @@ def _dtypes(layer):
     """(act_dtype, state_dtype) of a layer, as pygdn names: its weights' dtype for the activations and
     the conv state (which the library keeps in act_dtype), vLLM's SSM cache dtype for the state
     (get_state_dtype: the model's dtype, or mamba_ssm_cache_dtype, as the platform settled it)."""
-    from pygdn._vllm_shared import dtype_name
+    from pygdn._vllm_shared import STATE_8BIT_REFUSED, dtype_name, state_8bit
     act = layer.conv1d.weight.dtype
     conv, ssm = layer.get_state_dtype()[:2]
+    if state_8bit(ssm):
+        raise TypeError(f"{ENV}=1: {layer.prefix}: SSM cache dtype {ssm}: {STATE_8BIT_REFUSED}")
     if dtype_name(act) is None or dtype_name(ssm) is None:
         raise TypeError(f"{ENV}=1: {layer.prefix}: libgdn_xpu serves bf16/f16/f32 layers and SSM caches, this one "
                         f"has {act} weights and a {ssm} SSM cache")

@@ -58,7 +58,8 @@ from __future__ import annotations
 
 import os
 
-from ._vllm_shared import _cpu_queue, cpu_queue, dtype_name, prepare_layer, remember, vllm_conventions
+from ._vllm_shared import (STATE_8BIT_REFUSED, _cpu_queue, cpu_queue, dtype_name, prepare_layer, remember, state_8bit,
+                           vllm_conventions)
 
 XK_CONV_ENV = "GDN_XPU_XK_CONV"  # "snapshot": vllm-xpu-kernels up to 4543b580; "rolled" (default): #544 on
 XK_CONV = ("rolled", "snapshot")
@@ -80,6 +81,8 @@ def release() -> None:
 
 def _dtype(t, name):
     d = dtype_name(getattr(t, "dtype", None))
+    if d is None and name == "ssm_state" and state_8bit(getattr(t, "dtype", None)):
+        raise TypeError(f"ssm_state: dtype {t.dtype}: {STATE_8BIT_REFUSED}")
     if d is None:
         raise TypeError(f"{name}: dtype {getattr(t, 'dtype', None)}, expected float32, float16 or bfloat16")
     return d

@@ -1,7 +1,7 @@
 """python -m pygdn warmup: fill the library's disk cache of compiled kernels for a deployment.
 
     python -m pygdn warmup [--config NAME ...] [--dtype bf16|f16|f32 ...] [--ssm-layout vk|kv ...]
-                           [--state-dtype f32|bf16|f16 ...] [--prefill-precision auto|f32|bf16 ...]
+                           [--state-dtype f32|bf16|f16|i8|f8e4m3 ...] [--prefill-precision auto|f32|bf16 ...]
                            [--device FILTER]
 
 Compiles (or finds in the cache) every kernel a config can launch on the device, as the C call
@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     p.add_argument("--config", action="append", choices=sorted(PRESETS), help="model shape (default: demo); repeatable")
     p.add_argument("--dtype", action="append", choices=["bf16", "f16", "f32"], help="activation dtype (default bf16)")
     p.add_argument("--ssm-layout", action="append", choices=["vk", "kv"], help="ssm_state layout (default vk)")
-    p.add_argument("--state-dtype", action="append", choices=["f32", "bf16", "f16"],
+    p.add_argument("--state-dtype", action="append", choices=["f32", "bf16", "f16", "i8", "f8e4m3"],
                    help="ssm_state dtype (default f32); repeatable")
     p.add_argument("--prefill-precision", action="append", choices=["auto", "f32", "bf16"],
                    help="the chunked prefill's products (default auto: the form the device takes); repeatable")

@@ -107,6 +107,8 @@ void enqueue_delta(Chain &ch, Checked &c, const Plan &plan, const Kernels &ks, c
   p.qkv_stride = qkv_stride;
   p.out_stride = t.out_stride;
   p.slot_stride = cfg.ssm_slot_stride;
+  p.ssm_scale = t.ssm_scale, p.scale_stride = cfg.ssm_scale_slot_stride;
+  p.stochastic = cfg.state_rounding == GDN_ROUND_STOCHASTIC ? 1 : 0;
   p.H = cfg.num_k_heads, p.HV = cfg.num_v_heads, p.K = cfg.head_k_dim, p.V = cfg.head_v_dim;
   p.v_offset = 2 * cfg.num_k_heads * cfg.head_k_dim;
   p.pad_slot_id = c.batch.pad_slot_id;

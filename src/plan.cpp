@@ -32,7 +32,14 @@ std::string head_option(const gdn_config_t &cfg) {
 }
 // The builds that load or store ssm_state: also per ssm layout and state dtype.
 std::string state_option(const gdn_config_t &cfg) {
-  const char *dtype = cfg.state_dtype == GDN_DTYPE_BF16 ? " -DGDN_STATE_BF16" : cfg.state_dtype == GDN_DTYPE_F16 ? " -DGDN_STATE_F16" : "";
+  const char *dtype = "";
+  switch (cfg.state_dtype) {
+    case GDN_DTYPE_BF16: dtype = " -DGDN_STATE_BF16"; break;
+    case GDN_DTYPE_F16: dtype = " -DGDN_STATE_F16"; break;
+    case GDN_DTYPE_I8: dtype = " -DGDN_STATE_I8"; break;
+    case GDN_DTYPE_F8E4M3: dtype = " -DGDN_STATE_F8E4M3"; break;
+    default: break;
+  }
   return head_option(cfg) + " -DGDN_VK_LAYOUT=" + (cfg.ssm_layout == GDN_SSM_VK ? "1" : "0") + dtype;
 }
 
@@ -105,7 +112,9 @@ void plan_conv(Plan &p, const gdn_config_t &cfg, const gdn_batch_t &b, const Tar
 }
 
 // The recurrent kernel's variant: on the CPU device explicit 16-wide vectors when the dims allow
-// (kv layout: 16 state columns, needs V % 16 == 0; vk: state rows, needs K % 16 == 0).
+// (kv layout: 16 state columns, needs V % 16 == 0; vk: state rows, needs K % 16 == 0). An 8-bit
+// kv state takes the generic kernel: the kv walks store a column's K values row by row, before the
+// column's scale (its largest magnitude) is known.
 // The CPU variants of a config without replay mode leave its code out (kernels/delta.hpp, GDN_WITH_REPLAY).
 Launch recurrent(const gdn_config_t &cfg, const Target &t, int64_t num_seqs) {
   const int64_t groups = num_seqs * cfg.num_v_heads, V = cfg.head_v_dim;
@@ -115,7 +124,7 @@ Launch recurrent(const gdn_config_t &cfg, const Target &t, int64_t num_seqs) {
   if (t.cpu_variants && vk && cfg.head_k_dim % GDN_CPU_LANES == 0) {
     l = kernel(Family::DeltaRecurrentCpu, cpu_options, "gdn_recurrent_vk_cpu");
     shape2(l, groups, (V + GDN_VK_ITEM_ROWS - 1) / GDN_VK_ITEM_ROWS, 1);  // alone in its work-group
-  } else if (t.cpu_variants && !vk && V % GDN_CPU_LANES == 0) {
+  } else if (t.cpu_variants && !vk && V % GDN_CPU_LANES == 0 && !state_8bit(cfg.state_dtype)) {
     l = kernel(Family::DeltaRecurrentCpu, cpu_options, "gdn_recurrent_kv_cpu");
     shape2(l, groups, V / (GDN_CPU_LANES * gdn_kv_cpu_vecs((int32_t)V)), 1);  // alone in its work-group
   } else {

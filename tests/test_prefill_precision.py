@@ -362,4 +362,4 @@ def test_version_3_config_gets_auto(queue):
                                                             num_slots=4))
     assert {0: "f32", 1: "xmx", 2: "amx", 3: "bf16-emulated"}[engine] == want_engine
     if ffi.sizeof("void *") == 8:
-        assert (end, size, n) == (108, 112, 120)
+        assert (end, size) == (108, 112) and n > size

@@ -250,7 +250,8 @@ def test_e4m3_codes():
     nan = np.isnan(v)
     assert list(np.flatnonzero(nan)) == [0x7F, 0xFF]
     assert np.array_equal(float_to_e4m3(v[~nan]), c[~nan]), "every code round-trips"
-    assert np.array_equal(round_e4m3(v[~nan]), v[~nan]) and np.array_equal(e4m3_to_float(c[0x80:]), -e4m3_to_float(c[:0x80]), equal_nan=True)
+    assert np.array_equal(round_e4m3(v[~nan]), v[~nan])
+    assert np.array_equal(e4m3_to_float(c[0x80:]), -e4m3_to_float(c[:0x80]), equal_nan=True)
     expect = {0x00: 0.0, 0x01: 2.0 ** -9, 0x07: 7 * 2.0 ** -9, 0x08: 2.0 ** -6, 0x09: 1.125 * 2.0 ** -6, 0x38: 1.0,
               0x39: 1.125, 0x3F: 1.875, 0x40: 2.0, 0x77: 240.0, 0x78: 256.0, 0x7E: 448.0, 0xFE: -448.0, 0xB8: -1.0}
     for code, value in expect.items():
@@ -399,3 +400,28 @@ def test_delta_rule_8bit_states():
         lo = round_state(s[1], dt, rng=_Edge(0.0))
         hi = round_state(s[1], dt, rng=_Edge(1 - 2.0 ** -40))
         assert np.all((ssr[1] == lo) | (ssr[1] == hi)) and np.all(lo <= s[1] + 1e-12) and np.all(s[1] <= hi + 1e-12)
+
+
+def test_spec_write_backs_8bit():
+    """Spec decodes with an 8-bit state: the state after each token goes to its column rounded once
+    (a scale per (v-head, v) of that state), the outputs are the unrounded run's, and the next call
+    continues from the accepted token's stored state."""
+    rng = np.random.default_rng(9)
+    H, HV, K, V, NS = 1, 2, 8, 4, 2
+    qkv = rng.standard_normal((6, 2 * H * K + HV * V))
+    g, beta = -rng.uniform(0.01, 1, (6, HV)), rng.uniform(0, 1, (6, HV))
+    ssm0 = rng.standard_normal((8, HV, K, V))
+    spec = lambda cols, A: dict(num_spec_decodes=1, num_spec=NS, num_actual_tokens=3,  # noqa: E731
+                                spec_query_start_loc=[0, 3], spec_state_indices=[cols], num_accepted_tokens=[A])
+    for dt in ("i8", "f8e4m3"):
+        o, s = gated_delta_rule(qkv[:3], g[:3], beta[:3], ssm0, spec([1, 2, 3], 1), H, HV, K, V)
+        o8, s8 = gated_delta_rule(qkv[:3], g[:3], beta[:3], ssm0, spec([1, 2, 3], 1), H, HV, K, V, state_dtype=dt)
+        assert np.array_equal(o8, o)
+        for c in (1, 2, 3):
+            assert np.array_equal(s8[c], round_state(s[c], dt)) and np.abs(s8[c] - s[c]).max() > 0
+        # the next call with A = 2 reads its cols[1] = 2 (the state after the second token), as stored
+        o2, _ = gated_delta_rule(qkv[3:], g[3:], beta[3:], s8, spec([4, 2, 5], 2), H, HV, K, V, state_dtype=dt)
+        o2e, _ = gated_delta_rule(qkv[3:], g[3:], beta[3:], s8, spec([4, 2, 5], 2), H, HV, K, V)
+        assert np.array_equal(o2, o2e)
+        o2x, _ = gated_delta_rule(qkv[3:], g[3:], beta[3:], s, spec([4, 2, 5], 2), H, HV, K, V)
+        assert 0 < np.abs(o2 - o2x).max() < 0.1, "the rounded start changes the outputs a little"

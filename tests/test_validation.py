@@ -296,7 +296,12 @@ CONFIG_RULES = [  # field, value, status, message
     ("conv_width", 1, "GDN_ERROR_BAD_SHAPE", "cfg->conv_width = 1 is outside [2, 8]"),
     ("conv_width", 9, "GDN_ERROR_BAD_SHAPE", "cfg->conv_width = 9 is outside [2, 8]"),
     ("act_dtype", 0, "GDN_ERROR_BAD_DTYPE", "cfg->act_dtype = 0 is not a gdn_dtype_t"),
-    ("act_dtype", 4, "GDN_ERROR_BAD_DTYPE", "cfg->act_dtype = 4 is not a gdn_dtype_t"),
+    ("act_dtype", 6, "GDN_ERROR_BAD_DTYPE", "cfg->act_dtype = 6 is not a gdn_dtype_t"),
+    ("act_dtype", 4, "GDN_ERROR_BAD_DTYPE", "cfg->act_dtype = 4: GDN_DTYPE_I8 / GDN_DTYPE_F8E4M3 are state dtypes only"),
+    ("state_rounding", 2, "GDN_ERROR_BAD_DTYPE", "cfg->state_rounding = 2 is outside [0, 1]"),
+    ("state_rounding", 1, "GDN_ERROR_UNSUPPORTED", "cfg->state_rounding = GDN_ROUND_STOCHASTIC with state_dtype = 1"),
+    ("reserved2", 1, "GDN_ERROR_UNSUPPORTED", "cfg->reserved2 = 1 must be 0"),
+    ("ssm_scale_slot_stride", -1, "GDN_ERROR_BAD_LAYOUT", "cfg->ssm_scale_slot_stride"),
     ("state_dtype", 0, "GDN_ERROR_BAD_DTYPE", "cfg->state_dtype = 0 is not a gdn_dtype_t"),
     ("state_dtype", 9, "GDN_ERROR_BAD_DTYPE", "cfg->state_dtype = 9 is not a gdn_dtype_t"),
     ("ssm_layout", 2, "GDN_ERROR_BAD_LAYOUT", "cfg->ssm_layout = 2 is outside [0, 1]"),
@@ -539,13 +544,16 @@ def older_struct(which, size):
 
 # Version 2 of gdn_config_t and gdn_tensors_t: each ends where its version-3 fields (gate modes) begin.
 V2_SIZE = {"cfg": ffi.offsetof("gdn_config_t", "gate_mode"), "tensors": ffi.offsetof("gdn_tensors_t", "b_stride")}
+# Version 4: each ends where its version-5 fields (8-bit states) begin.
+V4_SIZE = {"cfg": ffi.offsetof("gdn_config_t", "ssm_scale_slot_stride"), "tensors": ffi.offsetof("gdn_tensors_t", "ssm_scale")}
 
 
-@pytest.mark.parametrize("sizes", [V1_SIZE, V2_SIZE], ids=["version_1", "version_2"])
+@pytest.mark.parametrize("sizes", [V1_SIZE, V2_SIZE, V4_SIZE], ids=["version_1", "version_2", "version_4"])
 def test_older_cfg_and_tensors_get_the_defaults(s, sizes):
     """Callers of the 0.1.0 header's gdn_config_t and gdn_tensors_t get the per-token mode
     (replay_tokens 0, no rings) and, like version-2 callers, the per-head gates (GDN_GATE_HEAD, silu
-    output gate, no lower bound, b at ab_stride), whatever follows their structs in memory."""
+    output gate, no lower bound, b at ab_stride); version-4 callers no ssm_scale and round-to-nearest
+    stores; whatever follows their structs in memory."""
     s.raw(mutate_cfg=older_struct("cfg", sizes["cfg"]), mutate_tensors=older_struct("tensors", sizes["tensors"]))
     s.check_reference(written=range(1, 9))
 

@@ -265,6 +265,8 @@ def test_dt_bias_in_model_dtype_or_f32(dtype):
      r"non_spec_state_indices: dtype i64, expected i32 \(int64 index arrays are not accepted"),
     (dict(ssm_state=torch.zeros(SLOTS, HV, V, K, dtype=torch.float64)), TypeError,
      r"^ssm_state: dtype torch.float64, expected float32, float16 or bfloat16"),
+    (dict(ssm_state=torch.zeros(SLOTS, HV, V, K, dtype=torch.int8)), TypeError,
+     r"^ssm_state: dtype torch.int8: an 8-bit SSM cache needs one f32 scale per state row"),
 ])
 def test_refused_by_name_with_nothing_written(over, error, match):
     layer = Layer(9)

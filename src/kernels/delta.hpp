@@ -54,6 +54,30 @@ static inline state_t *state_column(const GdnDeltaParams &p, int32_t slot, int32
   return (state_t *)p.ssm + (int64_t)slot * p.slot_stride + (int64_t)hv * kHeadK * p.V + (int64_t)v * kVStride;
 }
 
+// The scale of state row v of (slot, v-head) (gdn_xpu.h "State dtype"): 8-bit states' f32 scale,
+// where the row's codes are stored with it; 1 for the other dtypes (no scales).
+static inline float *row_scale_at(const GdnDeltaParams &p, int32_t slot, int32_t hv, int32_t v) {
+  return p.ssm_scale + (int64_t)slot * p.scale_stride + (int64_t)hv * p.V + v;
+}
+static inline float row_scale(const GdnDeltaParams &p, int32_t slot, int32_t hv, int32_t v) {
+#if GDN_STATE_8BIT
+  return *row_scale_at(p, slot, hv, v);
+#else
+  (void)p, (void)slot, (void)hv, (void)v;
+  return 1.0f;
+#endif
+}
+
+// Where a stored row's scale goes: row_scale_at for 8-bit states, nullptr otherwise (no scales).
+static inline float *row_scale_dst(const GdnDeltaParams &p, int32_t slot, int32_t hv, int32_t v) {
+#if GDN_STATE_8BIT
+  return row_scale_at(p, slot, hv, v);
+#else
+  (void)p, (void)slot, (void)hv, (void)v;
+  return nullptr;
+#endif
+}
+
 static inline void zero_outputs(const GdnDeltaParams &p, int32_t j0, int32_t len, int32_t hv, int32_t v) {
   for (int32_t t = 0; t < len; ++t)
     store_act(p.out, global_row(p.token_indx, j0 + t) * p.out_stride + (int64_t)hv * p.V + v, 0.0f);

@@ -350,8 +350,8 @@ GDN_SUB_GROUP_KERNEL(2) void gdn_chunk_scan(GdnDeltaParams p) {
     }
     // A block checkpoint is always a chunk end (gdn_chunk_plan aligns the chunks to it).
     const int32_t ck = ckpt.after(jfirst + len - 1 - j0);
-    if (!gdn_is_pad(ck, p.pad_slot_id)) store_tile(p, ck, hv, v0, lane, s);
+    if (!gdn_is_pad(ck, p.pad_slot_id)) store_tile(p, sg, ck, hv, v0, lane, s);
   }
-  store_tile(p, ss.cols[0], hv, v0, lane, s);
+  store_tile(p, sg, ss.cols[0], hv, v0, lane, s);
 }
 #endif  // GDN_MX

@@ -62,7 +62,15 @@ static inline void store_state_columns(const GdnDeltaParams &p, int32_t slot, in
                                        typename Lanes<NL>::T *s) {
   for (int32_t l = 0; l < NL; ++l) {
     state_t *S = state_column(p, slot, hv, v + l);
+#if GDN_STATE_8BIT  // the column's scale from its largest magnitude, then its codes
+    float m = 0.0f;
+    for (int k = 0; k < kHeadK; ++k) m = sycl::fmax(m, sycl::fabs(Lanes<NL>::at(s[k], l)));
+    const RowQuant q = row_quant(m, hv, v + l, p.stochastic != 0);
+    *row_scale_at(p, slot, hv, v + l) = q.scale;
+    for (int k = 0; k < kHeadK; ++k) store_code(S + k * k_stride(p), Lanes<NL>::at(s[k], l), q, k);
+#else
     for (int k = 0; k < kHeadK; ++k) store_state(S + k * k_stride(p), Lanes<NL>::at(s[k], l));
+#endif
   }
 }
 
@@ -197,7 +205,8 @@ static inline void chunk_scan_body(const GdnDeltaParams &p, int32_t e, int32_t h
   for (int32_t b = 0; b < nb; ++b)
     for (int32_t l = 0; l < NL; ++l) {
       const state_t *S = state_column(p, ss.read_slot, hv, v0 + b * NL + l);
-      for (int k = 0; k < kHeadK; ++k) L::at(s[b][k], l) = ss.init ? load_state(S + k * k_stride(p)) : 0.0f;
+      const float sc = ss.init ? row_scale(p, ss.read_slot, hv, v0 + b * NL + l) : 0.0f;  // (8-bit states; else 1)
+      for (int k = 0; k < kHeadK; ++k) L::at(s[b][k], l) = ss.init ? load_state(S + k * k_stride(p)) * sc : 0.0f;
     }
   lane_t up[CB][GDN_CHUNK_SIZE], qs[CB][GDN_CHUNK_SIZE];
   int64_t qk_off[GDN_CHUNK_SIZE];  // offset of row i's q and k (qn and kn share the layout)

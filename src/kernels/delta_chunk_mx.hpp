@@ -174,10 +174,27 @@ GDN_MX_KERNEL(2) void gdn_chunk_prep(GdnDeltaParams p) {
 // past ncol.
 static inline void mx_state_block(const GdnDeltaParams &p, int32_t slot, int32_t hv, int32_t v0, int32_t ncol, int32_t t,
                                   float (*ST)[kHeadK], bool load, bool init) {
+#if GDN_STATE_8BIT
+  int32_t qc = -1;  // the column whose RowQuant q holds (8-bit stores: each item scans a column it stores)
+  RowQuant q{};
+#endif
   for (int32_t x = t; x < kHeadK * MX_COLS; x += GDN_CHUNK_SIZE) {
     const int32_t k = GDN_VK_LAYOUT ? x % kHeadK : x / MX_COLS, c = GDN_VK_LAYOUT ? x / kHeadK : x % MX_COLS;
-    if (load) ST[c][k] = init && c < ncol ? load_state(state_column(p, slot, hv, v0 + c) + k * k_stride(p)) : 0.0f;
-    else if (c < ncol) store_state(state_column(p, slot, hv, v0 + c) + k * k_stride(p), ST[c][k]);
+    if (load) {
+      ST[c][k] = init && c < ncol ? load_state(state_column(p, slot, hv, v0 + c) + k * k_stride(p)) * row_scale(p, slot, hv, v0 + c) : 0.0f;
+    } else if (c < ncol) {
+#if GDN_STATE_8BIT
+      if (c != qc) {
+        float m = 0.0f;
+        for (int kk = 0; kk < kHeadK; ++kk) m = sycl::fmax(m, sycl::fabs(ST[c][kk]));
+        q = row_quant(m, hv, v0 + c, p.stochastic != 0), qc = c;
+      }
+      if (k == 0) *row_scale_at(p, slot, hv, v0 + c) = q.scale;
+      store_code(state_column(p, slot, hv, v0 + c) + k * k_stride(p), ST[c][k], q, k);
+#else
+      store_state(state_column(p, slot, hv, v0 + c) + k * k_stride(p), ST[c][k]);
+#endif
+    }
   }
 }
 
@@ -270,7 +287,7 @@ GDN_MX_KERNEL(2) void gdn_chunk_scan(GdnDeltaParams p) {
     }
     // A block checkpoint is always a chunk end (gdn_chunk_plan aligns the chunks to it).
     const int32_t ck = ckpt.after(jfirst + len - 1 - span.j0);
-    if (ck != p.pad_slot_id) mx_state_block(p, ck, hv, v0, ncol, t, ST_s, false, false);
+    if (!gdn_is_pad(ck, p.pad_slot_id)) mx_state_block(p, ck, hv, v0, ncol, t, ST_s, false, false);
   }
   mx_state_block(p, ss.cols[0], hv, v0, ncol, t, ST_s, false, false);
 }

@@ -39,21 +39,36 @@ static inline void load_tile(const GdnDeltaParams &p, int32_t slot, int32_t hv, 
   for (int b = 0; b < TILE_COLS; ++b) {
     const bool col = init && v0 + b < p.V;
     const state_t *S = TILE_LANE(p, state_column(p, col ? slot : 0, hv, col ? v0 + b : 0), lane);
+    const float sc = col ? row_scale(p, slot, hv, v0 + b) : 0.0f;  // (8-bit states; 1 otherwise)
 #pragma unroll
     for (int i = 0; i < TILE_KS; ++i)
-      s[b][i] = col && tile_row(lane, i) ? load_state(TILE_AT(p, S, lane, i)) : 0.0f;
+      s[b][i] = col && tile_row(lane, i) ? load_state(TILE_AT(p, S, lane, i)) * sc : 0.0f;
   }
 }
 
-static inline void store_tile(const GdnDeltaParams &p, int32_t slot, int32_t hv, int32_t v0, int lane,
-                              const state_tile &s) {
+// The tile to slot; an 8-bit state's columns with their scales, each column's largest magnitude
+// reduced over the sub-group (every lane stores; uniform in the sub-group).
+static inline void store_tile(const GdnDeltaParams &p, const sycl::sub_group &sg, int32_t slot, int32_t hv, int32_t v0,
+                              int lane, const state_tile &s) {
 #pragma unroll
   for (int b = 0; b < TILE_COLS; ++b) {
     if (v0 + b >= p.V) break;
     state_t *S = TILE_LANE(p, state_column(p, slot, hv, v0 + b), lane);
+#if GDN_STATE_8BIT
+    float m = 0.0f;
+#pragma unroll
+    for (int i = 0; i < TILE_KS; ++i) m = sycl::fmax(m, sycl::fabs(s[b][i]));  // (rows past K hold 0)
+    const RowQuant q = row_quant(sycl::reduce_over_group(sg, m, sycl::maximum<float>()), hv, v0 + b, p.stochastic != 0);
+    if (lane == 0) *row_scale_at(p, slot, hv, v0 + b) = q.scale;
+#pragma unroll
+    for (int i = 0; i < TILE_KS; ++i)
+      if (tile_row(lane, i)) store_code(TILE_AT(p, S, lane, i), s[b][i], q, lane + GDN_SUB_GROUP * i);
+#else
+    (void)sg;
 #pragma unroll
     for (int i = 0; i < TILE_KS; ++i)
       if (tile_row(lane, i)) store_state(TILE_AT(p, S, lane, i), s[b][i]);
+#endif
   }
 }
 
@@ -151,8 +166,8 @@ static inline void recurrent_tile(const GdnDeltaParams &p, const sycl::sub_group
     }
     if (writer && !state_only) store_act(p.out, row * p.out_stride + (int64_t)hv * p.V + vl, o);
     const int32_t to = token_store_slot(r, t);  // spec write-back or block checkpoint
-    if (!gdn_is_pad(to, p.pad_slot_id)) store_tile(p, to, hv, v0, lane, s);
+    if (!gdn_is_pad(to, p.pad_slot_id)) store_tile(p, sg, to, hv, v0, lane, s);
   }
-  if (!gdn_is_pad(r.final_slot, p.pad_slot_id)) store_tile(p, r.final_slot, hv, v0, lane, s);
+  if (!gdn_is_pad(r.final_slot, p.pad_slot_id)) store_tile(p, sg, r.final_slot, hv, v0, lane, s);
 }
 

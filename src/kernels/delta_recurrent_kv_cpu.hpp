@@ -17,6 +17,8 @@
 #pragma once
 #include "delta_recurrent_cpu.hpp"
 
+static_assert(!GDN_STATE_8BIT, "8-bit kv states take the generic kernel (plan.cpp: a column's scale needs all of its rows)");
+
 // 2-byte states: a walk's last pass (the WY write pass, the held block's last update) reads no
 // memory but this core's caches, so each of its rows asks for the same row and columns of the
 // next head (the next walk of this work-item in gdn_fused_cpu, else likely of the next

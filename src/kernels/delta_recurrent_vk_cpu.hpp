@@ -17,6 +17,13 @@
 
 static_assert(GDN_VK_ROWS == 16, "a work-item's rows are the lanes of one vector");
 
+// Row r of the 16 rows from v0 to D (= slot_state(p, slot, hv, v0)): KC vectors, and for an 8-bit
+// state the row's scale in ssm_scale (state.hpp, vstore_state_row).
+static inline void store_row(const GdnDeltaParams &p, state_t *D, int32_t slot, int32_t hv, int32_t v0, int32_t r,
+                             const vf16 *x, bool stream) {
+  vstore_state_row(D + r * kHeadK, row_scale_dst(p, slot, hv, v0 + r), x, KC, hv, v0 + r, p.stochastic != 0, stream);
+}
+
 // r[i] = the sum of a[i]'s lanes, i = 0..15, by four rounds of pairwise folding: each round adds
 // two vectors' halves into one, so lane ranges of a vector hold partial sums of several rows.
 static inline vf16 row_sums(const vf16 *a) {
@@ -79,12 +86,14 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
   vf16 s[HOLD ? 16 : 1][KC];  // HOLD: s[r][c] = S[v0 + r, 16c .. 16c+15]; rows past nr stay zero
   if constexpr (HOLD)
     for (int32_t r = 0; r < 16; ++r)
-      for (int c = 0; c < KC; ++c) s[r][c] = rs.init && r < nr ? vload_state(S + r * kHeadK + 16 * c) : vf16(0.0f);
+      for (int c = 0; c < KC; ++c)
+        s[r][c] = rs.init && r < nr ? vload_state(S + r * kHeadK + 16 * c) * row_scale(p, rs.read_slot, hv, v0 + r) : vf16(0.0f);
   // HOLD: the update of the token before (S' = d S + u k^T; GDN_CHANNEL_GATE: d along k, dpv) and
   // where its state goes (A: none).
   vf16 kp[HOLD ? KC : 1], up(0.0f), dpv[HOLD && GDN_CHANNEL_GATE ? KC : 1];
   float dp = 1.0f;
   state_t *Ap = nullptr;
+  int32_t ap_slot = p.pad_slot_id;  // Ap's slot (8-bit states: the rows' scales)
   bool stream_p = false;
   // The walk's last pass (a decode's update pass, the held rows' last update) runs from this
   // core's caches and reads no memory, which would idle through it: each of its rows asks for
@@ -103,7 +112,7 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
         s[r][c] = GDN_CHANNEL_GATE ? held_update(s[r][c], dpv[c], kp[c] * up[r]) : held_update(s[r][c], dp, kp[c] * up[r]);
       return s[r][c];
     } else {
-      return rs.init && r < nr ? vload_state(S + r * kHeadK + 16 * c) : vf16(0.0f);
+      return rs.init && r < nr ? vload_state(S + r * kHeadK + 16 * c) * row_scale(p, rs.read_slot, hv, v0 + r) : vf16(0.0f);
     }
   };
   for (int32_t t = 0; t < rs.len; ++t) {
@@ -134,7 +143,7 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
         ak[r] = sycl::fma(x, GDN_CHANNEL_GATE ? kd[c] : k[c], ak[r]);
         if constexpr (!SO) aq[r] += x * (GDN_CHANNEL_GATE ? qd[c] : q[c]);
       }
-      if (HOLD && Ap && r < nr) vstore_states(Ap + r * kHeadK, s[r], KC, stream_p);
+      if (HOLD && Ap && r < nr) store_row(p, Ap, ap_slot, hv, v0, r, s[r], stream_p);
     }
     const vf16 u = beta * sycl::fma(vf16(-dsum), row_sums(ak), v_rows(p, rs, vrow, nr));
     if constexpr (!SO) store_rows(p.out, orow, nr, dsum * row_sums(aq) + u * hsum(kq));
@@ -148,7 +157,7 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
       for (int c = 0; c < KC; ++c) kp[c] = k[c];
       if constexpr (GDN_CHANNEL_GATE)
         for (int c = 0; c < KC; ++c) dpv[c] = dv[c];
-      up = u, dp = d1, Ap = A, stream_p = stream_a;
+      up = u, dp = d1, Ap = A, ap_slot = to, stream_p = stream_a;
     } else {
       for (int32_t r = 0; r < nr; ++r) {
         if (ahead) prefetch_states(S + (walk_ahead + r) * kHeadK, kHeadK);
@@ -156,8 +165,8 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
         for (int c = 0; c < KC; ++c)
           x[c] = GDN_CHANNEL_GATE ? held_update(state_in(t, r, c), dv[c], k[c] * u[r])
                                   : held_update(state_in(t, r, c), d1, k[c] * u[r]);
-        if (A) vstore_states(A + r * kHeadK, x, KC, stream_a);
-        if (B) vstore_states(B + r * kHeadK, x, KC, stream_b);
+        if (A) store_row(p, A, to, hv, v0, r, x, stream_a);
+        if (B) store_row(p, B, last, hv, v0, r, x, stream_b);
       }
     }
   }
@@ -167,8 +176,8 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
       if (ahead) prefetch_states(S + (walk_ahead + r) * kHeadK, kHeadK);
       for (int c = 0; c < KC; ++c)
         s[r][c] = GDN_CHANNEL_GATE ? held_update(s[r][c], dpv[c], kp[c] * up[r]) : held_update(s[r][c], dp, kp[c] * up[r]);
-      if (Ap) vstore_states(Ap + r * kHeadK, s[r], KC, stream_p);
-      if (B) vstore_states(B + r * kHeadK, s[r], KC, streaming_to(rs, rs.final_slot));
+      if (Ap) store_row(p, Ap, ap_slot, hv, v0, r, s[r], stream_p);
+      if (B) store_row(p, B, rs.final_slot, hv, v0, r, s[r], streaming_to(rs, rs.final_slot));
     }
   }
 }
@@ -214,6 +223,7 @@ static inline void walk_rows_vk_by_row(const GdnDeltaParams &p, RecurrentSeq &rs
   float vs[GDN_WALK_TOKENS][16], os[SO ? 1 : GDN_WALK_TOKENS][16], kq[GDN_WALK_TOKENS];
   int64_t orow[GDN_WALK_TOKENS];
   state_t *A[GDN_WALK_TOKENS];
+  int32_t a_slot[GDN_WALK_TOKENS];
   bool stream_a[GDN_WALK_TOKENS];
   for (int32_t t = 0; t < L; ++t) {
     const float *k, *q, *d;
@@ -224,6 +234,7 @@ static inline void walk_rows_vk_by_row(const GdnDeltaParams &p, RecurrentSeq &rs
     if constexpr (!SO) kq[t] = dot_kd(k, q);
     const int32_t to = token_store_slot(rs, t);
     A[t] = slot_state(p, to, hv, v0);
+    a_slot[t] = to;
     stream_a[t] = streaming_to(rs, to);
   }
   // The state after the last token also goes to the walk's final slot (a non-spec sequence's, a replay's).
@@ -250,7 +261,7 @@ static inline void walk_rows_vk_by_row(const GdnDeltaParams &p, RecurrentSeq &rs
   for (int32_t r = 0; r < nr; ++r) {
     if (r % BY_ROW_ASK == 0 && r < ahead_end) prefetch_states(S + (r + BY_ROW_AHEAD) * kHeadK, BY_ROW_ASK * kHeadK);
     vf16 s[KC];
-    for (int c = 0; c < KC; ++c) s[c] = rs.init ? vload_state(S + r * kHeadK + 16 * c) : vf16(0.0f);
+    for (int c = 0; c < KC; ++c) s[c] = rs.init ? vload_state(S + r * kHeadK + 16 * c) * row_scale(p, rs.read_slot, hv, v0 + r) : vf16(0.0f);
     for (int32_t t = 0; t < L; ++t) {
       const float d = GDN_CHANNEL_GATE ? 1.0f : pt.decay[t][0], b = pt.beta[t];  // (per channel: in the factors)
       // The row's two dot products as BY_ROW_SUMS partial sums each: chains of KC / BY_ROW_SUMS
@@ -269,9 +280,9 @@ static inline void walk_rows_vk_by_row(const GdnDeltaParams &p, RecurrentSeq &rs
       for (int c = 0; c < KC; ++c)
         s[c] = GDN_CHANNEL_GATE ? held_update(s[c], vload(pt.decay[t] + 16 * c), vload(pt.kn[t] + 16 * c) * u)
                                 : held_update(s[c], d, k_of(t, c) * u);
-      if (A[t]) vstore_states(A[t] + r * kHeadK, s, KC, stream_a[t]);
+      if (A[t]) store_row(p, A[t], a_slot[t], hv, v0, r, s, stream_a[t]);
     }
-    if (B) vstore_states(B + r * kHeadK, s, KC, stream_b);
+    if (B) store_row(p, B, rs.final_slot, hv, v0, r, s, stream_b);
   }
   if constexpr (!SO)
     for (int32_t t = 0; t < L; ++t) store_rows(p.out, orow[t], nr, vload(os[t]));

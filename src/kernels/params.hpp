@@ -209,6 +209,11 @@ struct GdnDeltaParams {
   const void *qkv;          // conv output rows (v is read from here), act
   const float *qn, *kn, *g, *beta;  // from the prep kernel, by global row
   void *ssm;                // state_t (state.hpp): the state dtype of the build
+  // 8-bit states (GDN_STATE_8BIT builds): a f32 scale per state row (slot, head, v) at
+  // slot*scale_stride + head*V + v; stochastic: 1 = GDN_ROUND_STOCHASTIC stores. Unused otherwise.
+  float *ssm_scale;
+  int64_t scale_stride;
+  int32_t stochastic, pad1;
   void *out;                // [rows, HV, V] act
   const int32_t *query_start_loc, *state_indices, *token_indx, *num_accepted;
   const uint8_t *has_initial_state;

@@ -1,14 +1,113 @@
 // state.hpp — the SSM state cache's element type (device code, compiled at run time): chosen per
-// build with -DGDN_STATE_BF16 / -DGDN_STATE_F16 (default f32) by the kernels that load or store
-// ssm_state; scalar and 16-lane loads and stores, plain and streaming.
+// build with -DGDN_STATE_BF16 / -DGDN_STATE_F16 / -DGDN_STATE_I8 / -DGDN_STATE_F8E4M3 (default f32)
+// by the kernels that load or store ssm_state; scalar and 16-lane loads and stores, plain and
+// streaming; the 8-bit states' codes and row scales.
 #pragma once
+#include <sycl/builtins.hpp>
 #include "dtype.hpp"
 #include "vec16.hpp"
 
 // The SSM state cache (gdn_config_t.state_dtype; docs/op.md, state caches): a
 // state is widened when loaded and rounded once when stored, by these helpers only.
 // vstore_state2(_nt): x0 then x1 to 32 consecutive states (64 bytes for 2-byte states: one store).
-#if defined(GDN_STATE_BF16)
+#if defined(GDN_STATE_I8) || defined(GDN_STATE_F8E4M3)
+#define GDN_STATE_8BIT 1
+#else
+#define GDN_STATE_8BIT 0
+#endif
+
+#if GDN_STATE_8BIT
+// 8-bit states (gdn_xpu.h "State dtype"): a code per element and an f32 scale per state row (the K
+// values of one v index), value = code x scale. load_state / vload_state give the codes' values;
+// the callers multiply by the row's scale (row_scale, delta.hpp). A row is stored whole: its
+// largest magnitude m sets scale = m / kStateQ and every code = round(x kStateQ / m)
+// (RowQuant, store_code), m = 0: scale 0, codes 0.
+#if defined(GDN_STATE_I8)
+typedef int8_t state_t;
+constexpr float kStateQ = 127.0f;
+static inline float state_value(state_t c) { return (float)c; }
+#else
+typedef uint8_t state_t;  // OCP FP8 E4M3 ("fn": no inf, 0x7f / 0xff NaN, never stored; max 448)
+constexpr float kStateQ = 448.0f;
+static inline float state_value(state_t c) {
+  const uint32_t e = (c >> 3) & 15u, m = c & 7u;
+  const float sub = (float)m * 0.001953125f;                             // e == 0: m 2^-9
+  const float normal = sycl::bit_cast<float>(((e + 120u) << 23) | (m << 20));  // (1 + m/8) 2^(e-7)
+  const float a = e == 0 ? sub : normal;
+  return (c & 0x80u) ? -a : a;
+}
+#endif
+static inline float load_state(const state_t *p) { return state_value(*p); }
+static inline vf16 vload_state(const state_t *p) {
+  vf16 x;
+  for (int l = 0; l < 16; ++l) x[l] = state_value(p[l]);
+  return x;
+}
+
+// A row's store: codes = round(x * inv), scale = m / kStateQ; seed (stochastic rounding only, else 0)
+// keys the row's random bits.
+struct RowQuant {
+  float inv, scale;
+  uint32_t seed;
+  bool stochastic;
+};
+static inline uint32_t mix32(uint32_t h) {  // a 32-bit finalizer (murmur3's fmix32)
+  h ^= h >> 16, h *= 0x85ebca6bu, h ^= h >> 13, h *= 0xc2b2ae35u;
+  return h ^ (h >> 16);
+}
+// m: the row's largest magnitude; (hv, v): the row, which with m's bits keys its random bits -- a
+// pure function of the stored row, not of the slot or the batch (batch invariance, graph replays).
+static inline RowQuant row_quant(float m, int32_t hv, int32_t v, bool stochastic) {
+  RowQuant q;
+  q.inv = m > 0.0f ? kStateQ / m : 0.0f;
+  q.scale = m / kStateQ;
+  q.stochastic = stochastic;
+  q.seed = stochastic ? mix32(mix32(sycl::bit_cast<uint32_t>(m) ^ 0x9e3779b9u * (uint32_t)(hv + 1)) + (uint32_t)v) : 0u;
+  return q;
+}
+// u in [0, 1) for element k of the row.
+static inline float row_uniform(const RowQuant &q, int32_t k) {
+  return (float)(mix32(q.seed + 0x632be5abu * (uint32_t)(k + 1)) >> 8) * 5.9604644775390625e-8f;  // 2^-24
+}
+#if defined(GDN_STATE_I8)
+static inline state_t encode_state(float y, const RowQuant &q, int32_t k) {
+  const float r = q.stochastic ? sycl::floor(y + row_uniform(q, k)) : sycl::rint(y);
+  return (state_t)(int32_t)sycl::clamp(r, -kStateQ, kStateQ);
+}
+#else
+// |y| <= 448 (up to the scaling's rounding): to E4M3, nearest even or stochastic, saturating at 448.
+static inline state_t encode_state(float y, const RowQuant &q, int32_t k) {
+  float a = sycl::fmin(sycl::fabs(y), kStateQ);
+  const uint32_t sign = sycl::bit_cast<uint32_t>(y) >> 31 << 7;
+  uint32_t code;
+  if (q.stochastic) {  // a + u ulp(a), truncated to the grid: the neighbour above with probability by distance
+    const float ulp = a < 0.015625f ? 0.001953125f : sycl::bit_cast<float>((sycl::bit_cast<uint32_t>(a) & 0x7f800000u) - (3u << 23));
+    a = sycl::fmin(a + row_uniform(q, k) * ulp, kStateQ);
+    const uint32_t b = sycl::bit_cast<uint32_t>(a);
+    code = a < 0.015625f ? (uint32_t)(a * 512.0f) : (b >> 20) - (120u << 3);
+  } else {
+    const uint32_t b = sycl::bit_cast<uint32_t>(a);
+    code = a < 0.015625f ? (uint32_t)sycl::rint(a * 512.0f)  // subnormal: multiples of 2^-9 (8: 2^-6, the first normal)
+                         : ((b + 0x7ffffu + ((b >> 20) & 1u)) >> 20) - (120u << 3);
+  }
+  return (state_t)(sign | sycl::min(code, 0x7eu));
+}
+#endif
+static inline void store_code(state_t *p, float x, const RowQuant &q, int32_t k) { *p = encode_state(x * q.inv, q, k); }
+// A row of n vectors to p (codes) and *scale: the CPU variants' rows (K = 16 n values), in plain
+// stores (a row's codes are K bytes, a fraction of a 2-byte state's streaming pairs).
+static inline void vstore_state_row(state_t *p, float *scale, const vf16 *x, int n, int32_t hv, int32_t v, bool stochastic,
+                                    bool /*stream*/) {
+  vf16 m(0.0f);
+  for (int i = 0; i < n; ++i) m = sycl::fmax(m, sycl::fabs(x[i]));
+  float mx = 0.0f;
+  for (int l = 0; l < 16; ++l) mx = sycl::fmax(mx, m[l]);
+  const RowQuant q = row_quant(mx, hv, v, stochastic);
+  for (int i = 0; i < n; ++i)
+    for (int l = 0; l < 16; ++l) p[16 * i + l] = encode_state(x[i][l] * q.inv, q, 16 * i + l);
+  *scale = q.scale;
+}
+#elif defined(GDN_STATE_BF16)
 typedef uint16_t state_t;
 static inline float load_state(const state_t *p) { return bf16_to_float(*p); }
 static inline void store_state(state_t *p, float f) { *p = float_to_bf16(f); }
@@ -37,6 +136,7 @@ static inline void vstore_state2_nt(state_t *p, const vf16 &x0, const vf16 &x1) 
   vstore_nt(p + 16, x1);
 }
 #endif
+#if !GDN_STATE_8BIT
 static inline void vstore_state2(state_t *p, const vf16 &x0, const vf16 &x1) {
 #if defined(GDN_STATE_BF16)
   store_bf16x32(p, x0, x1);  // rounded together, one 64-byte store
@@ -81,3 +181,8 @@ static inline void vstore_states(state_t *p, const vf16 *x, int n, bool stream) 
     if (i < n) vstore_state(p + 16 * i, x[i]);
   }
 }
+// A row of n vectors to p: vstore_states (the scale and the row's key are for 8-bit states).
+static inline void vstore_state_row(state_t *p, float *, const vf16 *x, int n, int32_t, int32_t, bool, bool stream) {
+  vstore_states(p, x, n, stream);
+}
+#endif

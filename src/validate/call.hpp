@@ -20,9 +20,13 @@ inline size_t dtype_bytes(int32_t dtype) {
     case GDN_DTYPE_F32: return 4;
     case GDN_DTYPE_F16: return 2;
     case GDN_DTYPE_BF16: return 2;
+    case GDN_DTYPE_I8: return 1;
+    case GDN_DTYPE_F8E4M3: return 1;
     default: return 0;
   }
 }
+// The 8-bit state dtypes (gdn_xpu.h "State dtype"): codes with a scale per state row in ssm_scale.
+inline bool state_8bit(int32_t dtype) { return dtype == GDN_DTYPE_I8 || dtype == GDN_DTYPE_F8E4M3; }
 
 // conv_dim = 2*H*K + HV*V: the channels of mixed_qkv, conv_out and a conv slot.
 inline int64_t conv_dim_of(const gdn_config_t &cfg) {

@@ -131,6 +131,7 @@ void check_pointers(const Checked &c, Op op) {
       {t.beta, "tensors->beta", 4, "f32", rows(delta, hv, hv, 4)},
       {t.ssm_state, "tensors->ssm_state", state, "state_dtype",
        slots(delta, cfg.ssm_slot_stride, hv * cfg.head_k_dim * cfg.head_v_dim, state)},
+      {t.ssm_scale, "tensors->ssm_scale", 4, "f32", slots(delta && state_8bit(cfg.state_dtype), cfg.ssm_scale_slot_stride, ov, 4)},
       {t.core_attn_out, "tensors->core_attn_out", act, act_t, rows(delta, t.out_stride, ov, act)},
       {t.z, "tensors->z", act, act_t, rows(norm, t.z_stride, ov, act)},
       {t.norm_weight, "tensors->norm_weight", act, act_t, fixed(norm, cfg.head_v_dim, act)},

@@ -32,14 +32,18 @@ std::string fstr(float v) {  // shortest round-trip-ish text: -0.5, 0, 1e-06
 // rounded up to the struct's alignment (gdn_config_t version 3: fields end at 108 bytes, sizeof 112),
 // and only the fields are read (the padding after them is the caller's, not a newer field).
 constexpr size_t kConfigVersions[] = {offsetof(gdn_config_t, packed_order), offsetof(gdn_config_t, gate_mode),
-                                      offsetof(gdn_config_t, prefill_precision), sizeof(gdn_config_t)};
+                                      offsetof(gdn_config_t, prefill_precision),
+                                      offsetof(gdn_config_t, ssm_scale_slot_stride), sizeof(gdn_config_t)};
 constexpr size_t kBatchVersions[] = {offsetof(gdn_batch_t, non_spec_read_state_indices), sizeof(gdn_batch_t)};
 constexpr size_t kTensorsVersions[] = {offsetof(gdn_tensors_t, qkvz), offsetof(gdn_tensors_t, b_stride),
-                                       offsetof(gdn_tensors_t, dt_bias_dtype), sizeof(gdn_tensors_t)};
+                                       offsetof(gdn_tensors_t, dt_bias_dtype), offsetof(gdn_tensors_t, ssm_scale),
+                                       sizeof(gdn_tensors_t)};
 static_assert(sizeof(void *) != 8 || (kConfigVersions[0] == 88 && kBatchVersions[0] == 112 && kTensorsVersions[0] == 184),
               "a version-1 struct layout changed: that breaks every caller built against 0.1.0 (ABI 1)");
-static_assert(sizeof(void *) != 8 || (kConfigVersions[2] == 108 && sizeof(gdn_config_t) == 120),
+static_assert(sizeof(void *) != 8 || (kConfigVersions[2] == 108 && kConfigVersions[3] == 120),
               "gdn_config_t version 4 must end past version 3's padded size (112 bytes on LP64)");
+static_assert(sizeof(void *) != 8 || (sizeof(gdn_config_t) == 136 && kTensorsVersions[3] == 264),
+              "version 5 appends to version 4's padded sizes (120 and 264 bytes on LP64)");
 
 template <class T>
 constexpr size_t padded(size_t end) {
@@ -124,6 +128,8 @@ gdn_config_t validate_config(const gdn_config_t *in) {
   check_range(cfg.head_v_dim, 1, kMaxHeadDim, GDN_ERROR_BAD_SHAPE, "cfg->head_v_dim");
   check_range(cfg.conv_width, 2, GDN_MAX_CONV_WIDTH, GDN_ERROR_BAD_SHAPE, "cfg->conv_width");
   GDN_REQUIRE(dtype_bytes(cfg.act_dtype) != 0, GDN_ERROR_BAD_DTYPE, "cfg->act_dtype = " + str(cfg.act_dtype) + " is not a gdn_dtype_t");
+  GDN_REQUIRE(!state_8bit(cfg.act_dtype), GDN_ERROR_BAD_DTYPE,
+              "cfg->act_dtype = " + str(cfg.act_dtype) + ": GDN_DTYPE_I8 / GDN_DTYPE_F8E4M3 are state dtypes only");
   GDN_REQUIRE(dtype_bytes(cfg.state_dtype) != 0, GDN_ERROR_BAD_DTYPE,
           "cfg->state_dtype = " + str(cfg.state_dtype) + " is not a gdn_dtype_t");
   check_range(cfg.ssm_layout, 0, 1, GDN_ERROR_BAD_LAYOUT, "cfg->ssm_layout");
@@ -134,6 +140,7 @@ gdn_config_t validate_config(const gdn_config_t *in) {
   const int64_t conv_dim = conv_dim_of(cfg);
   check_stride(cfg.conv_slot_stride, conv_dim * cfg.conv_state_len, "cfg->conv_slot_stride");
   check_stride(cfg.ssm_slot_stride, (int64_t)cfg.num_v_heads * cfg.head_k_dim * cfg.head_v_dim, "cfg->ssm_slot_stride");
+  check_stride(cfg.ssm_scale_slot_stride, (int64_t)cfg.num_v_heads * cfg.head_v_dim, "cfg->ssm_scale_slot_stride");
   GDN_REQUIRE(cfg.scale >= 0.0f, GDN_ERROR_BAD_SHAPE, "cfg->scale = " + fstr(cfg.scale) + " is negative (0 = 1/sqrt(K))");
   if (cfg.scale == 0.0f) cfg.scale = 1.0f / std::sqrt((float)cfg.head_k_dim);
   GDN_REQUIRE(cfg.l2norm_eps > 0.0f, GDN_ERROR_BAD_SHAPE, "cfg->l2norm_eps = " + fstr(cfg.l2norm_eps) + " must be > 0");
@@ -157,6 +164,14 @@ gdn_config_t validate_config(const gdn_config_t *in) {
           "cfg->prefill_precision = " + str(cfg.prefill_precision) +
               " is not a gdn_prefill_precision_t (GDN_PREFILL_AUTO 0, GDN_PREFILL_F32 1, GDN_PREFILL_BF16 2)");
   GDN_REQUIRE(cfg.reserved1 == 0, GDN_ERROR_UNSUPPORTED, "cfg->reserved1 = " + str(cfg.reserved1) + " must be 0");
+  GDN_REQUIRE(cfg.reserved2 == 0, GDN_ERROR_UNSUPPORTED, "cfg->reserved2 = " + str(cfg.reserved2) + " must be 0");
+  check_range(cfg.state_rounding, GDN_ROUND_NEAREST, GDN_ROUND_STOCHASTIC, GDN_ERROR_BAD_DTYPE, "cfg->state_rounding");
+  GDN_REQUIRE(cfg.state_rounding == GDN_ROUND_NEAREST || state_8bit(cfg.state_dtype), GDN_ERROR_UNSUPPORTED,
+              "cfg->state_rounding = GDN_ROUND_STOCHASTIC with state_dtype = " + str(cfg.state_dtype) +
+                  ": stochastic rounding is for 8-bit states (GDN_DTYPE_I8, GDN_DTYPE_F8E4M3)");
+  GDN_REQUIRE(cfg.replay_tokens == 0 || !state_8bit(cfg.state_dtype), GDN_ERROR_UNSUPPORTED,
+              "cfg->replay_tokens = " + str(cfg.replay_tokens) + " with an 8-bit state_dtype (" + str(cfg.state_dtype) +
+                  "): replay mode takes f32, bf16 or f16 states");
   GDN_REQUIRE(cfg.replay_tokens == 0 || cfg.conv_spec_layout == GDN_CONV_SPEC_ROLLED, GDN_ERROR_UNSUPPORTED,
           "cfg->conv_spec_layout = GDN_CONV_SPEC_SNAPSHOT with replay_tokens = " + str(cfg.replay_tokens) +
               ": replay mode keeps one slot per spec sequence and needs GDN_CONV_SPEC_ROLLED");
@@ -223,6 +238,10 @@ Checked validate_call(void *queue, const gdn_config_t *cfg_in, const gdn_batch_t
               "tensors->dt_bias_dtype = " + str(t.dt_bias_dtype) + ": dt_bias is GDN_DTYPE_F32 or cfg->act_dtype (" +
                   str(cfg.act_dtype) + ")");
 
+  GDN_REQUIRE(!t.ssm_scale || state_8bit(cfg.state_dtype), GDN_ERROR_BAD_DTYPE,
+              "tensors->ssm_scale is given but cfg->state_dtype = " + str(cfg.state_dtype) +
+                  " has no scales (only GDN_DTYPE_I8 and GDN_DTYPE_F8E4M3 states do): pass it as NULL");
+
   const bool conv = op != Op::Delta, delta = op != Op::Conv;
   const bool work = b.num_actual_tokens > 0;
   if (conv && b.num_spec_decodes > 0 && cfg.conv_spec_layout == GDN_CONV_SPEC_ROLLED)
@@ -260,6 +279,8 @@ Checked validate_call(void *queue, const gdn_config_t *cfg_in, const gdn_batch_t
       need(t.dt_bias, "tensors->dt_bias", "no precomputed g/beta were given");
     }
     need(t.ssm_state, "tensors->ssm_state", "the delta rule reads and writes it");
+    if (state_8bit(cfg.state_dtype))
+      need(t.ssm_scale, "tensors->ssm_scale", "the state_dtype is 8-bit: its rows' scales are read and written with it");
     need(t.core_attn_out, "tensors->core_attn_out", "the delta rule writes it");
     if (op == Op::Attention && t.z) need(t.norm_weight, "tensors->norm_weight", "z is given (fused gated RMSNorm)");
     if (cfg.replay_tokens > 0) {  // gdn_xpu.h "Replay mode"

@@ -52,8 +52,11 @@ DEVICES = ("bmg", "lnl-m", "pvc", "dg2")
 # "Matrix engines"): the extra "xmx16" is the 8x16x16 tile in sub-groups of 16 (Xe2, Xe-HPC), "xmx8"
 # 8x8x16 in sub-groups of 8 (Xe-HPG), each compiled for the devices that take its tile only.
 MATRIX_TILES = {"xmx16": ("8x16x16/16", ("bmg", "lnl-m", "pvc")), "xmx8": ("8x8x16/8", ("dg2",))}
+# The 8-bit states (per-row scales: the generic kernels' amax reductions and E4M3 / int8 conversions)
+# build without replay mode, which takes no 8-bit state.
 DEFAULT_VARIANTS = ("bf16/f32/128/vk", "bf16/bf16/128/vk", "bf16/f32/128/kv", "f16/f16/128/vk", "bf16/f32/128/vk/kda",
-                    "bf16/f32/128/vk/xmx16", "bf16/f32/128/vk/xmx8")
+                    "bf16/f32/128/vk/xmx16", "bf16/f32/128/vk/xmx8", "bf16/i8/128/vk/replay_tokens=0",
+                    "bf16/f8e4m3/128/kv/replay_tokens=0")
 # --all: every activation dtype x state dtype x K = V in {64, 128, 256} x layout.
 ALL_VARIANTS = tuple(f"{a}/{s}/{k}/{l}" for a in ("f32", "f16", "bf16") for s in ("f32", "bf16", "f16")
                      for k in (64, 128, 256) for l in ("vk", "kv"))
