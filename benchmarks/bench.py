@@ -13,7 +13,10 @@ One run measures, on Qwen3-Next TP=1 shapes (H=16, HV=32, K=V=128, W=4; bf16 act
     vectorized float32 numpy implementation and HF transformers' torch fallbacks; the ratio
     peer time / our time; an agreement check of every peer's outputs and states against ours;
   - decode / spec decode again with the ssm cache in the "kv" layout and, when the build has
-    Config(state_dtype=...), with a bf16 state cache in both layouts;
+    Config(state_dtype=...), with a bf16 state cache in both layouts and 8-bit state caches (i8 and
+    f8e4m3 codes with an f32 scale per state row, vk layout), each against its own bare state pass
+    and checked against the f32-state step; the SSM state one sequence holds in the whole model per
+    state dtype, and the sequences 1 GiB of it holds (cases.model_state_bytes);
   - achieved bytes/s of state + activation traffic (cases.traffic_bytes, in the state dtype's
     bytes) against memory bandwidth measured in the same run (best of a numpy copy of 256 MiB,
     a USM device-to-device queue.memcpy and an in-place read+write kernel on all the device's
@@ -48,6 +51,7 @@ Writes a JSON record (--json) and a PNG plot (--plot, needs matplotlib). --quick
 and repeats (~2 min on 2 cores); the full run takes ~10-16 min on the 2-core test host (its
 131072-token points need ~14 GiB of memory each, skipped with a message when it is not there).
 --replay: only the spec rows of the per-token / replay mode table (S = 1, 3, 7 at B = 1, 8, 32).
+--state8: only the rows of the state dtype comparison (decode B = 1, 8, 32 and spec S=3 B=8).
 
 Run it from a source checkout with the environment pygdn is installed in (the script's folder,
 not the checkout, goes on sys.path, so the installed pygdn is imported):
@@ -73,7 +77,8 @@ import pygdn  # first: it points OpenCL at the wheel's CPU runtime before dpctl 
 import dpctl
 
 import peers as P
-from cases import H, HV, K, KDA_H, V, W, chunked_flops, make_case, run_case, traffic_bytes
+from cases import H, HV, K, KDA_H, V, W, chunked_flops, make_case, model_state_bytes, model_state_line, run_case, \
+    traffic_bytes
 from dropin_overhead import measure as glue_overhead
 from machine import c_host_overhead, cpu_model, host_overhead, measure_bandwidth, measure_peak
 from prefill_sweep import CHECKPOINT_INTERVAL, checkpoint_line, run_checkpoint_case, run_sweep, sweep_line
@@ -113,6 +118,13 @@ def kda_only(sizes):
                 host_calls=300)
 
 
+def state8_only(sizes):
+    """--state8: the rows the state dtypes (f32, bf16, i8, f8e4m3) are compared on -- decode B = 1, 8, 32
+    and spec S=3 B=8 -- and nothing else, with the repeats of `sizes` (FULL_PLAN, or QUICK_PLAN with --quick)."""
+    return dict(sizes, batches=(1, 8, 32), specs=((3, (8,)),), prefills=[], sweep=[], checkpoints=[], host_calls=300,
+                kda=())
+
+
 log = Log()
 
 
@@ -123,6 +135,9 @@ def parse_args(argv):
                     "table: S = 1, 3, 7 at B = 1, 8, 32 (REPLAY_PLAN)")
     ap.add_argument("--kda", action="store_true", help="only the rows with a KDA twin: decode B=8, spec S=2 B=8, "
                     "prefill 2048, each beside its KDA twin (kda_only; with --quick, the quick run's repeats)")
+    ap.add_argument("--state8", action="store_true", help="only the rows of the state dtype comparison (f32, bf16, "
+                    "i8, f8e4m3 state): decode B=1, 8, 32 and spec S=3 B=8 (state8_only; with --quick, the quick "
+                    "run's repeats)")
     ap.add_argument("--dtype", choices=("bf16", "f32"), default="bf16", help="activation dtype (default bf16)")
     ap.add_argument("--json", default=os.path.join("bench_results", "bench.json"), help="JSON record path")
     ap.add_argument("--plot", default=os.path.join("bench_results", "bench.png"), help="PNG plot path")
@@ -139,7 +154,7 @@ def describe_run(queue, args):
     is_cpu = bool(dev.is_cpu)
     log(f"pygdn {pygdn.__version__} benchmark{' (--quick)' if args.quick else ''}: Gated DeltaNet attention, "
         f"Qwen3-Next TP=1 shapes H={H} HV={HV} K={K} V={V} W={W}, {args.dtype} activations, fp32 ssm state "
-        f"(layout vk; decode/spec also kv layout and bf16 state when the build has it), conv time_major, "
+        f"(layout vk; decode/spec also kv layout, bf16, i8 and f8e4m3 state when the build has them), conv time_major, "
         f"spec conv rolled; KDA twins (per-channel gates) H=HV={KDA_H} K={K} V={V}")
     log(f"device: {dev.name} [{dev.backend.name}, {dev.device_type.name}, {dev.max_compute_units} compute units, "
         f"driver {dev.driver_version}]")
@@ -237,6 +252,8 @@ def compile_kernels(queue, dtype):
             (f"act={dtype} K={K} ssm kv (layout column)", (H, HV, K, V), "kv", "f32", {}),
             (f"act={dtype} K={K} ssm vk, bf16 state", (H, HV, K, V), "vk", "bf16", {}),
             (f"act={dtype} K={K} ssm kv, bf16 state", (H, HV, K, V), "kv", "bf16", {}),
+            (f"act={dtype} K={K} ssm vk, i8 state", (H, HV, K, V), "vk", "i8", {}),
+            (f"act={dtype} K={K} ssm vk, f8e4m3 state", (H, HV, K, V), "vk", "f8e4m3", {}),
             (f"act={dtype} K={K} ssm vk, replay mode", (H, HV, K, V), "vk", "f32", {"replay_tokens": 1}),
             (f"act={dtype} K={K} ssm vk, bf16 state, replay mode", (H, HV, K, V), "vk", "bf16", {"replay_tokens": 1}),
             (f"act={dtype} K={K} ssm vk, KDA (the twins)", (KDA_H, HV, K, V), "vk", "f32", {"gate_mode": "channel"}),
@@ -249,7 +266,7 @@ def compile_kernels(queue, dtype):
         try:
             cfg = pygdn.Config(num_k_heads=shape[0], num_v_heads=shape[1], head_k_dim=shape[2], head_v_dim=shape[3],
                                num_slots=1, act_dtype=dtype, ssm_layout=layout, **kw)
-        except TypeError as e:
+        except (TypeError, ValueError) as e:
             log(f"compiling kernels: {label}: skipped, not supported by this build ({e})")
             continue
         log.detail(f"compiling kernels: {label} ...")
@@ -318,7 +335,7 @@ def run_checkpoints(queue, plan, dtype):
 
 def run_cases(queue, specs, dtype, peers, plan, missing):
     log.detail("")
-    log(f"timing {len(specs)} cases (ours in four cache formats beside bare state passes, and the peers) ...")
+    log(f"timing {len(specs)} cases (ours in six cache formats beside bare state passes, and the peers) ...")
     log.detail(f"per step, median of repeats; ratio = peer time / our time ('!' = peer disagrees with ours beyond "
                f"{'5e-2' if dtype == 'bf16' else '2e-3'} relative)")
     log.detail(HEADER)
@@ -430,7 +447,9 @@ def log_results(title, records, plan, sweep, checkpoints, foreign):
         "stored state, in the state dtype's bytes, plus activations; '%rw' = the time the read/write bound allows "
         "(reads at the read-only, writes at the write-only stream rate timed beside the row, overlapped) / the time; "
         "'/vk' = time against the vk layout's; '!' = "
-        "bf16-state results disagree with the f32-state step beyond 2e-2; '*' = one step only, it outlasted the row's "
+        "bf16 / i8 / f8e4m3-state results disagree with the f32-state step beyond 2e-2 / 5e-2 / 1.5e-1; "
+        "'%own' = its own bare state pass's time (in its state dtype's bytes) / its time; "
+        "'*' = one step only, it outlasted the row's "
         "time budget):")
     for line in variants_lines(ok_records, plan):
         log(line)
@@ -500,8 +519,13 @@ def main(argv=None) -> int:
     facts["host"]["peers"] = torch_msg
     compile_s = compile_kernels(queue, args.dtype)
     bw, peak = measure_machine(queue, P.TorchPeer in peers)
+    model_state = model_state_bytes()
+    log(model_state_line(model_state))
     sizes = QUICK_PLAN if args.quick else FULL_PLAN
-    sizes = REPLAY_PLAN if args.replay else kda_only(sizes) if args.kda else sizes
+    if args.replay:
+        sizes = REPLAY_PLAN
+    elif args.kda or args.state8:
+        sizes = kda_only(sizes) if args.kda else state8_only(sizes)
     plan, specs = make_plan(sizes, bw, peak, t_start)
     records = run_cases(queue, specs, args.dtype, peers, plan, missing)
     plan.pop("reference_passes", None)  # (their 512 MiB back before the prefills)
@@ -525,10 +549,11 @@ def main(argv=None) -> int:
         "pygdn_version": pygdn.__version__, "quick": args.quick, "act_dtype": args.dtype,
         "shapes": {"H": H, "HV": HV, "K": K, "V": V, "W": W, "ssm_layout": "vk (ours), kv (ours_kv_layout)",
                    "conv_layout": "time_major", "conv_spec_layout": "rolled",
-                   "state_dtype": "f32 (ours), bf16 (ours_bf16_state*)",
+                   "state_dtype": "f32 (ours), bf16 (ours_bf16_state*), i8 (ours_i8_state), f8e4m3 (ours_f8e4m3_state)",
                    "kda_twin": {"H": KDA_H, "HV": HV, "K": K, "V": V, "gate_mode": "channel", "state_dtype": "f32",
                                 "ssm_layout": "vk", "rows": [list(t[:3]) + [list(t[3])] for t in sorted(plan["kda"])]}},
-        **facts, "compile_s": compile_s, "bandwidth": bw, "peak": peak, "cases": records, "host_overhead": ho,
+        **facts, "model_state_bytes": model_state,
+        "compile_s": compile_s, "bandwidth": bw, "peak": peak, "cases": records, "host_overhead": ho,
         "sweep": sweep, "checkpoints": checkpoints, "unsupported": plan["unsupported"],
         "targets": tg, "table": rows, "total_s": total, "foreign_cpu_share": foreign, "quiet": foreign <= FOREIGN_FLAG,
         "notes": {"time": "median of repeats of one step with wait=True (synchronous), warm caches",

@@ -19,6 +19,12 @@ from report import KDA_TWIN, REFERENCE_PASSES, REPLAY_PASSES, STATE_PASSES, prog
 from timing import LATE_BUDGET_S, RETRY_SHARE, first_call_s, timed_blocks, wait_quiet
 
 H, HV, K, V, W = 16, 32, 128, 128, 4          # Qwen3-Next-80B-A3B linear attention, TP=1
+# The model around those layers, from the HF config.json of Qwen/Qwen3-Next-80B-A3B-Instruct
+# (num_hidden_layers 48, full_attention_interval 4: every 4th layer is full attention, the others GDN;
+# linear_num_key_heads 16 = H, linear_num_value_heads 32 = HV, linear_key_head_dim 128 = K,
+# linear_value_head_dim 128 = V): the SSM state a sequence holds (model_state_bytes).
+MODEL_LAYERS, FULL_ATTENTION_INTERVAL = 48, 4
+GDN_LAYERS = MODEL_LAYERS - MODEL_LAYERS // FULL_ATTENTION_INTERVAL   # 36
 # KDA (gate_mode "channel", Kimi-Linear-48B-A3B TP=1: 32 heads, head dim 128) needs as many k-heads as
 # v-heads: its twin of a GDN case has KDA_H = HV k-heads, so HV*K*V (the state) is the same.
 KDA_H = HV
@@ -129,7 +135,50 @@ def make_case(kind, act, batch=1, num_spec=0, lens=(), seed=0, lean=False, gate_
                 ssm0=rng.standard_normal((slots, HV, V, K), f32) * f32(0.05), H=h, gate_mode=gate_mode)
 
 
-STATE_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
+STATE_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "i8": 1, "f8e4m3": 1}
+# An 8-bit state (cfg.state_dtype "i8" / "f8e4m3") has one f32 scale per state row beside its codes
+# (ssm_scale [slots, HV, V]: value = code * scale); these bytes move with the state.
+SCALE_BYTES = {"i8": 4, "f8e4m3": 4}
+
+
+def head_state_bytes(case, state_dtype="f32"):
+    """Bytes of one v-head's state: K x V elements in the state dtype, and for an 8-bit state the V
+    scales of its rows."""
+    return case.K * case.V * STATE_BYTES[state_dtype] + case.V * SCALE_BYTES.get(state_dtype, 0)
+
+
+def slot_state_bytes(case, state_dtype="f32"):
+    """Bytes of one slot's ssm state (HV heads, head_state_bytes each)."""
+    return case.HV * head_state_bytes(case, state_dtype)
+
+
+# The state dtypes of model_state_bytes, and the budget of state its concurrency is counted in.
+MODEL_STATE_DTYPES = ("f32", "bf16", "i8", "f8e4m3")
+STATE_BUDGET_BYTES = 1 << 30
+
+
+def model_state_bytes(hv=HV, k=K, v=V, layers=GDN_LAYERS):
+    """The SSM state one sequence (slot) holds at Qwen3-Next-80B-A3B's shapes, TP=1, per state dtype:
+    bytes per GDN layer (HV K V elements, + HV V f32 scales for 8-bit), per model (GDN_LAYERS of
+    MODEL_LAYERS layers), and the slots STATE_BUDGET_BYTES of state holds (the sequences it serves
+    at once; conv states and the full-attention layers' KV cache not counted)."""
+    out = {"model": "Qwen3-Next-80B-A3B TP=1", "gdn_layers": layers, "layers": MODEL_LAYERS, "HV": hv, "K": k, "V": v,
+           "budget_bytes": STATE_BUDGET_BYTES}
+    for sd in MODEL_STATE_DTYPES:
+        layer = hv * (k * v * STATE_BYTES[sd] + v * SCALE_BYTES.get(sd, 0))
+        out[sd] = {"per_layer": layer, "per_model": layers * layer,
+                   "slots_per_budget": STATE_BUDGET_BYTES // (layers * layer)}
+    return out
+
+
+def model_state_line(m):
+    """model_state_bytes as one line: per dtype, bytes per slot per GDN layer and per model, slots per GiB."""
+    cells = [f"{sd} {m[sd]['per_layer'] / 2**20:.3f} MiB/layer, {m[sd]['per_model'] / 2**20:.2f} MiB/model, "
+             f"{m[sd]['slots_per_budget']} slots ({m[sd]['slots_per_budget'] / m['f32']['slots_per_budget']:.1f}x f32)"
+             for sd in MODEL_STATE_DTYPES]
+    return (f"SSM state per sequence, {m['model']} ({m['gdn_layers']} GDN layers of {m['layers']}, HV={m['HV']} "
+            f"K={m['K']} V={m['V']}; 8-bit: + 4 B scale per v-row), slots in {m['budget_bytes'] / 2**30:.0f} GiB: "
+            + "; ".join(cells))
 
 
 def traffic_bytes(case, state_dtype="f32", replay=False):
@@ -151,7 +200,7 @@ def traffic_split(case, state_dtype="f32", replay=False):
     """traffic_bytes as (bytes read, bytes written)."""
     act = 2 if case.act == "bf16" else 4
     C, T, n = case.C, case.rows, case.batch
-    sb = case.HV * case.K * case.V * STATE_BYTES[state_dtype]
+    sb = slot_state_bytes(case, state_dtype)
     read = T * C * act + T * case.HV * (case.gate_k + 1) * act + C * case.W * act + n * sb + n * (case.W - 1) * C * act
     written = T * case.HV * case.V * act
     if case.kind == "spec" and replay:
@@ -218,8 +267,9 @@ def checkpoint_meta(meta, interval, first_slot):
 class Ours:
     """pygdn.attention on USM shared arrays of the queue, caches kept between steps.
 
-    state_dtype "bf16" (the ssm cache in bf16) and checkpoint_interval > 0 (block
-    checkpoints during a prefill) need a build that has them; Unsupported says why not.
+    state_dtype "bf16" (the ssm cache in bf16), "i8" / "f8e4m3" (8-bit codes with an f32 scale per
+    state row, ssm_scale, beside them) and checkpoint_interval > 0 (block checkpoints during a
+    prefill) need a build that has them; Unsupported says why not.
     own_workspace: the call gets a workspace array of its own (freed with this object) instead
     of the library's per-queue one, which only grows: the long prefills of the sweep."""
 
@@ -257,6 +307,10 @@ class Ours:
                                     gate_mode=case.gate_mode, **dtype_kw)
         except TypeError as e:
             raise Unsupported("pygdn.Config has no state_dtype" if "state_dtype" in str(e) else str(e)) from None
+        except ValueError as e:  # a state dtype this build does not know
+            if "state_dtype" not in str(e):
+                raise
+            raise Unsupported(str(e)) from None
         enc = pygdn.to_bf16_bits if case.act == "bf16" else (lambda v: np.ascontiguousarray(v, np.float32))
         x = case.x if case.x.dtype == np.uint16 else enc(case.x)  # lean cases come encoded
         U = lambda v: pygdn.UsmArray.from_numpy(v, queue)  # noqa: E731
@@ -267,12 +321,21 @@ class Ours:
         if extra:  # checkpoint slots start as zeros
             ssm = np.concatenate([ssm, np.zeros((extra,) + ssm.shape[1:], ssm.dtype)])
             conv = np.concatenate([conv, np.zeros((extra,) + conv.shape[1:], conv.dtype)])
-        ssm = pygdn.to_bf16_bits(ssm) if state_dtype == "bf16" else np.ascontiguousarray(ssm, np.float32)
+        scales = None
+        if state_dtype in SCALE_BYTES:  # rows along K: a vk state [.., V, K] is quantized as [.., K, V]
+            rows_last = ssm_layout == "vk"
+            codes, scales = ref.quantize_state(np.swapaxes(ssm, 2, 3) if rows_last else ssm, state_dtype,
+                                               scale_dtype=np.float32)
+            ssm = np.ascontiguousarray(np.swapaxes(codes, 2, 3) if rows_last else codes)
+        else:
+            ssm = pygdn.to_bf16_bits(ssm) if state_dtype == "bf16" else np.ascontiguousarray(ssm, np.float32)
         act_np = np.uint16 if case.act == "bf16" else np.float32
         self.arrays = dict(mixed_qkv=U(x), a=U(enc(case.a)), b=U(enc(case.b)),
                            conv_weight=U(enc(case.conv_w)), A_log=U(case.A_log), dt_bias=U(case.dt_bias),
                            conv_state=U(conv), ssm_state=U(ssm),
                            core_attn_out=pygdn.UsmArray((case.rows, case.HV, case.V), act_np, queue))
+        if scales is not None:
+            self.arrays["ssm_scale"] = U(np.ascontiguousarray(scales, np.float32))
         if replay:
             self.arrays.update(replay_ring=U(np.zeros(self.cfg.replay_ring_shape, np.float32)),
                                replay_count=U(np.zeros(self.cfg.replay_count_shape, np.int32)))
@@ -316,12 +379,17 @@ class Ours:
         A = self.arrays
         pygdn.gated_delta_rule(self.q, self.cfg, self.batch, conv_out=self.conv_out, ssm_state=A["ssm_state"],
                                core_attn_out=A["core_attn_out"], a=A["a"], b=A["b"], A_log=A["A_log"],
-                               dt_bias=A["dt_bias"])
+                               dt_bias=A["dt_bias"], **({"ssm_scale": A["ssm_scale"]} if "ssm_scale" in A else {}))
 
     def result(self):
         out = self.arrays["core_attn_out"].to_numpy()
         out = pygdn.from_bf16_bits(out) if self.case.act == "bf16" else out
         ssm = self.arrays["ssm_state"].to_numpy()[:self.case.num_slots]
+        if self.state_dtype in SCALE_BYTES:  # code * scale, rows along K (see __init__)
+            scales = self.arrays["ssm_scale"].to_numpy()[:self.case.num_slots]
+            rows_last = self.layout == "vk"
+            ssm = ref.dequantize_state(np.swapaxes(ssm, 2, 3) if rows_last else ssm, scales, self.state_dtype)
+            ssm = (np.swapaxes(ssm, 2, 3) if rows_last else ssm).astype(np.float32)
         ssm = pygdn.from_bf16_bits(ssm) if self.state_dtype == "bf16" else ssm
         return out.astype(np.float32), (ssm if self.layout == "vk" else np.swapaxes(ssm, 2, 3))
 
@@ -373,7 +441,7 @@ class Rotating:
 def cache_set_bytes(case, state_dtype="f32"):
     """Bytes of the caches one step touches: its ssm state slots and conv state lines."""
     act = 2 if case.act == "bf16" else 4
-    return case.num_slots * (case.HV * case.K * case.V * STATE_BYTES[state_dtype] + case.state_len * case.C * act)
+    return case.num_slots * (slot_state_bytes(case, state_dtype) + case.state_len * case.C * act)
 
 
 def rel_err(got, want):
@@ -385,7 +453,10 @@ def rel_err(got, want):
 # ----------------------------------------------------------------------------- one case, ours and the peers
 # Our step in other cache formats, measured beside the default (vk layout, f32 state) on every
 # decode / spec case: (record key, ssm layout, state dtype).
-VARIANTS = (("ours_kv_layout", "kv", "f32"), ("ours_bf16_state", "vk", "bf16"), ("ours_bf16_state_kv", "kv", "bf16"))
+VARIANTS = (("ours_kv_layout", "kv", "f32"), ("ours_bf16_state", "vk", "bf16"), ("ours_bf16_state_kv", "kv", "bf16"),
+            ("ours_i8_state", "vk", "i8"), ("ours_f8e4m3_state", "vk", "f8e4m3"))
+# The 8-bit state variants (their scales counted in their bytes; time also against bf16's, "vs_bf16").
+STATE8_VARIANTS = tuple(v[0] for v in VARIANTS if v[2] in SCALE_BYTES)
 # Spec rows also in replay mode (gdn_xpu.h "Replay mode"), f32 and bf16 state, vk layout: (record
 # key, state dtype). Timed in the same rounds as the per-token step.
 REPLAY_VARIANTS = (("ours_replay", "f32"), ("ours_replay_bf16_state", "bf16"))
@@ -399,6 +470,12 @@ TOGETHER = ("ours", KDA_TWIN) + tuple(v[0] for v in VARIANTS + REPLAY_VARIANTS +
 # A bf16 state cache is rounded once per stored state (relative 2^-9): its outputs and states
 # against the f32-state step, max |diff| / max |f32|, must stay well inside this.
 STATE_TOL = 2e-2
+# The same check per state dtype. An 8-bit state is rounded once per stored state to a grid of its
+# row's largest value: i8 to within amax / 254 (half a step of amax / 127), f8e4m3 to 3 mantissa bits
+# (within 1/16 of the value, and coarser below its normal range), its initial state included (the
+# f32-state step starts from the unrounded one); so 5e-2 for i8 and 1.5e-1 for f8e4m3, max |diff| /
+# max |f32|.
+STATE_TOLS = {"bf16": STATE_TOL, "i8": 5e-2, "f8e4m3": 1.5e-1}
 # bf16 operands of the chunk products (docs/op.md "Prefill precision"): the two settings' outputs and
 # states against each other, max |diff| / max |one|.
 PREFILL_TOL = 5e-2
@@ -454,7 +531,7 @@ def add_replay(queue, case, rec, impls, agreement, ref_out, plan, log, reps):
         rec[f"bytes_{name}"] = traffic_bytes(case, sd, replay=True)
         rec[f"bytes_read_written_{name}"] = traffic_split(case, sd, replay=True)
         try:
-            sp = StatePass(queue, case.batch * case.HV, case.K * case.V * STATE_BYTES[sd], 1)
+            sp = StatePass(queue, case.batch * case.HV, head_state_bytes(case, sd), 1)
             impls[pname] = (sp.step, reps, first_call_s(sp.step))
         except Exception as e:  # noqa: BLE001 (the rows stand without it)
             log(f"  replay state pass ({sd}): not measured ({type(e).__name__}: {e})")
@@ -463,7 +540,7 @@ def add_replay(queue, case, rec, impls, agreement, ref_out, plan, log, reps):
 def replay_set_bytes(case, state_dtype):
     """Bytes of the caches a replay-mode step touches: one ssm slot, one conv line and a ring per sequence."""
     act = 2 if case.act == "bf16" else 4
-    return case.batch * (case.HV * case.K * case.V * STATE_BYTES[state_dtype] + case.state_len * case.C * act
+    return case.batch * (slot_state_bytes(case, state_dtype) + case.state_len * case.C * act
                          + (case.num_spec + 1) * ring_entry_bytes(case))
 
 
@@ -551,10 +628,12 @@ def run_case(queue, case, peers, plan, log, missing=(), twin=None):
     if kda and "error" in kda:
         log(f"  {kda['label']}: not run ({kda['error']})")
     if case.kind != "prefill":
-        # The same step with the ssm cache in the "kv" layout [slots, HV, K, V], and with a bf16
-        # state cache in both layouts (when this build has it; the bytes counted are then bf16's).
-        rec["bytes_bf16_state"] = traffic_bytes(case, "bf16")
-        rec["bytes_read_written_bf16_state"] = traffic_split(case, "bf16")
+        # The same step with the ssm cache in the "kv" layout [slots, HV, K, V], with a bf16 state
+        # cache in both layouts and with 8-bit state caches, vk layout (when this build has them; the
+        # bytes counted are then the state dtype's, with the 8-bit states' scales).
+        for sd in sorted({v[2] for v in VARIANTS} - {"f32"}):
+            rec[f"bytes_{sd}_state"] = traffic_bytes(case, sd)
+            rec[f"bytes_read_written_{sd}_state"] = traffic_split(case, sd)
         for name, layout, sd in VARIANTS:
             if name in plan["unsupported"]:
                 continue
@@ -569,15 +648,15 @@ def run_case(queue, case, peers, plan, log, missing=(), twin=None):
             if sd != "f32":
                 out, ssm = o.result()
                 a = {"out": rel_err(out, ref_out), "ssm": rel_err(ssm, ref_ssm)}
-                a["ok"] = bool(a["out"] <= STATE_TOL and a["ssm"] <= STATE_TOL)
+                a["ok"] = bool(a["out"] <= STATE_TOLS[sd] and a["ssm"] <= STATE_TOLS[sd])
                 agreement[name] = a
         if case.kind == "spec":
             add_replay(queue, case, rec, impls, agreement, ref_out, plan, log, reps_ours)
         for name, sd in STATE_PASSES:
-            if name in plan["unsupported"] or (sd == "bf16" and "ours_bf16_state" not in impls):
+            if name in plan["unsupported"] or (sd != "f32" and not any(v[0] in impls for v in VARIANTS if v[2] == sd)):
                 continue
             try:
-                sp = StatePass(queue, case.batch * case.HV, case.K * case.V * STATE_BYTES[sd],
+                sp = StatePass(queue, case.batch * case.HV, head_state_bytes(case, sd),
                                case.num_spec + 1 if case.kind == "spec" else 0)
             except Exception as e:  # noqa: BLE001 (the rows stand without it)
                 if isinstance(e, RuntimeError):  # not an OpenCL queue: no row gets one
@@ -649,6 +728,9 @@ def run_case(queue, case, peers, plan, log, missing=(), twin=None):
             rec[name]["GBps"] = rec["bytes" + of_dtype(sd)] / rec[name]["median_s"] / 1e9
             rec[name]["bytes_read_written"] = rec["bytes_read_written" + of_dtype(sd)]
             rec[name]["vs_ours"] = rec[name]["median_s"] / t_ours
+    for name in STATE8_VARIANTS:  # the 8-bit states' time against the bf16 state's, same rounds
+        if "median_s" in rec.get(name, {}) and "median_s" in rec.get("ours_bf16_state", {}):
+            rec[name]["vs_bf16"] = rec[name]["median_s"] / rec["ours_bf16_state"]["median_s"]
     for name, sd in STATE_PASSES:
         if name in rec:
             rec[name]["GBps"] = rec["bytes" + of_dtype(sd)] / rec[name]["median_s"] / 1e9

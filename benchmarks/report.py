@@ -119,9 +119,11 @@ def row_line(rec, plan):
     extra += f" [state pass alone {100 * sp:.0f}%]" if sp is not None else ""
     if "GFLOPs" in o:
         extra += f" {o['GFLOPs']:6.1f} GF/s {100 * o['GFLOPs'] / plan['peak']['numpy_matmul_GFLOPs']:5.1f}%"
-    kv, b16 = rec.get("ours_kv_layout", {}), rec.get("ours_bf16_state", {})
+    kv = rec.get("ours_kv_layout", {})
     extra += f"  kv {kv['vs_ours']:.2f}x" if "vs_ours" in kv else ""
-    extra += f"  bf16 state {b16['median_s'] * 1e3:.2f} ms {100 * b16['GBps'] / bw:.0f}%" if "GBps" in b16 else ""
+    for name, sd in STATE_DTYPE_VARIANTS[1:]:
+        v = rec.get(name, {})
+        extra += f"  {sd} state {v['median_s'] * 1e3:.2f} ms {100 * v['GBps'] / bw:.0f}%" if "GBps" in v else ""
     for name, precision in (("ours_prefill_f32", "f32"), ("ours_prefill_bf16", "bf16")):
         v = rec.get(name, {})
         extra += f"  {precision} prefill {v['median_s'] * 1e3:.2f} ms ({v['vs_ours']:.2f}x ours)" if "vs_ours" in v else ""
@@ -152,15 +154,37 @@ def progress_line(rec, plan):
 
 HEADER = (f"{'case':<18s} {'tokens':>6s} {'ours ms':>9s} {'numpy ms':>9s} {'ratio':>7s}  {'torch ms':>9s} "
           f"{'ratio':>7s}  {'ours: traffic rate, % of BW':<27s} [prefill: FLOP rate, % of peak] [kv layout / vk time]"
-          f" [bf16 state: time, % of BW]")
+          f" [bf16 / i8 / f8e4m3 state: time, % of BW]")
 
 
 # ----------------------------------------------------------------------------- cache variants
 VARIANT_LABELS = (("ours", "f32 vk"), ("ours_kv_layout", "f32 kv"), ("ours_bf16_state", "bf16 vk"),
-                  ("ours_bf16_state_kv", "bf16 kv"))
+                  ("ours_bf16_state_kv", "bf16 kv"), ("ours_i8_state", "i8 vk"), ("ours_f8e4m3_state", "f8e4m3 vk"))
+# A decode / spec row's step per state dtype, vk layout: (record key, state dtype).
+STATE_DTYPE_VARIANTS = (("ours", "f32"), ("ours_bf16_state", "bf16"), ("ours_i8_state", "i8"),
+                        ("ours_f8e4m3_state", "f8e4m3"))
 # Each decode / spec row's state traffic alone, moved by bare stream kernels (machine.StatePass),
-# in f32 and in bf16 bytes: name, state dtype.
-STATE_PASSES = (("state_pass", "f32"), ("state_pass_bf16", "bf16"))
+# in each state dtype's bytes (8-bit: the codes and the row scales): name, state dtype.
+STATE_PASSES = (("state_pass", "f32"), ("state_pass_bf16", "bf16"), ("state_pass_i8", "i8"),
+                ("state_pass_f8e4m3", "f8e4m3"))
+
+
+def own_pass_share(rec, name):
+    """Of a decode / spec row's step `name` in a state dtype (STATE_DTYPE_VARIANTS): the time of its
+    own bare state pass (the pass in that dtype's bytes) / the step's time; None when either is missing."""
+    sd = dict(STATE_DTYPE_VARIANTS).get(name)
+    v, p = rec.get(name, {}), rec.get(dict((d, n) for n, d in STATE_PASSES).get(sd), {})
+    return p["median_s"] / v["median_s"] if "median_s" in v and "median_s" in p else None
+
+
+def vs_bf16_lines(records):
+    """The 8-bit states' step time / the bf16 state's (same rounds), every decode / spec row that has both."""
+    out = []
+    for name, sd in STATE_DTYPE_VARIANTS[2:]:
+        vals = [f"{r['label']} {r[name]['vs_bf16']:.2f}x" for r in records if "vs_bf16" in r.get(name, {})]
+        if vals:
+            out.append(f"{sd} / bf16 state time: " + ", ".join(vals))
+    return out
 # A spec row's replay-mode state traffic alone (each state read once, written once), per
 # cases.REPLAY_VARIANTS entry: name, state dtype.
 REPLAY_PASSES = (("state_pass_replay", "f32"), ("state_pass_replay_bf16", "bf16"))
@@ -214,12 +238,14 @@ def replay_lines(records, peak_gflops=None, state_elems=None):
 
 
 def variants_lines(records, plan):
-    """Decode / spec rows once per ssm cache format: time, traffic rate and % of the measured
-    bandwidth (bytes of the state dtype), % of the read/write bound (rw_bound_share), and the kv
-    layout's time against the vk layout's; then the row's state passes (state_pass_share)."""
-    lines = [f"{'case':<18s} " + " | ".join([f"{lab + ' ms':>10s} {'GB/s':>6s} {'%BW':>5s} {'%rw':>4s} {'/vk':>5s}"
-                                             for _, lab in VARIANT_LABELS]
-                                            + [f"{sd + ' pass ms':>13s} {'%BW':>5s}" for _, sd in STATE_PASSES])]
+    """Decode / spec rows once per ssm cache format: time, traffic (MB per step, in the state dtype's
+    bytes; 8-bit: with the row scales), its rate and % of the measured bandwidth, % of the read/write
+    bound (rw_bound_share), % of its own bare state pass (own_pass_share, vk layouts), and the kv
+    layout's time against the vk layout's; then the row's state passes (state_pass_share), and the
+    8-bit states' times against the bf16 state's (vs_bf16_lines)."""
+    lines = [f"{'case':<18s} " + " | ".join([f"{lab + ' ms':>12s} {'MB':>6s} {'GB/s':>6s} {'%BW':>5s} {'%rw':>4s} "
+                                             f"{'%own':>4s} {'/vk':>5s}" for _, lab in VARIANT_LABELS]
+                                            + [f"{sd + ' pass ms':>14s} {'%BW':>5s}" for _, sd in STATE_PASSES])]
     for r in records:
         if r["kind"] not in ("decode", "spec"):
             continue
@@ -227,7 +253,7 @@ def variants_lines(records, plan):
         for name, lab in VARIANT_LABELS:
             v = r.get(name)
             if not v or "median_s" not in v:
-                cells.append(f"{'-':>10s} {'':>6s} {'':>5s} {'':>4s} {'':>5s}")
+                cells.append(f"{'-':>12s} {'':>6s} {'':>6s} {'':>5s} {'':>4s} {'':>4s} {'':>5s}")
                 continue
             vs_vk = ""
             if name == "ours_kv_layout":
@@ -237,16 +263,20 @@ def variants_lines(records, plan):
             bad = _cell_mark(v)
             share = rw_bound_share(r, name, plan)
             rw = f"{100 * share:3.0f}%" if share is not None else ""
-            cells.append(f"{v['median_s'] * 1e3:9.3f}{bad:1s} {v['GBps']:6.2f} {100 * v['GBps'] / bw:4.0f}% {rw:>4s} {vs_vk:>5s}")
+            own = own_pass_share(r, name)
+            own = f"{100 * own:3.0f}%" if own is not None else ""
+            mb = sum(v["bytes_read_written"]) / 1e6 if "bytes_read_written" in v else float("nan")
+            cells.append(f"{v['median_s'] * 1e3:11.3f}{bad:1s} {mb:6.2f} {v['GBps']:6.2f} {100 * v['GBps'] / bw:4.0f}% "
+                         f"{rw:>4s} {own:>4s} {vs_vk:>5s}")
         for name, _ in STATE_PASSES:
             v, f = r.get(name, {}), state_pass_share(r, name, plan)
-            cells.append(f"{v['median_s'] * 1e3:13.3f} {100 * f:4.0f}%" if f is not None else f"{'-':>13s} {'':>5s}")
+            cells.append(f"{v['median_s'] * 1e3:14.3f} {100 * f:4.0f}%" if f is not None else f"{'-':>14s} {'':>5s}")
         lines.append(f"{r['label']:<18s} " + " | ".join(cells))
     for name, lab in VARIANT_LABELS:
         if name in plan.get("unsupported", {}):
             lines.append(f"  {lab.split()[0]} state{' (' + lab.split()[1] + ' layout)' if 'kv' in lab else ''}: "
                          f"not supported by this build ({plan['unsupported'][name]})")
-    return lines
+    return lines + vs_bf16_lines(records)
 
 
 # ----------------------------------------------------------------------------- targets
@@ -570,16 +600,18 @@ def plot(records, path, title, bw_GBps=None, sweep=()):
         import matplotlib.pyplot as plt
     except Exception as e:  # noqa: BLE001
         return f"matplotlib not available ({type(e).__name__}: {e}): no plot written (pip install matplotlib)"
-    colors = {"ours": "tab:blue", "ours_kv_layout": "tab:cyan", "ours_bf16_state": "tab:purple", "numpy": "tab:orange",
-              "torch": "tab:red"}
+    colors = {"ours": "tab:blue", "ours_kv_layout": "tab:cyan", "ours_bf16_state": "tab:purple",
+              "ours_i8_state": "tab:brown", "ours_f8e4m3_state": "tab:pink", "numpy": "tab:orange", "torch": "tab:red"}
     labels = {"ours": "ours (pygdn)", "ours_kv_layout": "ours, ssm kv layout", "ours_bf16_state": "ours, bf16 state",
+              "ours_i8_state": "ours, i8 state", "ours_f8e4m3_state": "ours, f8e4m3 state",
               "numpy": "numpy peer", "torch": "torch (HF fallback)"}
     fig, axes = plt.subplots(2, 4, figsize=(19, 8.5))
     panels = [("decode", 0, "decode (1 token / seq)"), ("spec", 1, "spec decode S=1"), ("spec", 2, "spec decode S=2"),
               ("spec", 3, "spec decode S=3"), ("spec", 7, "spec decode S=7"), ("prefill", None, "chunked prefill (one sequence)")]
     for ax, (kind, s, title_p) in zip(axes.flat, panels):
         key = (lambda r: r["tokens"]) if kind == "prefill" else (lambda r: r["batch"])
-        for impl in ("ours", "ours_kv_layout", "ours_bf16_state", "numpy", "torch"):
+        for impl in ("ours", "ours_kv_layout", "ours_bf16_state", "ours_i8_state", "ours_f8e4m3_state", "numpy",
+                     "torch"):
             rs = [r for r in records if r["kind"] == kind and (s is None or r["num_spec"] == s)
                   and (kind != "prefill" or r["batch"] == 1) and "median_s" in r.get(impl, {})]
             rs.sort(key=key)

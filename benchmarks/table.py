@@ -1,18 +1,25 @@
 """The table a `python benchmarks/bench.py` run ends with, for a person to read: one line per row --
-case, time, rate, share of the bound the row is limited by, the fastest peer's time against ours,
-and each target that applies to the row with its verdict. The detailed lines (every row's
+case, time, rate, bytes per step (decode / spec: in the state dtype's bytes), share of the bound the
+row is limited by, share of its own bare state pass (decode / spec), the fastest peer's time against
+ours, and each target that applies to the row with its verdict. The detailed lines (every row's
 formats, state passes, rounds, the targets' evidence) are report.py's, printed with --verbose and
 kept in the JSON record."""
 from __future__ import annotations
 
 from report import (BW_B1, BW_B8, C_ABI_US, CONV_VS_BYTES, DECODE_PASS, FLAT, KDA_TWIN, KDA_VS_GDN, KV_VS_VK,
                     PLAIN_CALL_US, PREFILL_PEAK, PREFILL_VS_TORCH, PREPARED_CALL_US, SPEC_BW_B8, SPEC_VS_TORCH,
-                    STATE_PASSES, base_foreign, conv_vs_bytes, row_reference, rows_foreign, state_pass_share, verdict)
+                    STATE_DTYPE_VARIANTS, STATE_PASSES, base_foreign, conv_vs_bytes, own_pass_share, row_reference,
+                    rows_foreign, state_pass_share, verdict)
+from cases import STATE_TOLS
 
-COLUMNS = ("case", "time", "rate", "% of bound", "vs peer", "verdict")
-_WIDTHS = (24, 10, 14, 20, 12)
-# A decode / spec row per state dtype: (record key, case suffix, its bare state pass).
-_STATES = (("ours", "", STATE_PASSES[0][0]), ("ours_bf16_state", " bf16 state", STATE_PASSES[1][0]))
+COLUMNS = ("case", "time", "rate", "bytes/step", "% of bound", "% own pass", "vs peer", "verdict")
+_WIDTHS = (26, 10, 14, 10, 20, 10, 12)
+# A decode / spec row per state dtype: (record key, case suffix, its bare state pass). The bars of
+# report.py are set on f32 and bf16 states; an 8-bit state's row has its check against the f32-state
+# step (cases.STATE_TOLS) in the verdict column instead.
+_PASS_OF = {sd: name for name, sd in STATE_PASSES}
+_STATES = tuple((key, f" {sd} state" if key != "ours" else "", _PASS_OF[sd]) for key, sd in STATE_DTYPE_VARIANTS)
+_JUDGED = ("ours", "ours_bf16_state")
 _PEERS = ("numpy", "torch")
 
 
@@ -41,9 +48,23 @@ def _verdicts(checks, foreign):
     return "; ".join(out) or "-"
 
 
-def _row(case, time="", rate="", bound="", peer="", verdicts="-", span=None):
+def _row(case, time="", rate="", bound="", peer="", verdicts="-", span=None, nbytes="", own_pass=""):
     """One table row; span: text over the time .. vs peer columns (the rows of a ratio)."""
-    return {"case": case, "time": time, "rate": rate, "bound": bound, "peer": peer, "verdict": verdicts, "span": span}
+    return {"case": case, "time": time, "rate": rate, "bytes": nbytes, "bound": bound, "own_pass": own_pass,
+            "peer": peer, "verdict": verdicts, "span": span}
+
+
+def _bytes(n):
+    return f"{n / 1e6:.2f} MB" if n < 1e9 else f"{n / 1e9:.2f} GB"
+
+
+def _check_8bit(v, sd):
+    """An 8-bit state's first step against the f32-state step's (max |diff| / max |f32|, out and ssm)."""
+    a = v.get("agreement_vs_ours")
+    if a is None:
+        return "-"
+    return (f"{'ok' if a['ok'] else 'MISMATCH'} vs f32 state ({a['out']:.1e}/{a['ssm']:.1e}, "
+            f"tol {STATE_TOLS[sd]:.2g})")
 
 
 def _state_rows(r, plan, base):
@@ -54,6 +75,14 @@ def _state_rows(r, plan, base):
         if "GBps" not in v:
             continue
         share = v["GBps"] / ref
+        own = own_pass_share(r, key)
+        nbytes = _bytes(sum(v["bytes_read_written"])) if "bytes_read_written" in v else ""
+        own = f"{100 * own:.0f}%" if own is not None else "-"
+        if key not in _JUDGED:
+            check = _check_8bit(v, dict(STATE_DTYPE_VARIANTS)[key])
+            out.append(_row(r["label"] + suffix, _time(v["median_s"]), f"{v['GBps']:.1f} GB/s",
+                            f"{100 * share:.0f}% of {ref:.0f} GB/s", "-", check, nbytes=nbytes, own_pass=own))
+            continue
         checks = []
         bar = BW_B8 if r["batch"] >= 8 else BW_B1 if r["batch"] == 1 else None
         if bar is not None:
@@ -69,7 +98,8 @@ def _state_rows(r, plan, base):
                 checks.append((r["torch"]["ratio"] >= SPEC_VS_TORCH, f">= {SPEC_VS_TORCH:.0f}x torch",
                                f"({r['torch']['ratio']:.1f}x)" if _peer(r, key).split()[0] != "torch" else ""))
         out.append(_row(r["label"] + suffix, _time(v["median_s"]), f"{v['GBps']:.1f} GB/s",
-                        f"{100 * share:.0f}% of {ref:.0f} GB/s", _peer(r, key), _verdicts(checks, f)))
+                        f"{100 * share:.0f}% of {ref:.0f} GB/s", _peer(r, key), _verdicts(checks, f), nbytes=nbytes,
+                        own_pass=own))
     return out
 
 
@@ -178,6 +208,20 @@ def _target_rows(tg):
     return out
 
 
+def _vs_bf16_rows(records):
+    """The 8-bit states' time against the bf16 state's at decode B=8 (same rounds; cases.run_case "vs_bf16")."""
+    rows = []
+    for r in records:
+        if r.get("kind") != "decode" or r.get("batch") != 8:
+            continue
+        for key, sd in STATE_DTYPE_VARIANTS[2:]:
+            if "vs_bf16" in r.get(key, {}):
+                v, b = r[key], r["ours_bf16_state"]
+                rows.append(_row(f"{sd} / bf16 state time", span=f"{v['vs_bf16']:.2f}x ({r['label']}: "
+                                 f"{_time(v['median_s'])} / {_time(b['median_s'])}, same rounds)"))
+    return rows
+
+
 def table_rows(records, plan, tg, run_foreign):
     """The closing table's rows (dicts of COLUMNS' cells), in the order the run measured them."""
     base = base_foreign(plan, run_foreign)
@@ -195,7 +239,7 @@ def table_rows(records, plan, tg, run_foreign):
             rows += _precision_rows(r, plan)
         kda = _kda_row(r, plan, base)
         rows += [kda] if kda else []
-    return rows + _target_rows(tg)
+    return rows + _vs_bf16_rows(records) + _target_rows(tg)
 
 
 def table_lines(rows):
@@ -204,9 +248,10 @@ def table_lines(rows):
         if span is not None:
             mid = f" {span:<{sum(_WIDTHS[1:]) + len(_WIDTHS) - 2}s}"
         else:
-            mid = "".join(f" {c:>{w}s}" for c, w in zip(cells[1:5], _WIDTHS[1:]))
-        return f"{head}{mid}  {cells[5]}"
+            mid = "".join(f" {c:>{w}s}" for c, w in zip(cells[1:-1], _WIDTHS[1:]))
+        return f"{head}{mid}  {cells[-1]}"
     out = [line(COLUMNS), "-" * (sum(_WIDTHS) + len(_WIDTHS) + 8)]
     for r in rows:
-        out.append(line((r["case"], r["time"], r["rate"], r["bound"], r["peer"], r["verdict"]), r["span"]))
+        out.append(line((r["case"], r["time"], r["rate"], r.get("bytes", ""), r["bound"], r.get("own_pass", ""),
+                         r["peer"], r["verdict"]), r["span"]))
     return out

@@ -101,9 +101,9 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
   // one after it walks; within the slot), so the walks ahead find their rows arrived (a decode
   // ~7% longer without). How far, bf16 state: 32 rows on (the same row of the walk after next)
   // beat 16 by ~10-15%; for a one-token walk (a decode) 24 beat 32 by ~10%, where spec steps lost
-  // ~1-3%: 24 rows on for a decode, 32 otherwise. (The kv walks do the same for 2-byte states
-  // only, one head on.)
-  const int32_t walk_ahead = rs.len == 1 ? 24 : 32;
+  // ~1-3%: 24 rows on for a decode, 32 otherwise; 8-bit states twice as many rows, the same bytes
+  // ahead. (The kv walks do the same for 2-byte states only, one head on.)
+  const int32_t walk_ahead = (rs.len == 1 ? 24 : 32) * (GDN_STATE_8BIT ? 2 : 1);
   const bool ahead = rs.init && slot_rows_from(p, hv, v0) >= walk_ahead + 16;  // every row's request in the slot
   // Row r, vector c of the state before the token (HOLD: after applying the pending update).
   auto state_in = [&](int32_t t, int32_t r, int c) -> vf16 {
@@ -115,6 +115,15 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
       return rs.init && r < nr ? vload_state(S + r * kHeadK + 16 * c) * row_scale(p, rs.read_slot, hv, v0 + r) : vf16(0.0f);
     }
   };
+  // An 8-bit state's one-token walk (!HOLD) takes the codes' values as they are and applies the
+  // row's scale once per row: to the row's two sums in the read pass, and to the decay factor of
+  // the update (S' = (d scale) codes + u k): three vector operations a state vector instead of
+  // five (the scaled loads made an i8 decode step ~1.3x as long).
+  constexpr bool ROW_SCALED = GDN_STATE_8BIT && !HOLD;
+  auto codes_in = [&](int32_t r, int c) -> vf16 {
+    return rs.init && r < nr ? vload_state(S + r * kHeadK + 16 * c) : vf16(0.0f);
+  };
+  auto scale_of = [&](int32_t r) { return rs.init && r < nr ? row_scale(p, rs.read_slot, hv, v0 + r) : 0.0f; };
   for (int32_t t = 0; t < rs.len; ++t) {
     float kb[kHeadK], qb[kHeadK], db[kGateK], beta;
     const float *kn, *qn, *decay = db;
@@ -139,9 +148,14 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
       ak[r] = vf16(0.0f);
       if constexpr (!SO) aq[r] = vf16(0.0f);
       for (int c = 0; c < KC; ++c) {
-        const vf16 x = state_in(t, r, c);
+        const vf16 x = ROW_SCALED ? codes_in(r, c) : state_in(t, r, c);
         ak[r] = sycl::fma(x, GDN_CHANNEL_GATE ? kd[c] : k[c], ak[r]);
         if constexpr (!SO) aq[r] += x * (GDN_CHANNEL_GATE ? qd[c] : q[c]);
+      }
+      if constexpr (ROW_SCALED) {
+        const float sc = scale_of(r);
+        ak[r] *= sc;
+        if constexpr (!SO) aq[r] *= sc;
       }
       if (HOLD && Ap && r < nr) store_row(p, Ap, ap_slot, hv, v0, r, s[r], stream_p);
     }
@@ -162,9 +176,14 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
       for (int32_t r = 0; r < nr; ++r) {
         if (ahead) prefetch_states(S + (walk_ahead + r) * kHeadK, kHeadK);
         vf16 x[KC];
-        for (int c = 0; c < KC; ++c)
-          x[c] = GDN_CHANNEL_GATE ? held_update(state_in(t, r, c), dv[c], k[c] * u[r])
-                                  : held_update(state_in(t, r, c), d1, k[c] * u[r]);
+        if constexpr (ROW_SCALED && !GDN_CHANNEL_GATE) {
+          const float ds = d1 * scale_of(r);
+          for (int c = 0; c < KC; ++c) x[c] = held_update(codes_in(r, c), ds, k[c] * u[r]);
+        } else {
+          for (int c = 0; c < KC; ++c)
+            x[c] = GDN_CHANNEL_GATE ? held_update(state_in(t, r, c), dv[c], k[c] * u[r])
+                                    : held_update(state_in(t, r, c), d1, k[c] * u[r]);
+        }
         if (A) store_row(p, A, to, hv, v0, r, x, stream_a);
         if (B) store_row(p, B, last, hv, v0, r, x, stream_b);
       }

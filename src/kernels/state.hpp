@@ -38,13 +38,7 @@ static inline float state_value(state_t c) {
 }
 #endif
 static inline float load_state(const state_t *p) { return state_value(*p); }
-static inline vf16 vload_state(const state_t *p) {
-  vf16 x;
-  for (int l = 0; l < 16; ++l) x[l] = state_value(p[l]);
-  return x;
-}
-
-// A row's store: codes = round(x * inv), scale = m / kStateQ; seed (stochastic rounding only, else 0)
+// A row's store: codes = round(x * inv), scale = m (1 / kStateQ); seed (stochastic rounding only, else 0)
 // keys the row's random bits.
 struct RowQuant {
   float inv, scale;
@@ -60,7 +54,7 @@ static inline uint32_t mix32(uint32_t h) {  // a 32-bit finalizer (murmur3's fmi
 static inline RowQuant row_quant(float m, int32_t hv, int32_t v, bool stochastic) {
   RowQuant q;
   q.inv = m > 0.0f ? kStateQ / m : 0.0f;
-  q.scale = m / kStateQ;
+  q.scale = m * (1.0f / kStateQ);  // (one division a row instead of two)
   q.stochastic = stochastic;
   q.seed = stochastic ? mix32(mix32(sycl::bit_cast<uint32_t>(m) ^ 0x9e3779b9u * (uint32_t)(hv + 1)) + (uint32_t)v) : 0u;
   return q;
@@ -94,17 +88,98 @@ static inline state_t encode_state(float y, const RowQuant &q, int32_t k) {
 }
 #endif
 static inline void store_code(state_t *p, float x, const RowQuant &q, int32_t k) { *p = encode_state(x * q.inv, q, k); }
+
+// The CPU variants' 16-lane forms of the above, as whole-vector operations on the compiler's own
+// vector types (the same values bit for bit: the same formulas, lane-wise; a lane-by-lane loop over
+// sycl::vec elements stays scalar on the CPU device and made an i8 decode step several times a bf16
+// one's).
+typedef uint8_t native_vu8x16 __attribute__((ext_vector_type(16)));
+typedef int8_t native_vi8x16 __attribute__((ext_vector_type(16)));
+static inline native_vu32x16 mix32x16(native_vu32x16 h) {
+  h ^= h >> 16u, h *= 0x85ebca6bu, h ^= h >> 13u, h *= 0xc2b2ae35u;
+  return h ^ (h >> 16u);
+}
+// row_uniform of elements k0 .. k0+15.
+static inline native_vf16 row_uniform16(const RowQuant &q, int32_t k0) {
+  const native_vu32x16 k = (native_vu32x16){1u, 2u, 3u, 4u, 5u, 6u, 7u, 8u, 9u, 10u, 11u, 12u, 13u, 14u, 15u, 16u} + (uint32_t)k0;
+  return __builtin_convertvector(mix32x16(q.seed + 0x632be5abu * k) >> 8u, native_vf16) * 5.9604644775390625e-8f;
+}
+static inline vf16 vload_state(const state_t *p) {
+#if defined(GDN_STATE_I8)
+  native_vi8x16 c;
+  __builtin_memcpy(&c, p, sizeof(c));
+  return sycl::bit_cast<vf16>(__builtin_convertvector(c, native_vf16));
+#else
+  native_vu8x16 c8;
+  __builtin_memcpy(&c8, p, sizeof(c8));
+  const native_vu32x16 c = __builtin_convertvector(c8, native_vu32x16);
+  const native_vf16 sub = __builtin_convertvector(c & 7u, native_vf16) * 0.001953125f;
+  const native_vu32x16 normal = ((c & 0x7fu) + (120u << 3)) << 20u;
+  const native_vu32x16 is_sub = __builtin_convertvector(((c >> 3u) & 15u) == 0u, native_vu32x16);  // all-ones lanes
+  const native_vu32x16 mag = (sycl::bit_cast<native_vu32x16>(sub) & is_sub) | (normal & ~is_sub);
+  return sycl::bit_cast<vf16>(mag | ((c & 0x80u) << 24u));
+#endif
+}
+// encode_state of 16 lanes y (elements k0 ..) as 16 codes; SR: q.stochastic, as a template parameter
+// (a run-time select computed the random bits of every store: an i8 decode step ~2x as long).
+template <bool SR>
+static inline native_vu8x16 encode_state16(native_vf16 y, const RowQuant &q, int32_t k0) {
+#if defined(GDN_STATE_I8)
+  // |y| <= 127 up to the scaling's rounding, so the nearest codes are in [-127, 127] with no clamp,
+  // and stochastic ones once floored at -127 (a row holding inf or NaN has inv 0: NaN lanes, whose
+  // conversion's low byte is 0).
+  // The conversion to int32: on an x86-64 host one vcvtps2dq, which rounds to nearest even (the
+  // compiler's float-to-int conversion is two instructions, a truncation and a conversion, after
+  // its own rounding: three a vector instead of one).
+  native_vf16 r = y;
+  if constexpr (SR) r = __builtin_elementwise_max(__builtin_elementwise_floor(y + row_uniform16(q, k0)), (native_vf16)(-kStateQ));
+  native_vi16 c;
+#if defined(GDN_CPU_X86)
+  asm("vcvtps2dq %1, %0" : "=v"(c) : "v"(r));
+#else
+  c = __builtin_convertvector(SR ? r : __builtin_elementwise_roundeven(r), native_vi16);
+#endif
+  return sycl::bit_cast<native_vu8x16>(__builtin_convertvector(c, native_vi8x16));
+#else
+  const native_vu32x16 yb = sycl::bit_cast<native_vu32x16>(y);
+  native_vf16 a = __builtin_elementwise_min(sycl::bit_cast<native_vf16>(yb & 0x7fffffffu), (native_vf16)kStateQ);
+  native_vu32x16 code;
+  if constexpr (SR) {
+    const native_vu32x16 sub = __builtin_convertvector(a < 0.015625f, native_vu32x16);
+    const native_vu32x16 ulp = (sycl::bit_cast<native_vu32x16>((native_vf16)0.001953125f) & sub) |
+                               (((sycl::bit_cast<native_vu32x16>(a) & 0x7f800000u) - (3u << 23)) & ~sub);
+    a = __builtin_elementwise_min(a + row_uniform16(q, k0) * sycl::bit_cast<native_vf16>(ulp), (native_vf16)kStateQ);
+    const native_vu32x16 b = sycl::bit_cast<native_vu32x16>(a), sub2 = __builtin_convertvector(a < 0.015625f, native_vu32x16);
+    code = (__builtin_convertvector(a * 512.0f, native_vu32x16) & sub2) | (((b >> 20u) - (120u << 3)) & ~sub2);
+  } else {
+    const native_vu32x16 b = sycl::bit_cast<native_vu32x16>(a), sub = __builtin_convertvector(a < 0.015625f, native_vu32x16);
+    code = (__builtin_convertvector(__builtin_elementwise_roundeven(a * 512.0f), native_vu32x16) & sub) |
+           ((((b + 0x7ffffu + ((b >> 20u) & 1u)) >> 20u) - (120u << 3)) & ~sub);
+  }
+  code = __builtin_elementwise_min(code, (native_vu32x16)0x7eu) | ((yb >> 31u) << 7u);
+  return __builtin_convertvector(code, native_vu8x16);
+#endif
+}
 // A row of n vectors to p (codes) and *scale: the CPU variants' rows (K = 16 n values), in plain
-// stores (a row's codes are K bytes, a fraction of a 2-byte state's streaming pairs).
+// stores (a row's codes are K bytes, a fraction of a 2-byte state's streaming pairs). The row's
+// largest magnitude as the largest bit pattern of the magnitudes (non-negative floats order as
+// their bits).
 static inline void vstore_state_row(state_t *p, float *scale, const vf16 *x, int n, int32_t hv, int32_t v, bool stochastic,
                                     bool /*stream*/) {
-  vf16 m(0.0f);
-  for (int i = 0; i < n; ++i) m = sycl::fmax(m, sycl::fabs(x[i]));
-  float mx = 0.0f;
-  for (int l = 0; l < 16; ++l) mx = sycl::fmax(mx, m[l]);
-  const RowQuant q = row_quant(mx, hv, v, stochastic);
-  for (int i = 0; i < n; ++i)
-    for (int l = 0; l < 16; ++l) p[16 * i + l] = encode_state(x[i][l] * q.inv, q, 16 * i + l);
+  native_vu32x16 m = (native_vu32x16)0u;
+  for (int i = 0; i < n; ++i) m = __builtin_elementwise_max(m, sycl::bit_cast<native_vu32x16>(x[i]) & 0x7fffffffu);
+  const RowQuant q = row_quant(sycl::bit_cast<float>(__builtin_reduce_max(m)), hv, v, stochastic);
+  if (stochastic) {
+    for (int i = 0; i < n; ++i) {
+      const native_vu8x16 c = encode_state16<true>(sycl::bit_cast<native_vf16>(x[i]) * q.inv, q, 16 * i);
+      __builtin_memcpy(p + 16 * i, &c, sizeof(c));
+    }
+  } else {
+    for (int i = 0; i < n; ++i) {
+      const native_vu8x16 c = encode_state16<false>(sycl::bit_cast<native_vf16>(x[i]) * q.inv, q, 16 * i);
+      __builtin_memcpy(p + 16 * i, &c, sizeof(c));
+    }
+  }
   *scale = q.scale;
 }
 #elif defined(GDN_STATE_BF16)
