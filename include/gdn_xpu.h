@@ -100,8 +100,8 @@ extern "C" {
 
 /* Library version (semantic). meson.build checks these against the project version. */
 #define GDN_VERSION_MAJOR 0
-#define GDN_VERSION_MINOR 3
-#define GDN_VERSION_PATCH 1
+#define GDN_VERSION_MINOR 4
+#define GDN_VERSION_PATCH 0
 /* Bumped whenever a struct layout or a function signature changes incompatibly (appending a
  * field to a struct does not: see "Structs are versioned" above). */
 #define GDN_ABI_VERSION 1
