@@ -116,9 +116,8 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
     }
   };
   // An 8-bit state's one-token walk (!HOLD) takes the codes' values as they are and applies the
-  // row's scale once per row: to the row's two sums in the read pass, and to the decay factor of
-  // the update (S' = (d scale) codes + u k): three vector operations a state vector instead of
-  // five (the scaled loads made an i8 decode step ~1.3x as long).
+  // row's scale once per row, not once per vector: to the row's two sums in the read pass, and to
+  // the decay factor of the update (S' = (d scale) codes + u k).
   constexpr bool ROW_SCALED = GDN_STATE_8BIT && !HOLD;
   auto codes_in = [&](int32_t r, int c) -> vf16 {
     return rs.init && r < nr ? vload_state(S + r * kHeadK + 16 * c) : vf16(0.0f);
