@@ -6,7 +6,7 @@ lower-bound form too), q/k normalized by the caller or by the library as FLA's c
 sequence a prefill (the chunked form and the token recurrence) or a run of decode steps.
 
 Optional: it needs torch and fla, which the main suite does not install; it skips, saying why, when
-either cannot be imported. How to install them and run it: README.md "Set up and run"."""
+either cannot be imported. How to install them and run it: docs/usage.md "Optional tests: KDA against FLA"."""
 import numpy as np
 import pytest
 
@@ -17,7 +17,7 @@ try:
     from fla.ops.kda.naive import naive_recurrent_kda
 except Exception as e:  # noqa: BLE001 (any failure to import them: the test cannot run here)
     pytest.skip(f"FLA's naive KDA reference cannot be imported ({type(e).__name__}: {e}); it needs torch and "
-                f"flash-linear-attention (fla-core, which imports triton): see README.md \"Set up and run\"",
+                f"flash-linear-attention (fla-core, which imports triton): see docs/usage.md \"Optional tests: KDA against FLA\"",
                 allow_module_level=True)
 
 import pygdn
