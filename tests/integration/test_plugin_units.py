@@ -99,6 +99,8 @@ def test_dtypes_the_library_cannot_serve_are_named():
         plugin._dtypes(layer(torch.float64, torch.float64, torch.float32))
     with pytest.raises(TypeError, match="conv state cache is torch.float32 .* activations torch.bfloat16"):
         plugin._dtypes(layer(torch.bfloat16, torch.float32, torch.float32))
+    with pytest.raises(TypeError, match="linear_attn: SSM cache dtype torch.int8: an 8-bit SSM cache needs one f32 scale"):
+        plugin._dtypes(layer(torch.bfloat16, torch.bfloat16, torch.int8))
 
 
 @pytest.fixture(scope="module")
