@@ -12,6 +12,15 @@ def queue():
     return default_queue()
 
 
+@pytest.fixture(params=["cpu_kernels", "generic_kernels"])
+def kernels(request, monkeypatch):
+    """Both kernel families on the CPU device: its CPU variants, and the generic kernels Intel GPUs run
+    (GDN_XPU_GENERIC_KERNELS=1, for this test only)."""
+    if request.param == "generic_kernels":
+        monkeypatch.setenv("GDN_XPU_GENERIC_KERNELS", "1")
+    return request.param
+
+
 # tests/integration runs vLLM, in the environment of `tests/setup_and_run.sh integration`.
 if importlib.util.find_spec("vllm") is None:
     collect_ignore = ["integration"]

@@ -27,13 +27,6 @@ TARGETS = {"prefill": ("prefill", 70, [0], 1), "decode": ("decode", 1, [1], 1),
            "spec": ("spec", 3, [2, 3, 4, 5], 2)}
 
 
-@pytest.fixture(params=["cpu_kernels", "generic_kernels"])
-def kernels(request, monkeypatch):
-    if request.param == "generic_kernels":
-        monkeypatch.setenv("GDN_XPU_GENERIC_KERNELS", "1")
-    return request.param
-
-
 def config(layer):
     heads = dict(num_k_heads=2, num_v_heads=4) if layer != "kda" else dict(
         num_k_heads=2, num_v_heads=2, gate_mode="channel", out_gate="sigmoid")

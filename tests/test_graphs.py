@@ -18,13 +18,6 @@ W = 4
 PAD = -1
 
 
-@pytest.fixture(params=["cpu_kernels", "generic_kernels"])
-def kernels(request, monkeypatch):
-    if request.param == "generic_kernels":
-        monkeypatch.setenv("GDN_XPU_GENERIC_KERNELS", "1")
-    return request.param
-
-
 def config(gate, num_slots, S=0, replay=False, ssm_layout="kv"):
     """A GDN layer (H = 1, HV = 2) or a KDA layer (H = HV = 2, Kimi Linear's gates)."""
     heads = dict(num_k_heads=1, num_v_heads=2) if gate == "gdn" else dict(

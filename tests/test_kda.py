@@ -90,13 +90,6 @@ class KdaLayer:
                 assert np.array_equal(got_ssm[s], self.ssm0[s].astype(np.float64)), f"slot {s} changed"
 
 
-@pytest.fixture(params=["cpu_kernels", "generic_kernels"])
-def kernels(request, monkeypatch):
-    if request.param == "generic_kernels":
-        monkeypatch.setenv("GDN_XPU_GENERIC_KERNELS", "1")
-    return request.param
-
-
 MODES = {
     "decode": dict(num_decodes=5),
     "spec": dict(spec_lens=[3, 1, 2, 3], num_spec=2),

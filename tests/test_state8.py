@@ -15,7 +15,6 @@ equal calls and alone or inside a batch.
 Kernel builds: K = V = 32, f32 activations: per (dtype, layout, kernel family) the recurrent and
 chunk builds, ~1-2 minutes of cold compile on the 2-core test host for the whole file.
 """
-import os
 
 import numpy as np
 import pytest
@@ -28,14 +27,6 @@ from helpers import assert_close, ssm_from_canonical, ssm_to_canonical, usm
 H, HV, K, V, W = 1, 2, 32, 32, 4
 RTOL_OUT = 2e-5
 STATE8 = ["i8", "f8e4m3"]
-PAD = -1
-
-
-@pytest.fixture(params=["cpu_kernels", "generic_kernels"])
-def family(request, monkeypatch):
-    if request.param == "generic_kernels":
-        monkeypatch.setenv("GDN_XPU_GENERIC_KERNELS", "1")
-    return request.param
 
 
 def config(num_slots, state_dtype, ssm_layout, **kw):
@@ -49,7 +40,7 @@ class State8:
     """An 8-bit ssm_state and its ssm_scale on the device, and the float64 state they hold
     (canonical [slots, HV, K, V]) for the reference."""
 
-    def __init__(self, queue, rng, cfg, slots_hv=None):
+    def __init__(self, queue, rng, cfg):
         self.queue, self.cfg = queue, cfg
         hv = cfg.num_v_heads
         S0 = rng.standard_normal((cfg.num_slots, hv, K, V)) * 0.5
@@ -117,7 +108,7 @@ def check_stored(st, before_codes, before_scales, S0, S1, stochastic=False):
 # ----------------------------------------------------------------------------- every path
 @pytest.mark.parametrize("ssm_layout", ["vk", "kv"])
 @pytest.mark.parametrize("dtype", STATE8)
-def test_every_path(queue, family, dtype, ssm_layout):
+def test_every_path(queue, kernels, dtype, ssm_layout):
     """One mixed batch with chunked prefills (70, 130 tokens), a 1-token prefill, decodes, ragged
     spec sequences with every acceptance count (a state per token), graph padding; then a prefill
     with a read slot apart from its write slot and block checkpoints (every 64 tokens)."""
@@ -146,7 +137,7 @@ def test_every_path(queue, family, dtype, ssm_layout):
 
 
 @pytest.mark.parametrize("dtype", STATE8)
-def test_kda_every_path(queue, family, dtype):
+def test_kda_every_path(queue, kernels, dtype):
     """KDA (a decay per key channel) on an 8-bit vk state: prefill, decodes and spec sequences."""
     rng = np.random.default_rng(830 + STATE8.index(dtype))
     num_slots = 24
@@ -196,7 +187,7 @@ def test_matrix_form_prefill(queue, dtype):
 # ----------------------------------------------------------------------------- stochastic rounding
 @pytest.mark.parametrize("ssm_layout", ["vk", "kv"])
 @pytest.mark.parametrize("dtype", STATE8)
-def test_stochastic_rounding(queue, family, dtype, ssm_layout):
+def test_stochastic_rounding(queue, kernels, dtype, ssm_layout):
     """state_rounding "stochastic": every code one of its value's two neighbours; the rounding
     errors average out (their mean well under a tenth of a step); the same bits from the same call
     again, and for a sequence alone as inside a batch (the random bits do not depend on the slot)."""
@@ -358,7 +349,7 @@ def test_graph_replays_equal_eager_calls(queue, dtype, rounding):
 
 
 @pytest.mark.parametrize("dtype", STATE8)
-def test_null_block_padding(queue, family, dtype):
+def test_null_block_padding(queue, kernels, dtype):
     """vLLM's padding (pad_slot_id 0, the null block): padded decode and spec rows index slot 0,
     whose codes and scale stay bit-identical; the real rows match the reference."""
     rng = np.random.default_rng(940 + STATE8.index(dtype))
