@@ -371,7 +371,7 @@ typedef struct gdn_config {
   int32_t head_v_dim;       /* V: 1..256                                                      */
   int32_t conv_width;       /* W: 2..8. conv_dim = 2*H*K + HV*V                               */
   int32_t act_dtype;        /* gdn_dtype_t of mixed_qkv, a, b, z, conv weight/bias/state, out */
-  int32_t state_dtype;      /* gdn_dtype_t of ssm_state: F32 (default), BF16 or F16          */
+  int32_t state_dtype;      /* gdn_dtype_t of ssm_state: F32 (default), BF16, F16, I8, F8E4M3 */
   int32_t ssm_layout;       /* gdn_ssm_layout_t                                               */
   int32_t conv_layout;      /* gdn_conv_layout_t                                              */
   int32_t conv_spec_layout; /* gdn_conv_spec_layout_t                                         */
