@@ -83,11 +83,18 @@ template <bool HOLD, bool SO>
 static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const PreparedTokens &pt, int32_t hv,
                                 int32_t v0, int32_t nr, int32_t h) {
   const state_t *S = state_column(p, rs.read_slot, hv, v0);  // S[v0, 0]; read only when rs.init
+  // Row r, vector c of the codes' values as stored (8-bit states: before the row's scale; zeros
+  // without an initial state and past nr), row r's scale (0 there; 1 for the other dtypes), and the
+  // two together: the state's values.
+  auto codes_in = [&](int32_t r, int c) -> vf16 {
+    return rs.init && r < nr ? vload_state(S + r * kHeadK + 16 * c) : vf16(0.0f);
+  };
+  auto scale_of = [&](int32_t r) { return rs.init && r < nr ? row_scale(p, rs.read_slot, hv, v0 + r) : 0.0f; };
+  auto value_in = [&](int32_t r, int c) -> vf16 { return GDN_STATE_8BIT ? codes_in(r, c) * scale_of(r) : codes_in(r, c); };
   vf16 s[HOLD ? 16 : 1][KC];  // HOLD: s[r][c] = S[v0 + r, 16c .. 16c+15]; rows past nr stay zero
   if constexpr (HOLD)
     for (int32_t r = 0; r < 16; ++r)
-      for (int c = 0; c < KC; ++c)
-        s[r][c] = rs.init && r < nr ? vload_state(S + r * kHeadK + 16 * c) * row_scale(p, rs.read_slot, hv, v0 + r) : vf16(0.0f);
+      for (int c = 0; c < KC; ++c) s[r][c] = value_in(r, c);
   // HOLD: the update of the token before (S' = d S + u k^T; GDN_CHANNEL_GATE: d along k, dpv) and
   // where its state goes (A: none).
   vf16 kp[HOLD ? KC : 1], up(0.0f), dpv[HOLD && GDN_CHANNEL_GATE ? KC : 1];
@@ -112,17 +119,13 @@ static inline void walk_rows_vk(const GdnDeltaParams &p, RecurrentSeq &rs, const
         s[r][c] = GDN_CHANNEL_GATE ? held_update(s[r][c], dpv[c], kp[c] * up[r]) : held_update(s[r][c], dp, kp[c] * up[r]);
       return s[r][c];
     } else {
-      return rs.init && r < nr ? vload_state(S + r * kHeadK + 16 * c) * row_scale(p, rs.read_slot, hv, v0 + r) : vf16(0.0f);
+      return value_in(r, c);
     }
   };
   // An 8-bit state's one-token walk (!HOLD) takes the codes' values as they are and applies the
   // row's scale once per row, not once per vector: to the row's two sums in the read pass, and to
   // the decay factor of the update (S' = (d scale) codes + u k).
   constexpr bool ROW_SCALED = GDN_STATE_8BIT && !HOLD;
-  auto codes_in = [&](int32_t r, int c) -> vf16 {
-    return rs.init && r < nr ? vload_state(S + r * kHeadK + 16 * c) : vf16(0.0f);
-  };
-  auto scale_of = [&](int32_t r) { return rs.init && r < nr ? row_scale(p, rs.read_slot, hv, v0 + r) : 0.0f; };
   for (int32_t t = 0; t < rs.len; ++t) {
     float kb[kHeadK], qb[kHeadK], db[kGateK], beta;
     const float *kn, *qn, *decay = db;
