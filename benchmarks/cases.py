@@ -141,10 +141,15 @@ STATE_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "i8": 1, "f8e4m3": 1}
 SCALE_BYTES = {"i8": 4, "f8e4m3": 4}
 
 
-def head_state_bytes(case, state_dtype="f32"):
-    """Bytes of one v-head's state: K x V elements in the state dtype, and for an 8-bit state the V
+def head_bytes(k, v, state_dtype="f32"):
+    """Bytes of one v-head's state: k x v elements in the state dtype, and for an 8-bit state the v
     scales of its rows."""
-    return case.K * case.V * STATE_BYTES[state_dtype] + case.V * SCALE_BYTES.get(state_dtype, 0)
+    return k * v * STATE_BYTES[state_dtype] + v * SCALE_BYTES.get(state_dtype, 0)
+
+
+def head_state_bytes(case, state_dtype="f32"):
+    """head_bytes at a case's K and V."""
+    return head_bytes(case.K, case.V, state_dtype)
 
 
 def slot_state_bytes(case, state_dtype="f32"):
@@ -165,7 +170,7 @@ def model_state_bytes(hv=HV, k=K, v=V, layers=GDN_LAYERS):
     out = {"model": "Qwen3-Next-80B-A3B TP=1", "gdn_layers": layers, "layers": MODEL_LAYERS, "HV": hv, "K": k, "V": v,
            "budget_bytes": STATE_BUDGET_BYTES}
     for sd in MODEL_STATE_DTYPES:
-        layer = hv * (k * v * STATE_BYTES[sd] + v * SCALE_BYTES.get(sd, 0))
+        layer = hv * head_bytes(k, v, sd)
         out[sd] = {"per_layer": layer, "per_model": layers * layer,
                    "slots_per_budget": STATE_BUDGET_BYTES // (layers * layer)}
     return out

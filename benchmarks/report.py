@@ -167,13 +167,14 @@ STATE_DTYPE_VARIANTS = (("ours", "f32"), ("ours_bf16_state", "bf16"), ("ours_i8_
 # in each state dtype's bytes (8-bit: the codes and the row scales): name, state dtype.
 STATE_PASSES = (("state_pass", "f32"), ("state_pass_bf16", "bf16"), ("state_pass_i8", "i8"),
                 ("state_pass_f8e4m3", "f8e4m3"))
+PASS_OF_DTYPE = {sd: name for name, sd in STATE_PASSES}  # state dtype -> its bare pass's name
 
 
 def own_pass_share(rec, name):
     """Of a decode / spec row's step `name` in a state dtype (STATE_DTYPE_VARIANTS): the time of its
     own bare state pass (the pass in that dtype's bytes) / the step's time; None when either is missing."""
     sd = dict(STATE_DTYPE_VARIANTS).get(name)
-    v, p = rec.get(name, {}), rec.get(dict((d, n) for n, d in STATE_PASSES).get(sd), {})
+    v, p = rec.get(name, {}), rec.get(PASS_OF_DTYPE.get(sd), {})
     return p["median_s"] / v["median_s"] if "median_s" in v and "median_s" in p else None
 
 

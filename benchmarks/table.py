@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from report import (BW_B1, BW_B8, C_ABI_US, CONV_VS_BYTES, DECODE_PASS, FLAT, KDA_TWIN, KDA_VS_GDN, KV_VS_VK,
                     PLAIN_CALL_US, PREFILL_PEAK, PREFILL_VS_TORCH, PREPARED_CALL_US, SPEC_BW_B8, SPEC_VS_TORCH,
-                    STATE_DTYPE_VARIANTS, STATE_PASSES, base_foreign, conv_vs_bytes, own_pass_share, row_reference,
+                    PASS_OF_DTYPE, STATE_DTYPE_VARIANTS, base_foreign, conv_vs_bytes, own_pass_share, row_reference,
                     rows_foreign, state_pass_share, verdict)
 from cases import STATE_TOLS
 
@@ -17,8 +17,7 @@ _WIDTHS = (26, 10, 14, 10, 20, 10, 12)
 # A decode / spec row per state dtype: (record key, case suffix, its bare state pass). The bars of
 # report.py are set on f32 and bf16 states; an 8-bit state's row has its check against the f32-state
 # step (cases.STATE_TOLS) in the verdict column instead.
-_PASS_OF = {sd: name for name, sd in STATE_PASSES}
-_STATES = tuple((key, f" {sd} state" if key != "ours" else "", _PASS_OF[sd]) for key, sd in STATE_DTYPE_VARIANTS)
+_STATES = tuple((key, f" {sd} state" if key != "ours" else "", PASS_OF_DTYPE[sd]) for key, sd in STATE_DTYPE_VARIANTS)
 _JUDGED = ("ours", "ours_bf16_state")
 _PEERS = ("numpy", "torch")
 
